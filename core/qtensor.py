@@ -1,0 +1,106 @@
+"""The quantized-tensor container: data, scales, format, scale layout, global scale."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .formats import BlockFormat, get_format
+from blockscaled.layouts import from_layout, padded_scale_shape, stored_scale_shape, to_layout
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """A block-scaled matrix of logical shape [rows, K] (weights follow nn.Linear: [N, K]).
+
+    data:         fp4: uint8 [rows, K // 2], even-K element in the low nibble (view as
+                  torch.float4_e2m1fn_x2 freely); mxfp8: float8_e4m3fn [rows, K].
+    scale:        float8_e8m0fnu (mx) or float8_e4m3fn (nvfp4), stored in `layout`.
+    fmt:          the format descriptor (or its name).
+    layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
+    global_scale: float32 scalar tensor for nvfp4, None otherwise.
+    shape:        the logical (rows, K).
+    """
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    fmt: BlockFormat
+    layout: str = "rowmajor"
+    global_scale: torch.Tensor | None = None
+    shape: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        fmt = get_format(self.fmt)
+        object.__setattr__(self, "fmt", fmt)
+        if not fmt.is_scaled:
+            raise ValueError(f"fmt: QTensor needs a block-scaled format, got {fmt.name!r}; pass bf16 as a plain tensor")
+        padded_scale_shape(self.layout, 1, 1)  # raises on an unknown layout name
+        if not isinstance(self.data, torch.Tensor) or self.data.dim() != 2:
+            raise ValueError(f"data: expected a 2-D tensor, got {_describe(self.data)}")
+        if self.data.dtype != fmt.storage_dtype:
+            raise TypeError(f"data: {fmt.name} data must be {fmt.storage_dtype}, got {self.data.dtype}")
+        rows, cols = self.data.shape
+        k = cols * 2 if fmt.is_packed else cols
+        if self.shape is None:
+            object.__setattr__(self, "shape", (rows, k))
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        if self.shape != (rows, k):
+            raise ValueError(f"data: shape {tuple(self.data.shape)} does not hold logical {self.shape} in {fmt.name}")
+        if k % fmt.block_size:
+            raise ValueError(f"data: K={k} must be a multiple of the {fmt.name} block size {fmt.block_size}")
+        if not isinstance(self.scale, torch.Tensor):
+            raise TypeError(f"scale: expected a tensor, got {type(self.scale).__name__}")
+        if self.scale.dtype != fmt.scale_dtype:
+            raise TypeError(f"scale: {fmt.name} scales must be {fmt.scale_dtype}, got {self.scale.dtype}")
+        want = stored_scale_shape(self.layout, rows, k // fmt.block_size)
+        if tuple(self.scale.shape) != want:
+            raise ValueError(f"scale: layout {self.layout!r} needs shape {want} for data {self.shape}, got {tuple(self.scale.shape)}")
+        if self.scale.device != self.data.device:
+            raise ValueError(f"scale: on {self.scale.device}, data on {self.data.device}; expected one device")
+        if fmt.global_scale:
+            g = self.global_scale
+            if not isinstance(g, torch.Tensor) or g.numel() != 1 or g.dtype != torch.float32:
+                raise ValueError(f"global_scale: {fmt.name} needs a float32 scalar tensor, got {_describe(g)}")
+            if g.device != self.data.device:
+                raise ValueError(f"global_scale: on {g.device}, data on {self.data.device}; expected one device")
+        elif self.global_scale is not None:
+            raise ValueError(f"global_scale: {fmt.name} has no global scale, got {_describe(self.global_scale)}")
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def scale_rowmajor(self) -> torch.Tensor:
+        """The logical scales [rows, K // block] regardless of the stored layout."""
+        return from_layout(self.scale, self.layout, self.rows, self.K // self.fmt.block_size)
+
+    def with_layout(self, layout: str) -> QTensor:
+        """The same tensor with its scales stored in `layout` (data is shared)."""
+        if layout == self.layout:
+            return self
+        padded_scale_shape(layout, 1, 1)
+        return replace(self, scale=to_layout(self.scale_rowmajor(), layout), layout=layout)
+
+    def to(self, device: torch.device | str) -> QTensor:
+        g = None if self.global_scale is None else self.global_scale.to(device)
+        return replace(self, data=self.data.to(device), scale=self.scale.to(device), global_scale=g)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        from blockscaled.reference import dequantize
+
+        return dequantize(self, dtype=dtype)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device})"
+    return type(x).__name__

@@ -1,0 +1,1 @@
+"""Helion kernels (`blockscaled.kernels`)."""

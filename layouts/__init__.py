@@ -1,0 +1,27 @@
+"""Scale layouts (`blockscaled.layouts`)."""
+
+from .scales import (
+    cdna4_shuffle,
+    cdna4_unshuffle,
+    from_layout,
+    padded_scale_shape,
+    stored_scale_shape,
+    swizzle_32_4_4,
+    swizzle_32_4_4_5d,
+    swizzle_32_4_4_offset,
+    to_layout,
+    unswizzle_32_4_4,
+)
+
+__all__ = [
+    "cdna4_shuffle",
+    "cdna4_unshuffle",
+    "from_layout",
+    "padded_scale_shape",
+    "stored_scale_shape",
+    "swizzle_32_4_4",
+    "swizzle_32_4_4_5d",
+    "swizzle_32_4_4_offset",
+    "to_layout",
+    "unswizzle_32_4_4",
+]
