@@ -8,5 +8,6 @@
 from .formats import FORMATS, SCALE_LAYOUTS, BlockFormat, get_format
 from .qtensor import QTensor
 from blockscaled.reference import dequantize, quantize
+from blockscaled.kernels import SUPPORTED_PAIRS, scaled_mm
 
-__all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "dequantize", "get_format", "quantize"]
+__all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "dequantize", "get_format", "quantize", "scaled_mm", "SUPPORTED_PAIRS"]

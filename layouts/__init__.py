@@ -1,10 +1,12 @@
 """Scale layouts (`blockscaled.layouts`)."""
 
 from .scales import (
+    cdna4_offset,
     cdna4_shuffle,
     cdna4_unshuffle,
     from_layout,
     padded_scale_shape,
+    scale_offset,
     stored_scale_shape,
     swizzle_32_4_4,
     swizzle_32_4_4_5d,
@@ -14,10 +16,12 @@ from .scales import (
 )
 
 __all__ = [
+    "cdna4_offset",
     "cdna4_shuffle",
     "cdna4_unshuffle",
     "from_layout",
     "padded_scale_shape",
+    "scale_offset",
     "stored_scale_shape",
     "swizzle_32_4_4",
     "swizzle_32_4_4_5d",

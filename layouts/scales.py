@@ -136,6 +136,25 @@ def cdna4_unshuffle(shuffled: torch.Tensor, mfma_nonkdim: int, rows: int, cols: 
     return padded[:rows, :cols].contiguous().view(shuffled.dtype)
 
 
+def cdna4_offset(r, c, cols: int, mfma_nonkdim: int):
+    """Flat offset of logical scale (r, c) in the `cdna4_shuffle` output (ints or tensors)."""
+    groups = _ceil_to(cols, 8) // 8
+    r0, r1, c0, c1 = r // 32, r % 32, c // 8, c % 8
+    if mfma_nonkdim == 32:  # (r0, c0, c%2, r%32, (c%8)//2)
+        return ((r0 * groups + c0) * 2 + c1 % 2) * 128 + r1 * 4 + c1 // 2
+    # 16: (r0, c0, c%4, r%16, (c%8)//4, (r%32)//16)
+    return ((((r0 * groups + c0) * 4 + c1 % 4) * 16 + r1 % 16) * 2 + c1 // 4) * 2 + r1 // 16
+
+
+def scale_offset(layout: str, r, c, cols: int):
+    """Flat offset of logical scale (r, c) in the stored tensor of `layout` (kernels call this)."""
+    if layout == "rowmajor":
+        return r * cols + c
+    if layout == "swizzle_32_4_4":
+        return swizzle_32_4_4_offset(r, c, cols)
+    return cdna4_offset(r, c, cols, int(layout.split("_")[1]))
+
+
 def to_layout(scales: torch.Tensor, layout: str) -> torch.Tensor:
     """Row-major logical scales -> stored tensor in `layout`."""
     padded_scale_shape(layout, 1, 1)  # validates the name

@@ -96,3 +96,16 @@ def test_layout_errors():
         layouts.unswizzle_32_4_4(torch.zeros(100, dtype=torch.uint8), 128, 4)
     with pytest.raises(ValueError, match="shuffled: expected shape"):
         layouts.cdna4_unshuffle(torch.zeros(2, 8, dtype=torch.uint8), 32, 32, 8)
+
+
+@pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_16", "cdna4_32"])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (64, 16), (130, 9), (257, 33)])
+def test_scale_offset_indexes_every_layout(layout, rows, cols, gen):
+    """The in-kernel index function finds every logical scale in the stored buffer."""
+    s = _codes(rows, cols, gen)
+    stored = layouts.to_layout(s, layout).reshape(-1)
+    r = torch.arange(rows).unsqueeze(1)
+    c = torch.arange(cols).unsqueeze(0)
+    off = layouts.scale_offset(layout, r, c, cols)
+    assert torch.equal(stored[off], s)
+    assert off.unique().numel() == rows * cols  # no two scales share a slot

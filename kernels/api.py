@@ -1,0 +1,135 @@
+"""Public entry point: `scaled_mm`, validation, backend choice by device capability."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from blockscaled.formats import BlockFormat
+from blockscaled.qtensor import QTensor
+
+from . import configs
+from .decode import operand_codes
+
+# (a, b) format names -> pair name used in results and configs.
+SUPPORTED_PAIRS = {
+    ("nvfp4", "nvfp4"): "nvfp4xnvfp4",
+    ("mxfp4", "mxfp4"): "mxfp4xmxfp4",
+    ("mxfp8", "mxfp8"): "mxfp8xmxfp8",
+    ("mxfp8", "mxfp4"): "mxfp8xmxfp4",
+    ("bf16", "nvfp4"): "bf16xnvfp4",
+    ("bf16", "mxfp4"): "bf16xmxfp4",
+    ("bf16", "mxfp8"): "bf16xmxfp8",
+}
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def select_backend(device: torch.device) -> str:
+    """"dequant" (sm_80/sm_90, CPU interpreter), "dot_scaled" (sm_100+), "dot_scaled_cdna4" (gfx950)."""
+    if device.type != "cuda":
+        return "dequant"
+    if torch.version.hip is not None:
+        arch = torch.cuda.get_device_properties(device).gcnArchName
+        if "gfx950" in arch:
+            return "dot_scaled_cdna4"
+        raise NotImplementedError(f"a: AMD {arch} has no block-scaled path here; gfx950 (CDNA4) is supported")
+    major, _ = torch.cuda.get_device_capability(device)
+    return "dot_scaled" if major >= 10 else "dequant"
+
+
+def _fmt_name(x) -> str:
+    return x.fmt.name if isinstance(x, QTensor) else "bf16"
+
+
+def _check_args(a, b, out_dtype, bias) -> tuple[str, int, int, int]:
+    if not isinstance(b, QTensor):
+        raise TypeError(f"b: expected a QTensor (weights [N, K]), got {type(b).__name__}")
+    if isinstance(a, torch.Tensor):
+        if a.dtype != torch.bfloat16:
+            raise TypeError(f"a: a plain-tensor activation must be torch.bfloat16, got {a.dtype}")
+        if a.dim() != 2:
+            raise ValueError(f"a: expected a 2-D [M, K] tensor, got shape {tuple(a.shape)}")
+        if not a.is_contiguous():
+            raise ValueError("a: expected a contiguous tensor (row-major [M, K])")
+    elif not isinstance(a, QTensor):
+        raise TypeError(f"a: expected a QTensor or a bf16 tensor [M, K], got {type(a).__name__}")
+    key = (_fmt_name(a), b.fmt.name)
+    if key not in SUPPORTED_PAIRS:
+        pairs = ", ".join(f"{x} x {y}" for x, y in SUPPORTED_PAIRS)
+        raise ValueError(f"a, b: the pair {key[0]} x {key[1]} is not supported; supported pairs: {pairs}")
+    m, k = (a.shape[0], a.shape[1])
+    n, kb = b.shape
+    if k != kb:
+        raise ValueError(f"b: K={kb} does not match a's K={k}")
+    if a.device != b.device:
+        raise ValueError(f"b: on {b.device}, a on {a.device}; expected one device")
+    for name, t in (("a", a), ("b", b)):
+        if isinstance(t, QTensor) and not (t.data.is_contiguous() and t.scale.is_contiguous()):
+            raise ValueError(f"{name}: data and scale must be contiguous")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype: expected one of {OUT_DTYPES}, got {out_dtype}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,):
+            raise ValueError(f"bias: expected a tensor of shape ({n},), got {getattr(bias, 'shape', type(bias).__name__)}")
+        if bias.device != b.device:
+            raise ValueError(f"bias: on {bias.device}, b on {b.device}; expected one device")
+    return SUPPORTED_PAIRS[key], m, n, k
+
+
+@functools.lru_cache(maxsize=None)
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)
+
+
+def _parts(x, device):
+    """(data, scale, global scale, format or None, layout) of one operand."""
+    if isinstance(x, QTensor):
+        g = x.global_scale.reshape(1) if x.global_scale is not None else _one(device)
+        # scales travel as raw bytes: the kernels decode their bit fields
+        return x.data, x.scale.view(torch.uint8), g, x.fmt, x.layout
+    return x, x, _one(device), None, "rowmajor"
+
+
+def scaled_mm(
+    a: QTensor | torch.Tensor,
+    b: QTensor,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config=None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """C[M, N] = global_a * global_b * dequant(a) @ dequant(b)^T (+ bias).
+
+    a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
+    Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
+    `out` (optional) receives the result; `config` overrides the default Helion config.
+    """
+    pair, m, n, k = _check_args(a, b, out_dtype, bias)
+    device = b.device
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=device)
+    elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
+    backend = backend or select_backend(device)
+    a_parts, b_parts = _parts(a, device), _parts(b, device)
+    bias_t = bias if bias is not None else out
+    if backend == "dequant":
+        from .dequant_mm import dequant_mm_kernel as kernel
+        fa, fb = a_parts[3], b_parts[3]
+        u = max(f.block_size for f in (fa, fb) if f is not None)
+        args = (
+            a_parts[0], a_parts[1], b_parts[0], b_parts[1], a_parts[2], b_parts[2], bias_t, out,
+            k, u, *operand_codes(fa, a_parts[4]), *operand_codes(fb, b_parts[4]),
+            bias is not None, device.type == "cuda",
+        )
+    else:
+        from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
+        args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
+    cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, device)
+    bound = kernel.bind(args)
+    bound.set_config(cfg)
+    bound(*args)
+    return out

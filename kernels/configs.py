@@ -1,0 +1,54 @@
+"""Default Helion configs per (device arch, backend, pair, M bucket), read from JSON data.
+
+Nothing autotunes at call time; `python -m bench.autotune` writes tuned entries here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+import helion
+
+_DIR = Path(__file__).parent / "configs"
+
+
+def arch_key(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    if torch.version.hip is not None:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm{major}{minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def _table(arch: str) -> dict:
+    path = _DIR / f"{arch}.json"
+    if not path.exists():
+        path = _DIR / "generic.json"
+    return json.loads(path.read_text())
+
+
+def default_config(backend: str, pair: str, m: int, n: int, k: int, device: torch.device) -> helion.Config:
+    """The first entry of the arch's table whose filters match; each entry may name
+    `pairs` and bound `max_m`/`min_k`."""
+    for entry in _table(arch_key(device)).get(backend, []):
+        if "pairs" in entry and pair not in entry["pairs"]:
+            continue
+        if m > entry.get("max_m", m) or k < entry.get("min_k", 0):
+            continue
+        return _as_config(tuple(sorted((key, _freeze(v)) for key, v in entry["config"].items())))
+    raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch_key(device)}")
+
+
+def _freeze(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+@functools.lru_cache(maxsize=None)
+def _as_config(items: tuple) -> helion.Config:
+    return helion.Config(**{k: list(v) if isinstance(v, tuple) else v for k, v in items})

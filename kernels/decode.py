@@ -1,0 +1,68 @@
+"""Decode helpers: plain torch functions that Helion kernels call in their bodies.
+
+They use integer and bit operations only (no lookup tables, no `cvt.e2m1x2`, which sm_90
+rejects), so the same code runs inside a kernel on any GPU and on CPU tensors, where the
+tests check them against `blockscaled.reference.codecs` over every code.
+Inputs are int32 tensors holding the raw codes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blockscaled.formats import BlockFormat
+from blockscaled.formats import SCALE_LAYOUTS
+
+# Kernels take these small integers as `hl.constexpr` arguments (Helion kernels cannot
+# close over Python objects); the wrapper derives them from the format descriptor.
+ELEMENT_CODES = {"bf16": 0, "e2m1": 1, "e4m3": 2}
+SCALE_CODES = {None: 0, "e8m0": 1, "e4m3": 2}
+LAYOUT_CODES = {name: i for i, name in enumerate(SCALE_LAYOUTS)}
+
+_F32_HALF = 0x3F000000  # 0.5
+_F32_2_POW_M127 = 0x00400000  # 2^-127, E8M0 code 0 (an fp32 subnormal)
+_F32_NAN = 0x7FC00000
+_F32_NAN_VALUE = float("nan")
+
+
+def e2m1_to_float32(code: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (0..15) -> float32, exact.
+
+    Magnitudes >= 1 put the 3 magnitude bits under the fp32 exponent and fix the bias
+    ((em << 22) + (126 << 23)); 0.5 (the one subnormal) and 0 are selected.
+    """
+    em = code & 7
+    normal = (em << 22) + (126 << 23)
+    bits = torch.where(em >= 2, normal, (em == 1).to(torch.int32) * _F32_HALF)
+    return (bits | ((code & 8) << 28)).view(torch.float32)
+
+
+def e8m0_to_float32(code: torch.Tensor) -> torch.Tensor:
+    """E8M0 codes -> float32 2^(code - 127): the bit pattern is code << 23; 0 and 255 selected."""
+    bits = torch.where(code == 0, _F32_2_POW_M127, torch.where(code == 255, _F32_NAN, code << 23))
+    return bits.view(torch.float32)
+
+
+def e4m3_to_float32(code: torch.Tensor) -> torch.Tensor:
+    """E4M3 bytes -> float32, exact: normals rebias the exponent (+120), subnormals m * 2^-9."""
+    mag = code & 0x7F
+    normal = ((mag << 20) + (120 << 23)).view(torch.float32)
+    subnormal = (mag & 7).to(torch.float32) * 0.001953125
+    value = torch.where(mag < 8, subnormal, normal)
+    value = torch.where(mag == 0x7F, _F32_NAN_VALUE, value)
+    return torch.where((code & 0x80) != 0, -value, value)
+
+
+
+def decode_scale(code: torch.Tensor, scale_code: int) -> torch.Tensor:
+    """Scale codes -> float32 by `SCALE_CODES` value."""
+    if scale_code == SCALE_CODES["e8m0"]:
+        return e8m0_to_float32(code)
+    return e4m3_to_float32(code)
+
+
+def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[int, int, int, int]:
+    """(element, scale, block, layout) constexpr codes for one operand; None means bf16."""
+    if fmt is None:
+        return ELEMENT_CODES["bf16"], SCALE_CODES[None], 1, 0
+    return ELEMENT_CODES[fmt.element], SCALE_CODES[fmt.scale_encoding], fmt.block_size or 1, LAYOUT_CODES[layout]

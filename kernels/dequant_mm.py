@@ -1,0 +1,86 @@
+"""Dequantize-in-registers GEMM for sm_80 / sm_90 (the path we can run).
+
+One kernel for every pair: each operand is decoded tile by tile to float32 with integer
+ops (`decode.py`), multiplied by its block scale (exact: element x scale fits in bf16),
+cast to the compute dtype (bf16 on the GPU; float32 under the CPU interpreter, which
+computes bf16 dots wrongly) and fed to `hl.dot` with fp32 accumulation. The K loop runs
+over groups of U logical elements (U = the largest block of the two operands), so every
+operand's packed bytes and scales line up on tile boundaries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import helion
+import helion.language as hl
+
+from blockscaled.formats import SCALE_LAYOUTS
+from blockscaled.layouts import scale_offset
+
+from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32
+
+
+def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
+    """Rows `rows_tile`, K groups `g` of one operand, dequantized to float32 [rows, g*U]."""
+    if ELEM == ELEMENT_CODES["e2m1"]:
+        col = g.begin * (U // 2) + hl.arange(g.block_size * (U // 2))
+        raw = hl.load(data, [rows_tile, col], extra_mask=col < K // 2).to(torch.int32)
+        pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
+        values = pairs.reshape(rows_tile.block_size, g.block_size * U)
+    else:
+        col = g.begin * U + hl.arange(g.block_size * U)
+        values = hl.load(data, [rows_tile, col], extra_mask=col < K).to(torch.float32)
+    if SCALE == 0:
+        return values
+    per_group = U // BLOCK
+    sc = g.begin * per_group + hl.arange(g.block_size * per_group)
+    in_k = sc < K // BLOCK
+    if LAYOUT == 0:
+        codes = hl.load(scale, [rows_tile, sc], extra_mask=in_k)
+    else:
+        r = rows_tile.index.unsqueeze(1)
+        off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, sc.unsqueeze(0), K // BLOCK)
+        codes = hl.load(scale, [off], extra_mask=in_k & (r < n_rows))
+    s = decode_scale(codes.to(torch.int32), SCALE)
+    blocks = values.reshape(rows_tile.block_size, g.block_size * per_group, BLOCK) * s.unsqueeze(2)
+    return blocks.reshape(rows_tile.block_size, g.block_size * U)
+
+
+@helion.kernel(static_shapes=True)
+def dequant_mm_kernel(
+    a_data: torch.Tensor,
+    a_scale: torch.Tensor,
+    b_data: torch.Tensor,
+    b_scale: torch.Tensor,
+    a_global: torch.Tensor,
+    b_global: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    K: hl.constexpr,
+    U: hl.constexpr,
+    A_ELEM: hl.constexpr,
+    A_SCALE: hl.constexpr,
+    A_BLOCK: hl.constexpr,
+    A_LAYOUT: hl.constexpr,
+    B_ELEM: hl.constexpr,
+    B_SCALE: hl.constexpr,
+    B_BLOCK: hl.constexpr,
+    B_LAYOUT: hl.constexpr,
+    HAS_BIAS: hl.constexpr,
+    BF16_DOT: hl.constexpr,
+) -> torch.Tensor:
+    m = out.size(0)
+    n = out.size(1)
+    compute = torch.bfloat16 if BF16_DOT else torch.float32
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for g in hl.tile(K // U):
+            a = load_operand(a_data, a_scale, tile_m, m, g, U, K, A_ELEM, A_SCALE, A_BLOCK, A_LAYOUT)
+            b = load_operand(b_data, b_scale, tile_n, n, g, U, K, B_ELEM, B_SCALE, B_BLOCK, B_LAYOUT)
+            acc = hl.dot(a.to(compute), b.to(compute).T, acc=acc)
+        acc = acc * (a_global[0] * b_global[0])
+        if HAS_BIAS:
+            acc = acc + bias[tile_n].to(torch.float32)[None, :]
+        out[tile_m, tile_n] = acc.to(out.dtype)
+    return out
