@@ -86,8 +86,11 @@ def _parts(x, device):
     """(data, scale, global scale, format or None, layout) of one operand."""
     if isinstance(x, QTensor):
         g = x.global_scale.reshape(1) if x.global_scale is not None else _one(device)
-        # scales travel as raw bytes: the kernels decode their bit fields
-        return x.data, x.scale.view(torch.uint8), g, x.fmt, x.layout
+        # scales travel as raw bytes (kernels decode the bit fields); non-rowmajor layouts
+        # as the flat buffer that `scale_offset` indexes
+        scale = x.scale.view(torch.uint8)
+        scale = scale if x.layout == "rowmajor" else scale.reshape(-1)
+        return x.data, scale, g, x.fmt, x.layout
     return x, x, _one(device), None, "rowmajor"
 
 

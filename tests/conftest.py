@@ -1,5 +1,12 @@
-import pytest
+import os
+
 import torch
+
+# Without a GPU, Helion kernels run through the Triton interpreter (set before helion imports).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,41 @@
+"""Shared helpers for the kernel tests: build operands for a pair, run, compare."""
+
+import torch
+
+import blockscaled as bs
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+PAIRS = list(bs.SUPPORTED_PAIRS)
+
+# max_rel_err bound per output dtype. Every element x scale product is exact in bf16 and
+# the dot accumulates in fp32 (DESIGN.md section 2), so fp32 output sits at fp32 summation
+# error; bf16/fp16 outputs add one rounding of the output (2^-9 / 2^-12 relative).
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}
+# The Triton interpreter casts fp32 -> bf16 by truncation, not round-to-nearest (checked
+# on triton 3.6): one output rounding can cost 2^-8 instead of 2^-9 there.
+CPU_TOLERANCE = {**TOLERANCE, torch.bfloat16: 8e-3}
+
+
+def make_operands(pair, m, n, k, device, gen, layout="rowmajor"):
+    fa, fb = pair
+    x = torch.randn(m, k, generator=gen).to(device)
+    w = torch.randn(n, k, generator=gen).to(device)
+    # vary magnitudes per row so block scales differ across blocks
+    w = w * torch.exp2(torch.randint(-4, 5, (n, 1), generator=gen)).to(device)
+    a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa, layout=layout)
+    b = bs.quantize(w, fb, layout=layout)
+    return a, b
+
+
+def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="rowmajor", bias=False):
+    a, b = make_operands(pair, m, n, k, device, gen, layout)
+    bias_t = torch.randn(n, generator=gen).to(device).to(out_dtype) if bias else None
+    out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)  # poison
+    got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    assert not torch.isnan(got).any(), "kernel left elements unwritten (NaN poison survived)"
+    ref = ref_scaled_mm(a, b, bias=bias_t)
+    err = max_rel_err(got, ref)
+    tol = (TOLERANCE if torch.device(device).type == "cuda" else CPU_TOLERANCE)[out_dtype]
+    assert err <= tol, f"{pair} {m}x{n}x{k} {out_dtype}: max_rel_err {err:.3g}"
+    return err

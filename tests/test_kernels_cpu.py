@@ -1,0 +1,71 @@
+"""Every kernel pair through the Triton interpreter on CPU tensors (float32 compute dtype)."""
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
+from blockscaled.reference import codecs
+
+from pairs import PAIRS, run_and_check
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
+
+
+def test_decode_helpers_match_reference_every_code():
+    codes = torch.arange(256, dtype=torch.int32)
+    fp4 = e2m1_to_float32(codes & 15)
+    assert torch.equal(fp4.view(torch.int32), codecs.decode_e2m1((codes & 15).to(torch.uint8)).view(torch.int32))
+    e8 = e8m0_to_float32(codes).view(torch.int32)
+    assert torch.equal(e8, codecs.decode_e8m0(codes.to(torch.uint8)).view(torch.int32))
+    e4 = e4m3_to_float32(codes)
+    want = codecs.decode_e4m3(codes.to(torch.uint8))
+    assert torch.equal(torch.isnan(e4), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(e4[ok].view(torch.int32), want[ok].view(torch.int32))
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m,n,k", [(1, 40, 64), (33, 20, 96)])
+def test_pairs_match_fp64_reference(pair, m, n, k, gen):
+    run_and_check(pair, m, n, k, "cpu", gen)
+
+
+@pytest.mark.parametrize("layout", ["swizzle_32_4_4", "cdna4_32", "cdna4_16"])
+@pytest.mark.parametrize("pair", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"), ("bf16", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_scale_layouts_indexed_in_place(pair, layout, gen):
+    run_and_check(pair, 17, 130, 64, "cpu", gen, layout=layout)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_out_dtypes_and_bias(out_dtype, gen):
+    run_and_check(("bf16", "nvfp4"), 5, 24, 32, "cpu", gen, out_dtype=out_dtype, bias=True)
+
+
+def test_k_is_one_block(gen):
+    run_and_check(("nvfp4", "nvfp4"), 3, 18, 16, "cpu", gen)
+    run_and_check(("bf16", "mxfp4"), 3, 18, 32, "cpu", gen)
+
+
+def test_bad_arguments(gen):
+    w = bs.quantize(torch.randn(8, 64, generator=gen), "mxfp4")
+    x = torch.randn(4, 64, generator=gen)
+    with pytest.raises(TypeError, match="a: a plain-tensor activation must be torch.bfloat16, got torch.float32"):
+        bs.scaled_mm(x, w)
+    with pytest.raises(ValueError, match="a: expected a contiguous tensor"):
+        bs.scaled_mm(torch.randn(64, 4).to(torch.bfloat16).T, w)
+    with pytest.raises(ValueError, match="the pair nvfp4 x mxfp4 is not supported; supported pairs: nvfp4 x nvfp4"):
+        bs.scaled_mm(bs.quantize(x, "nvfp4"), w)
+    with pytest.raises(ValueError, match="b: K=64 does not match a's K=32"):
+        bs.scaled_mm(torch.randn(4, 32).to(torch.bfloat16), w)
+    with pytest.raises(TypeError, match="b: expected a QTensor"):
+        bs.scaled_mm(x.to(torch.bfloat16), torch.randn(8, 64))
+    with pytest.raises(TypeError, match="out_dtype: expected one of"):
+        bs.scaled_mm(x.to(torch.bfloat16), w, out_dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"bias: expected a tensor of shape \(8,\)"):
+        bs.scaled_mm(x.to(torch.bfloat16), w, bias=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"out: expected a contiguous torch.bfloat16 tensor of shape \(4, 8\)"):
+        bs.scaled_mm(x.to(torch.bfloat16), w, out=torch.empty(4, 9, dtype=torch.bfloat16))
+    meta_w = bs.QTensor(w.data.to("meta"), w.scale.to("meta"), "mxfp4")
+    with pytest.raises(ValueError, match="b: on meta, a on cpu; expected one device"):
+        bs.scaled_mm(x.to(torch.bfloat16), meta_w)

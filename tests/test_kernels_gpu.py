@@ -1,0 +1,33 @@
+"""GPU suite (H100/H200): all 7 pairs x out dtypes x shapes, fresh inputs, poisoned outputs."""
+
+import pytest
+import torch
+
+from pairs import PAIRS, run_and_check
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 257, 256), (127, 257, 512), (64, 8192, 8192), (4096, 4096, 4096)]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_pairs_fp32_out(pair, m, n, k, gen):
+    run_and_check(pair, m, n, k, "cuda", gen)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16])
+def test_pairs_low_precision_out(pair, out_dtype, gen):
+    run_and_check(pair, 127, 257, 512, "cuda", gen, out_dtype=out_dtype, bias=True)
+
+
+@pytest.mark.parametrize("layout", ["swizzle_32_4_4", "cdna4_32"])
+@pytest.mark.parametrize("pair", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"), ("bf16", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_swizzled_scales(pair, layout, gen):
+    run_and_check(pair, 200, 300, 1024, "cuda", gen, layout=layout)
+
+
+@pytest.mark.parametrize("pair", [("bf16", "nvfp4"), ("mxfp8", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_8192_cubed(pair, gen):
+    run_and_check(pair, 8192, 8192, 8192, "cuda", gen)
