@@ -1,0 +1,207 @@
+"""`python -m bench`: validate every selected kernel against the fp64 reference, then
+(with --bench, on a GPU) time this project and the baselines in one process.
+
+Rows go to bench/results/<gpu>.csv in the format of DESIGN.md section 5; a PNG plot of
+speedup vs cuBLAS bf16 goes beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # kernels run through the Triton interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import blockscaled as bs  # noqa: E402
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
+
+from .providers import (  # noqa: E402
+    FORMAT_PAIRS,
+    Unsupported,
+    blockscaled_fn,
+    cublas_bf16_fn,
+    gemlite_fn,
+    make_operands,
+    scaled_mm_fp8_fn,
+    triton_dot_scaled_fn,
+)
+
+RESULTS = Path(__file__).parent / "results"
+COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
+LLAMA_70B = [(10240, 8192), (57344, 8192), (8192, 28672), (8192, 8192)]
+OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--format", default="all", choices=[*FORMAT_PAIRS, "all"])
+    p.add_argument("-M", type=int, nargs="+", default=None, help="rows of A (default: 1 16 128 on GPU)")
+    p.add_argument("-N", type=int, default=None)
+    p.add_argument("-K", type=int, default=None)
+    p.add_argument("--K_range", type=int, nargs=2, metavar=("A", "B"))
+    p.add_argument("--K_step", type=int, default=512)
+    p.add_argument("--llama", action="store_true", help="Llama-3-70B linear shapes (N, K)")
+    p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
+    p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
+    p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
+    return p.parse_args(argv)
+
+
+def shapes(args, on_gpu):
+    ms = args.M or ([1, 16, 128] if on_gpu else [1, 33])
+    if args.llama:
+        nks = LLAMA_70B
+    elif args.K_range:
+        nks = [(args.N or 8192, k) for k in range(args.K_range[0], args.K_range[1] + 1, args.K_step)]
+    else:
+        default = 8192 if on_gpu else 64
+        nks = [(args.N or default, args.K or default)]
+    return [(m, n, k) for n, k in nks for m in ms]
+
+
+def time_ms(fn, use_graph):
+    import triton.testing as tt
+
+    if use_graph:
+        return tt.do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True).strip()
+    except Exception:  # noqa: BLE001 - outside a checkout
+        return "unknown"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    out_dtype = OUT_DTYPES[args.out_dtype]
+    pairs = list(FORMAT_PAIRS.items()) if args.format == "all" else [(args.format, FORMAT_PAIRS[args.format])]
+    gpu = torch.cuda.get_device_name() if on_gpu else "cpu"
+    stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu)
+    if args.bench and not on_gpu:
+        print("--bench: timings need a GPU; validating only.")
+    rows, failed = [], []
+    for n_shape, (m, n, k) in enumerate(shapes(args, on_gpu)):
+        for name, pair in pairs:
+            pair_name = bs.SUPPORTED_PAIRS[pair]
+            x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
+            out = bs.scaled_mm(a, b, out_dtype=out_dtype)
+            err = max_rel_err(out, ref_scaled_mm(a, b))
+            tol = 1e-5 if out_dtype == torch.float32 else (8e-3 if out_dtype == torch.bfloat16 else 1e-3)
+            status = "ok" if err <= tol else "FAIL"
+            print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d} {args.out_dtype}: max_rel_err={err:.2e} {status}")
+            if status != "ok":
+                failed.append(pair_name)
+            if not (args.bench and on_gpu):
+                continue
+            rows += bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp)
+    if rows:
+        print_table(rows)
+        if not args.no_record:
+            record(rows, gpu)
+    if failed:
+        print(f"validation FAILED for {sorted(set(failed))}")
+        return 1
+    if not on_gpu:
+        print("validation passed on CPU (Triton interpreter); timings need a GPU: rerun there with --bench")
+    return 0
+
+
+def bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp):
+    use_graph = m <= 64
+    flops = 2.0 * m * n * k
+    fb = b.fmt
+    b_bytes = n * k * fb.bits_per_element() / 8
+    a_bytes = m * k * (2 if pair[0] == "bf16" else bs.FORMATS[pair[0]].bits_per_element() / 8)
+    out_bytes = m * n * torch.finfo(out_dtype).bits / 8
+    providers = {
+        "blockscaled": lambda: blockscaled_fn(a, b, out_dtype),
+        "cublas_bf16": lambda: cublas_bf16_fn(x, w, out_dtype),
+        "scaled_mm_fp8_rowwise": lambda: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"),
+        "scaled_mm_fp8_blockwise": lambda: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"),
+        "triton_dot_scaled": lambda: triton_dot_scaled_fn(pair),
+        "gemlite": lambda: gemlite_fn(x, w, pair),
+    }
+    times = {}
+    for prov, build in providers.items():
+        try:
+            fn = build()
+            fn()
+            torch.cuda.synchronize()
+            times[prov] = time_ms(fn, use_graph)
+        except Unsupported as e:
+            print(f"  {prov}: unsupported here: {e}")
+    bf16_ms = times.get("cublas_bf16")
+    rows = []
+    for prov, ms in times.items():
+        nbytes = (a_bytes + b_bytes + out_bytes) if prov == "blockscaled" else (m * k + n * k + m * n) * 2
+        rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], provider=prov,
+                         median_ms=f"{ms:.5f}", tflops=f"{flops / ms / 1e9:.2f}", gbps=f"{nbytes / ms / 1e6:.1f}",
+                         speedup_vs_bf16=f"{bf16_ms / ms:.3f}" if bf16_ms else "",
+                         max_rel_err=f"{err:.2e}" if prov == "blockscaled" else "",
+                         timing="cudagraph" if use_graph else "plain"))
+    return rows
+
+
+def print_table(rows):
+    print(f"\n{'pair':12s} {'M':>5s} {'N':>6s} {'K':>6s} {'provider':24s} {'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>8s} {'vs bf16':>8s} {'err':>9s}")
+    for r in rows:
+        print(f"{r['pair']:12s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {r['provider']:24s} {r['median_ms']:>9s} {r['tflops']:>8s} {r['gbps']:>8s} {r['speedup_vs_bf16']:>8s} {r['max_rel_err']:>9s}")
+
+
+def record(rows, gpu):
+    RESULTS.mkdir(exist_ok=True)
+    name = "h200" if "H200" in gpu else "h100" if "H100" in gpu else gpu.lower().replace(" ", "_")
+    path = RESULTS / f"{name}.csv"
+    fields = COLUMNS + ["timing"]
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            wr.writeheader()
+        wr.writerows(rows)
+    print(f"appended {len(rows)} rows to {path}")
+    plot(rows, RESULTS / f"{name}_latest.png")
+
+
+def plot(rows, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(9, 5))
+    series = {}
+    for r in rows:
+        if r["provider"] == "blockscaled" and r["speedup_vs_bf16"]:
+            series.setdefault((r["pair"], r["N"], r["K"]), []).append((r["M"], float(r["speedup_vs_bf16"])))
+    for (pair, n, k), pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{pair} N={n} K={k}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("M")
+    ax.set_ylabel("speedup vs cuBLAS bf16 (same process)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
