@@ -23,6 +23,12 @@ SUPPORTED_PAIRS = {
     ("bf16", "mxfp8"): "bf16xmxfp8",
 }
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Pairs that take the dequantize path on every device. mixed: Helion 1.5.0's hl.dot_scaled
+# compares the stored K of both operands, so fp8 x packed fp4 cannot be expressed
+# ("Mismatched K dimensions for dot"). bf16 activations: hl.dot_scaled takes no None
+# scale, and native block-scaled MMA needs both operands narrow anyway (tl.dot_scaled
+# would upcast the weights to bf16 in software, which is what the dequantize path does).
+DEQUANT_ONLY_PAIRS = ("mxfp8xmxfp4", "bf16xnvfp4", "bf16xmxfp4", "bf16xmxfp8")
 
 
 def select_backend(device: torch.device) -> str:
@@ -117,6 +123,8 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     backend = backend or select_backend(device)
+    if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
+        backend = "dequant"
     a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
     if backend == "dequant":
@@ -131,7 +139,7 @@ def scaled_mm(
     else:
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
         args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
-    cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, device)
+    cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
     bound = kernel.bind(args)
     bound.set_config(cfg)
     bound(*args)

@@ -33,16 +33,16 @@ def _table(arch: str) -> dict:
     return json.loads(path.read_text())
 
 
-def default_config(backend: str, pair: str, m: int, n: int, k: int, device: torch.device) -> helion.Config:
+def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:
     """The first entry of the arch's table whose filters match; each entry may name
     `pairs` and bound `max_m`/`min_k`."""
-    for entry in _table(arch_key(device)).get(backend, []):
+    for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
         if m > entry.get("max_m", m) or k < entry.get("min_k", 0):
             continue
         return _as_config(tuple(sorted((key, _freeze(v)) for key, v in entry["config"].items())))
-    raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch_key(device)}")
+    raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch}")
 
 
 def _freeze(v):

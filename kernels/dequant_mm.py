@@ -15,35 +15,23 @@ import torch
 import helion
 import helion.language as hl
 
-from blockscaled.formats import SCALE_LAYOUTS
-from blockscaled.layouts import scale_offset
-
 from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32
+from .tiles import load_data, load_scale_codes
 
 
 def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
     """Rows `rows_tile`, K groups `g` of one operand, dequantized to float32 [rows, g*U]."""
     if ELEM == ELEMENT_CODES["e2m1"]:
-        col = g.begin * (U // 2) + hl.arange(g.block_size * (U // 2))
-        raw = hl.load(data, [rows_tile, col], extra_mask=col < K // 2).to(torch.int32)
+        raw = load_data(data, rows_tile, g, U, K, 2).to(torch.int32)
         pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
         values = pairs.reshape(rows_tile.block_size, g.block_size * U)
     else:
-        col = g.begin * U + hl.arange(g.block_size * U)
-        values = hl.load(data, [rows_tile, col], extra_mask=col < K).to(torch.float32)
+        values = load_data(data, rows_tile, g, U, K, 1).to(torch.float32)
     if SCALE == 0:
         return values
-    per_group = U // BLOCK
-    sc = g.begin * per_group + hl.arange(g.block_size * per_group)
-    in_k = sc < K // BLOCK
-    if LAYOUT == 0:
-        codes = hl.load(scale, [rows_tile, sc], extra_mask=in_k)
-    else:
-        r = rows_tile.index.unsqueeze(1)
-        off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, sc.unsqueeze(0), K // BLOCK)
-        codes = hl.load(scale, [off], extra_mask=in_k & (r < n_rows))
+    codes = load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT)
     s = decode_scale(codes.to(torch.int32), SCALE)
-    blocks = values.reshape(rows_tile.block_size, g.block_size * per_group, BLOCK) * s.unsqueeze(2)
+    blocks = values.reshape(rows_tile.block_size, g.block_size * (U // BLOCK), BLOCK) * s.unsqueeze(2)
     return blocks.reshape(rows_tile.block_size, g.block_size * U)
 
 
@@ -81,6 +69,6 @@ def dequant_mm_kernel(
             acc = hl.dot(a.to(compute), b.to(compute).T, acc=acc)
         acc = acc * (a_global[0] * b_global[0])
         if HAS_BIAS:
-            acc = acc + bias[tile_n].to(torch.float32)[None, :]
+            acc = acc + bias[tile_n].to(torch.float32).unsqueeze(0)
         out[tile_m, tile_n] = acc.to(out.dtype)
     return out

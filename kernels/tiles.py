@@ -1,0 +1,32 @@
+"""Tile loaders shared by the kernels: packed data columns and scale codes for K groups.
+
+The K loop of every kernel runs over groups of U logical elements; these helpers turn a
+group tile `g` into masked loads of one operand's bytes and scale codes, with the scale
+layout indexed in place through `blockscaled.layouts.scale_offset`.
+"""
+
+from __future__ import annotations
+
+import helion.language as hl
+
+from blockscaled.formats import SCALE_LAYOUTS
+from blockscaled.layouts import scale_offset
+
+
+def load_data(data, rows_tile, g, U, K, ELEMS_PER_BYTE):
+    """Stored columns of K groups `g`: [rows, g*U / elems_per_byte], zero past K."""
+    width = U // ELEMS_PER_BYTE
+    col = g.begin * width + hl.arange(g.block_size * width)
+    return hl.load(data, [rows_tile, col], extra_mask=col < K // ELEMS_PER_BYTE)
+
+
+def load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT):
+    """Raw scale codes (uint8) of K groups `g`: [rows, g*U / BLOCK], zero outside."""
+    per_group = U // BLOCK
+    sc = g.begin * per_group + hl.arange(g.block_size * per_group)
+    in_k = sc < K // BLOCK
+    if LAYOUT == 0:
+        return hl.load(scale, [rows_tile, sc], extra_mask=in_k)
+    r = rows_tile.index.unsqueeze(1)
+    off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, sc.unsqueeze(0), K // BLOCK)
+    return hl.load(scale, [off], extra_mask=in_k & (r < n_rows))
