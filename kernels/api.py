@@ -140,7 +140,6 @@ def scaled_mm(
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
         args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
     cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
-    bound = kernel.bind(args)
-    bound.set_config(cfg)
-    bound(*args)
+    # compile_config caches per (specialization, config): later calls launch directly
+    kernel.bind(args).compile_config(cfg)(*args)
     return out
