@@ -134,7 +134,7 @@ def scaled_mm(
         args = (
             a_parts[0], a_parts[1], b_parts[0], b_parts[1], a_parts[2], b_parts[2], bias_t, out,
             k, u, *operand_codes(fa, a_parts[4]), *operand_codes(fb, b_parts[4]),
-            bias is not None, device.type == "cuda",
+            bias is not None, device.type == "cuda", "e2m1" in (fa and fa.element, fb.element),
         )
     else:
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel

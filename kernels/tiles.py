@@ -20,6 +20,13 @@ def load_data(data, rows_tile, g, U, K, ELEMS_PER_BYTE):
     return hl.load(data, [rows_tile, col], extra_mask=col < K // ELEMS_PER_BYTE)
 
 
+def load_data_half(data, rows_tile, g, U, K, PARITY):
+    """Even (PARITY 0) or odd (1) logical columns of K groups `g` of an unpacked operand:
+    [rows, g*U / 2], zero past K."""
+    col = g.begin * U + 2 * hl.arange(g.block_size * (U // 2)) + PARITY
+    return hl.load(data, [rows_tile, col], extra_mask=col < K)
+
+
 def load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT):
     """Raw scale codes (uint8) of K groups `g`: [rows, g*U / BLOCK], zero outside."""
     per_group = U // BLOCK
