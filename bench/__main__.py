@@ -93,12 +93,18 @@ def main(argv=None):
     if args.bench and not on_gpu:
         print("--bench: timings need a GPU; validating only.")
     rows, failed = [], []
+    if args.bench and on_gpu:
+        print_header()
     for n_shape, (m, n, k) in enumerate(shapes(args, on_gpu)):
         for name, pair in pairs:
             pair_name = bs.SUPPORTED_PAIRS[pair]
             x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
-            out = bs.scaled_mm(a, b, out_dtype=out_dtype)
-            err = max_rel_err(out, ref_scaled_mm(a, b))
+            try:
+                err = max_rel_err(bs.scaled_mm(a, b, out_dtype=out_dtype), ref_scaled_mm(a, b))
+            except Exception as e:  # noqa: BLE001 - report, keep going with the other shapes
+                print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d}: FAILED to run: {type(e).__name__}: {str(e)[:200]}")
+                failed.append(pair_name)
+                continue
             tol = 1e-5 if out_dtype == torch.float32 else (8e-3 if out_dtype == torch.bfloat16 else 1e-3)
             status = "ok" if err <= tol else "FAIL"
             print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d} {args.out_dtype}: max_rel_err={err:.2e} {status}")
@@ -106,11 +112,14 @@ def main(argv=None):
                 failed.append(pair_name)
             if not (args.bench and on_gpu):
                 continue
-            rows += bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp)
-    if rows:
-        print_table(rows)
-        if not args.no_record:
-            record(rows, gpu)
+            shape_rows = bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp)
+            for r in shape_rows:
+                print_row(r)
+            if not args.no_record:
+                record(shape_rows, gpu)  # each shape as it finishes: a cut-off run keeps its rows
+            rows += shape_rows
+    if rows and not args.no_record:
+        plot(rows, RESULTS / f"{result_name(gpu)}_latest.png")
     if failed:
         print(f"validation FAILED for {sorted(set(failed))}")
         return 1
@@ -155,16 +164,21 @@ def bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp):
     return rows
 
 
-def print_table(rows):
-    print(f"\n{'pair':12s} {'M':>5s} {'N':>6s} {'K':>6s} {'provider':24s} {'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>8s} {'vs bf16':>8s} {'err':>9s}")
-    for r in rows:
-        print(f"{r['pair']:12s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {r['provider']:24s} {r['median_ms']:>9s} {r['tflops']:>8s} {r['gbps']:>8s} {r['speedup_vs_bf16']:>8s} {r['max_rel_err']:>9s}")
+def print_header():
+    print(f"{'pair':12s} {'M':>5s} {'N':>6s} {'K':>6s} {'provider':24s} {'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>8s} {'vs bf16':>8s} {'err':>9s}")
+
+
+def print_row(r):
+    print(f"{r['pair']:12s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {r['provider']:24s} {r['median_ms']:>9s} {r['tflops']:>8s} {r['gbps']:>8s} {r['speedup_vs_bf16']:>8s} {r['max_rel_err']:>9s}")
+
+
+def result_name(gpu):
+    return "h200" if "H200" in gpu else "h100" if "H100" in gpu else gpu.lower().replace(" ", "_")
 
 
 def record(rows, gpu):
     RESULTS.mkdir(exist_ok=True)
-    name = "h200" if "H200" in gpu else "h100" if "H100" in gpu else gpu.lower().replace(" ", "_")
-    path = RESULTS / f"{name}.csv"
+    path = RESULTS / f"{result_name(gpu)}.csv"
     fields = COLUMNS + ["timing"]
     new = not path.exists()
     with path.open("a", newline="") as f:
@@ -173,7 +187,6 @@ def record(rows, gpu):
             wr.writeheader()
         wr.writerows(rows)
     print(f"appended {len(rows)} rows to {path}")
-    plot(rows, RESULTS / f"{name}_latest.png")
 
 
 def plot(rows, path):

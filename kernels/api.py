@@ -140,6 +140,9 @@ def scaled_mm(
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
         args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
     cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
+    if backend == "dequant":
+        # each dot needs K >= 16: a parity-split tile gives each dot g * U / 2 elements
+        cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 2 if args[-1] else u)))
     # compile_config caches per (specialization, config): later calls launch directly
     kernel.bind(args).compile_config(cfg)(*args)
     return out

@@ -52,3 +52,17 @@ def _freeze(v):
 @functools.lru_cache(maxsize=None)
 def _as_config(items: tuple) -> helion.Config:
     return helion.Config(**{k: list(v) if isinstance(v, tuple) else v for k, v in items})
+
+
+@functools.lru_cache(maxsize=None)
+def _with_k_groups(cfg: helion.Config, groups: int) -> helion.Config:
+    sizes = list(cfg.config["block_sizes"])
+    sizes[-1] = groups
+    return helion.Config(**{**cfg.config, "block_sizes": sizes})
+
+
+def with_min_k_groups(cfg: helion.Config, groups: int) -> helion.Config:
+    """`cfg` with its K-group block size (the last block size) raised to at least `groups`."""
+    if cfg.config["block_sizes"][-1] >= groups:
+        return cfg
+    return _with_k_groups(cfg, groups)
