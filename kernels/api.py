@@ -100,6 +100,18 @@ def _parts(x, device):
     return x, x, _one(device), None, "rowmajor"
 
 
+def _split_by_parity(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
+    """Feed fp4 nibbles to two dots (even K, odd K) instead of interleaving them.
+
+    Measured on an H200 at N = K = 8192 (bench/results/h200.csv, commits 3d31e97 vs
+    200319a): with both operands packed fp4 it wins at every M (nvfp4 x nvfp4 M=4096:
+    0.20x vs 0.08x of cuBLAS bf16); with an unpacked A it wins only at M=1 (bf16 x mxfp4
+    0.61x vs 0.27x) and loses from M=16 on (strided A loads: 0.15x vs 0.27x).
+    """
+    packed_a = fa is not None and fa.is_packed
+    return fb.is_packed and (packed_a or m == 1)
+
+
 def scaled_mm(
     a: QTensor | torch.Tensor,
     b: QTensor,
@@ -134,7 +146,7 @@ def scaled_mm(
         args = (
             a_parts[0], a_parts[1], b_parts[0], b_parts[1], a_parts[2], b_parts[2], bias_t, out,
             k, u, *operand_codes(fa, a_parts[4]), *operand_codes(fb, b_parts[4]),
-            bias is not None, device.type == "cuda", "e2m1" in (fa and fa.element, fb.element),
+            bias is not None, device.type == "cuda", _split_by_parity(fa, fb, m),
         )
     else:
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel

@@ -34,9 +34,14 @@ def apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT,
     return blocks.reshape(rows_tile.block_size, g.block_size * PER_ROW_K)
 
 
-def load_operand(data, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT):
-    """Rows `rows_tile`, K groups `g` of one unpacked operand, dequantized to float32 [rows, g*U]."""
-    values = load_data(data, rows_tile, g, U, K, 1).to(torch.float32)
+def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
+    """Rows `rows_tile`, K groups `g` of one operand, dequantized to float32 [rows, g*U] in K order."""
+    if ELEM == ELEMENT_CODES["e2m1"]:
+        raw = load_data(data, rows_tile, g, U, K, 2).to(torch.int32)
+        pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
+        values = pairs.reshape(rows_tile.block_size, g.block_size * U)
+    else:
+        values = load_data(data, rows_tile, g, U, K, 1).to(torch.float32)
     return apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, U)
 
 
@@ -93,8 +98,8 @@ def dequant_mm_kernel(
                 acc = hl.dot(a0.to(compute), b0.to(compute).T, acc=acc)
                 acc = hl.dot(a1.to(compute), b1.to(compute).T, acc=acc)
             else:
-                a = load_operand(a_data, a_scale, tile_m, m, g, U, K, A_SCALE, A_BLOCK, A_LAYOUT)
-                b = load_operand(b_data, b_scale, tile_n, n, g, U, K, B_SCALE, B_BLOCK, B_LAYOUT)
+                a = load_operand(a_data, a_scale, tile_m, m, g, U, K, A_ELEM, A_SCALE, A_BLOCK, A_LAYOUT)
+                b = load_operand(b_data, b_scale, tile_n, n, g, U, K, B_ELEM, B_SCALE, B_BLOCK, B_LAYOUT)
                 acc = hl.dot(a.to(compute), b.to(compute).T, acc=acc)
         acc = acc * (a_global[0] * b_global[0])
         if HAS_BIAS:

@@ -69,3 +69,13 @@ def test_bad_arguments(gen):
     meta_w = bs.QTensor(w.data.to("meta"), w.scale.to("meta"), "mxfp4")
     with pytest.raises(ValueError, match="b: on meta, a on cpu; expected one device"):
         bs.scaled_mm(x.to(torch.bfloat16), meta_w)
+
+
+@pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 4])
+def test_both_k_paths_for_fp4_weights(pair, m, gen):
+    """M=1 splits K by parity, M>1 with an unpacked A interleaves: both must be exact."""
+    from blockscaled.kernels.api import _split_by_parity
+
+    assert _split_by_parity(bs.FORMATS.get(pair[0]), bs.FORMATS[pair[1]], m) == (m == 1)
+    run_and_check(pair, m, 24, 64, "cpu", gen)
