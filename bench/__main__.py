@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import math
 import os
 import subprocess
 import sys
@@ -25,18 +26,19 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noq
 
 from .providers import (  # noqa: E402
     FORMAT_PAIRS,
+    LLAMA_70B,
     Unsupported,
     blockscaled_fn,
     cublas_bf16_fn,
     gemlite_fn,
     make_operands,
+    operand_bytes,
     scaled_mm_fp8_fn,
     triton_dot_scaled_fn,
 )
 
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
-LLAMA_70B = [(10240, 8192), (57344, 8192), (8192, 28672), (8192, 8192)]
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -52,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
+    p.add_argument("--copies", type=int, default=8, help="independent input sets to rotate through (cache-cold timing)")
     return p.parse_args(argv)
 
 
@@ -75,6 +78,15 @@ def time_ms(fn, use_graph):
     return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def progress(items):
+    """A tqdm bar over the shapes when tqdm is installed (stderr, so the table stays clean)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc="shapes", file=sys.stderr)
+
+
 def git_commit():
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True).strip()
@@ -95,7 +107,7 @@ def main(argv=None):
     rows, failed = [], []
     if args.bench and on_gpu:
         print_header()
-    for n_shape, (m, n, k) in enumerate(shapes(args, on_gpu)):
+    for n_shape, (m, n, k) in enumerate(progress(shapes(args, on_gpu))):
         for name, pair in pairs:
             pair_name = bs.SUPPORTED_PAIRS[pair]
             x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
@@ -112,7 +124,8 @@ def main(argv=None):
                 failed.append(pair_name)
             if not (args.bench and on_gpu):
                 continue
-            shape_rows = bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp)
+            operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, args.copies)]
+            shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp)
             for r in shape_rows:
                 print_row(r)
             if not args.no_record:
@@ -128,39 +141,54 @@ def main(argv=None):
     return 0
 
 
-def bench_shape(pair, pair_name, m, n, k, x, w, a, b, out_dtype, err, stamp):
+def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp):
+    """Time every provider on one shape. `operands` is a list of independent (x, w, a, b)
+    sets: each provider cycles through as many as it takes for its bytes to exceed twice
+    the L2 cache, so repeated runs read HBM, not L2 (fp4 weights of 8192^2 fit in an
+    H200's 60 MB L2)."""
     use_graph = m <= 64
     flops = 2.0 * m * n * k
-    fb = b.fmt
-    b_bytes = n * k * fb.bits_per_element() / 8
-    a_bytes = m * k * (2 if pair[0] == "bf16" else bs.FORMATS[pair[0]].bits_per_element() / 8)
     out_bytes = m * n * torch.finfo(out_dtype).bits / 8
-    providers = {
-        "blockscaled": lambda: blockscaled_fn(a, b, out_dtype),
-        "cublas_bf16": lambda: cublas_bf16_fn(x, w, out_dtype),
-        "scaled_mm_fp8_rowwise": lambda: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"),
-        "scaled_mm_fp8_blockwise": lambda: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"),
-        "triton_dot_scaled": lambda: triton_dot_scaled_fn(pair),
-        "gemlite": lambda: gemlite_fn(x, w, pair),
+    ours = operand_bytes(pair[0], m, k) + operand_bytes(pair[1], n, k)
+    fp8 = float(m * k + n * k)
+    providers = {  # name: (builder(x, w, a, b), bytes one call must read)
+        "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
+        "cublas_bf16": (lambda x, w, a, b: cublas_bf16_fn(x, w, out_dtype), 2.0 * (m * k + n * k)),
+        "scaled_mm_fp8_rowwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"), fp8),
+        "scaled_mm_fp8_blockwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"), fp8),
+        "triton_dot_scaled": (lambda x, w, a, b: triton_dot_scaled_fn(pair), ours),
+        "gemlite": (lambda x, w, a, b: gemlite_fn(x, w, pair), ours),
     }
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     times = {}
-    for prov, build in providers.items():
+    for prov, (build, nbytes) in providers.items():
         try:
-            fn = build()
-            fn()
-            torch.cuda.synchronize()
-            times[prov] = time_ms(fn, use_graph)
+            copies = min(len(operands), max(1, math.ceil(2 * l2 / (nbytes + out_bytes))))
+            fns = [build(*ops) for ops in operands[:copies]]
         except Unsupported as e:
             print(f"  {prov}: unsupported here: {e}")
-    bf16_ms = times.get("cublas_bf16")
+            continue
+
+        def run_all(fns=fns):
+            for f in fns:
+                f()
+
+        run_all()
+        torch.cuda.synchronize()
+        times[prov] = (
+            time_ms(run_all, use_graph) / copies,
+            time_ms(run_all, False) / copies if use_graph else None,
+            nbytes + out_bytes,
+        )
+    bf16_ms = times.get("cublas_bf16", (None,))[0]
     rows = []
-    for prov, ms in times.items():
-        nbytes = (a_bytes + b_bytes + out_bytes) if prov == "blockscaled" else (m * k + n * k + m * n) * 2
+    for prov, (ms, plain_ms, nbytes) in times.items():
         rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], provider=prov,
                          median_ms=f"{ms:.5f}", tflops=f"{flops / ms / 1e9:.2f}", gbps=f"{nbytes / ms / 1e6:.1f}",
                          speedup_vs_bf16=f"{bf16_ms / ms:.3f}" if bf16_ms else "",
                          max_rel_err=f"{err:.2e}" if prov == "blockscaled" else "",
-                         timing="cudagraph" if use_graph else "plain"))
+                         timing="cudagraph" if use_graph else "plain",
+                         plain_ms=f"{plain_ms:.5f}" if plain_ms else ""))
     return rows
 
 
@@ -179,8 +207,12 @@ def result_name(gpu):
 def record(rows, gpu):
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{result_name(gpu)}.csv"
-    fields = COLUMNS + ["timing"]
+    fields = COLUMNS + ["timing", "plain_ms"]
     new = not path.exists()
+    if not new:
+        header = path.open().readline().strip().split(",")
+        if header != fields:
+            raise SystemExit(f"{path}: header {header} is not {fields}; migrate the file first")
     with path.open("a", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=fields)
         if new:

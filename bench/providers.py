@@ -18,6 +18,15 @@ FORMAT_PAIRS = {
 }
 
 
+# Llama-3-70B linear layers (N, K), and the square 8192 reference shape
+LLAMA_70B = [(10240, 8192), (57344, 8192), (8192, 28672), (8192, 8192)]
+
+
+def operand_bytes(fmt_name: str, rows: int, k: int) -> float:
+    """Bytes one operand occupies in memory (elements + scales) for the bandwidth metric."""
+    return rows * k * bs.FORMATS[fmt_name].bits_per_element() / 8
+
+
 class Unsupported(Exception):
     """A provider that cannot run here; the message says why."""
 
@@ -44,26 +53,29 @@ def cublas_bf16_fn(x, w, out_dtype):
 
 
 def scaled_mm_fp8_fn(x, w, out_dtype, kind):
+    """cuBLAS fp8 through torch._scaled_mm: rowwise, or DeepSeek-style blockwise
+    (1x128 activations, 128x128 weights; sm_90 only, scales in the strides cuBLAS wants)."""
     if not x.is_cuda or torch.cuda.get_device_capability() < (8, 9):
         raise Unsupported("torch._scaled_mm fp8 needs sm_89+")
+    m, k = x.shape
+    n = w.shape[0]
     if kind == "rowwise":
         sa = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448
         sb = w.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448
         xa, wb = (x / sa).to(torch.float8_e4m3fn), (w / sb).to(torch.float8_e4m3fn)
-        sb = sb.T.contiguous()
+        sb = sb.T
     else:
-        m, k = x.shape
-        n = w.shape[0]
-        if k % 128 or n % 128:
-            raise Unsupported("blockwise 1x128/128x128 needs K and N multiples of 128")
-        sa = x.reshape(m, k // 128, 128).abs().amax(-1).clamp(min=1e-12) / 448
+        if k % 512 or n % 128:
+            raise Unsupported("blockwise 1x128/128x128 needs K % 512 == 0 and N % 128 == 0")
+        rows = -(-m // 4) * 4  # cuBLAS wants the 1x128 scale rows in multiples of 4
+        xp = torch.nn.functional.pad(x, (0, 0, 0, rows - m))
+        sa = xp.reshape(rows, k // 128, 128).abs().amax(-1).clamp(min=1e-12) / 448
         wt = w.reshape(n // 128, 128, k // 128, 128)
-        sb = wt.abs().amax((1, 3)).clamp(min=1e-12) / 448
-        xa = (x.reshape(m, k // 128, 128) / sa[..., None]).reshape(m, k).to(torch.float8_e4m3fn)
+        sb = wt.abs().amax((1, 3)).clamp(min=1e-12) / 448  # [N/128, K/128]
+        xa = (xp.reshape(rows, k // 128, 128) / sa[..., None]).reshape(rows, k).to(torch.float8_e4m3fn)
         wb = (wt / sb[:, None, :, None]).reshape(n, k).to(torch.float8_e4m3fn)
-        # cuBLAS wants the 1x128 scales M-major (outer dim stride 1), 128x128 as [K/128, N/128]
-        sa = sa.T.contiguous().T
-        sb = sb.T.contiguous()
+        sa = sa.t().contiguous().t()  # [M, K/128], M-major
+        sb = sb.t()  # [K/128, N/128] view of the [N/128, K/128] buffer
     odt = out_dtype if out_dtype != torch.float32 else torch.bfloat16
     try:
         torch._scaled_mm(xa, wb.T, sa, sb, out_dtype=odt)
@@ -72,12 +84,35 @@ def scaled_mm_fp8_fn(x, w, out_dtype, kind):
     return lambda: torch._scaled_mm(xa, wb.T, sa, sb, out_dtype=odt)
 
 
+# gemlite 0.6.0 helper class per pair (its own quantizer; a timing peer, not an accuracy one)
+GEMLITE_CLASSES = {
+    ("mxfp4", "mxfp4"): "A4W4_MXFP_dynamic",
+    ("mxfp8", "mxfp8"): "A8W8_MXFP_dynamic",
+    ("mxfp8", "mxfp4"): "A8W4_MXFP_dynamic",
+    ("bf16", "mxfp4"): "A16W4_MXFP",
+    ("bf16", "nvfp4"): "A16W4_NVFP",
+    ("nvfp4", "nvfp4"): "A4W4_NVFP_dynamic",
+}
+
+
 def gemlite_fn(x, w, pair):
     try:
-        import gemlite  # noqa: F401
+        from gemlite import helper
     except ImportError as e:
         raise Unsupported("gemlite is not installed (pip install gemlite)") from e
-    raise Unsupported("gemlite is installed but its provider is not wired into this CLI yet")
+    name = GEMLITE_CLASSES.get(pair)
+    if name is None:
+        raise Unsupported(f"gemlite has no kernel for {pair[0]} x {pair[1]}")
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16, device=w.device)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    xb = x.to(torch.bfloat16)
+    try:
+        layer = getattr(helper, name)(device=str(w.device), dtype=torch.bfloat16).from_linear(lin)
+        layer(xb)
+    except Exception as e:  # noqa: BLE001 - gemlite's own failure (e.g. NVFP on sm_90), reported
+        raise Unsupported(f"gemlite {name}: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}") from e
+    return lambda: layer(xb)
 
 
 def triton_dot_scaled_fn(pair):

@@ -1,0 +1,105 @@
+"""The parts of bench/ that need no GPU and no TritonBench: CLI, byte counts, the
+TritonBench glue against a stand-in of TritonBench's operator API."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+import blockscaled as bs
+from bench import __main__ as cli
+from bench import tritonbench as tb_runner
+from bench.providers import FORMAT_PAIRS, operand_bytes
+
+
+def test_format_choices_cover_every_pair():
+    assert sorted(FORMAT_PAIRS.values()) == sorted(bs.SUPPORTED_PAIRS)
+
+
+def test_operand_bytes_are_the_storage_bits():
+    assert operand_bytes("nvfp4", 8192, 8192) == 8192 * 8192 * 4.5 / 8
+    assert operand_bytes("mxfp4", 1, 32) == 17  # 16 bytes of nibbles + one scale
+    assert operand_bytes("mxfp8", 1, 32) == 33
+    assert operand_bytes("bf16", 2, 8) == 32
+
+
+def test_shapes_from_arguments():
+    args = cli.parse_args(["--K_range", "256", "1024", "--K_step", "256", "-M", "1", "4", "-N", "512"])
+    assert cli.shapes(args, on_gpu=True) == [(m, 512, k) for k in (256, 512, 768, 1024) for m in (1, 4)]
+    args = cli.parse_args(["--llama", "-M", "16"])
+    assert (16, 57344, 8192) in cli.shapes(args, on_gpu=True)
+
+
+def test_cli_validates_on_cpu_and_records_nothing(capsys):
+    assert cli.main(["--format", "w8a16-mxfp8", "-M", "2", "--no-record"]) == 0
+    out = capsys.readouterr().out
+    assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
+
+
+def test_tritonbench_argv_defaults():
+    assert tb_runner.build_argv(["--metrics", "latency"]) == [
+        "--op", "blockscaled_gemm", "--metrics", "latency", "--rtol", "1.6e-2", "--atol", "1e-2"]
+    assert tb_runner.build_argv(["--op", "x", "--rtol", "0.1", "--atol", "0.2"]) == ["--op", "x", "--rtol", "0.1", "--atol", "0.2"]
+
+
+def test_tritonbench_needs_a_checkout(tmp_path):
+    with pytest.raises(SystemExit, match="--tritonbench: path to a TritonBench checkout is required"):
+        tb_runner.main([])
+    with pytest.raises(SystemExit, match="is not a TritonBench checkout"):
+        tb_runner.main(["--tritonbench", str(tmp_path)])
+
+
+@pytest.fixture
+def fake_tritonbench(monkeypatch):
+    """A stand-in for tritonbench.utils.triton_op with the same names and call shapes.
+    It checks our glue only; the real checkout is exercised on the GPU machine."""
+    registered = {}
+
+    class BenchmarkOperator:
+        def __init__(self, tb_args, extra_args=None):
+            # TritonBench reads the operator name from the module path
+            assert self.__class__.__module__ == "tritonbench.operators.blockscaled_gemm"
+            self.tb_args, self.extra_args, self.device = tb_args, extra_args, tb_args.device
+
+    def register_benchmark(baseline=False, **kw):
+        def deco(fn):
+            registered[fn.__name__] = baseline
+            return fn
+        return deco
+
+    def register_metric(**kw):
+        return lambda fn: fn
+
+    triton_op = types.ModuleType("tritonbench.utils.triton_op")
+    triton_op.BenchmarkOperator = BenchmarkOperator
+    triton_op.register_benchmark = register_benchmark
+    triton_op.register_metric = register_metric
+    pkgs = {name: types.ModuleType(name) for name in ("tritonbench", "tritonbench.utils", "tritonbench.operators")}
+    for name, mod in {**pkgs, "tritonbench.utils.triton_op": triton_op}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.delitem(sys.modules, "tritonbench.operators.blockscaled_gemm", raising=False)
+    return registered
+
+
+def test_operator_module_registers_and_runs(fake_tritonbench):
+    module = tb_runner.load_operator_module()
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False}
+    args = types.SimpleNamespace(device="cpu")
+    op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
+    inputs = list(op.get_input_iter())
+    assert len(inputs) == 1 and op.get_x_val(inputs[0]) == ("mxfp8xmxfp4", 3, 32, 64)
+    got, base = op.blockscaled(*inputs[0])(), op.cublas_bf16(*inputs[0])()
+    torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
+    assert op.flops("blockscaled", inputs[0], None) == 2 * 3 * 32 * 64
+    metrics = types.SimpleNamespace(latency=1.0)  # ms
+    assert op.gbps("blockscaled", inputs[0], metrics) == pytest.approx((3 * 64 * 8.25 / 8 + 32 * 64 * 4.25 / 8 + 2 * 3 * 32) / 1e6)
+
+
+def test_operator_loader_is_patched(fake_tritonbench):
+    ops = sys.modules["tritonbench.operators"]
+    ops.load_opbench_by_name = lambda name: f"theirs:{name}"
+    run_module = types.SimpleNamespace()
+    tb_runner.register(run_module)
+    assert run_module.load_opbench_by_name("gemm") == "theirs:gemm"
+    assert run_module.load_opbench_by_name("blockscaled_gemm").__name__ == "Operator"
