@@ -100,13 +100,14 @@ def _parts(x, device):
     return x, x, _one(device), None, "rowmajor"
 
 
-def _split_by_parity(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
-    """Feed fp4 nibbles to two dots (even K, odd K) instead of interleaving them.
+def _split_k8(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
+    """Decode fp4 weights 8 codes per int32 word into 8 dots (K mod 8) instead of
+    interleaving them back into K order.
 
-    Measured on an H200 at N = K = 8192 (bench/results/h200.csv, commits 3d31e97 vs
-    200319a): with both operands packed fp4 it wins at every M (nvfp4 x nvfp4 M=4096:
-    0.20x vs 0.08x of cuBLAS bf16); with an unpacked A it wins only at M=1 (bf16 x mxfp4
-    0.61x vs 0.27x) and loses from M=16 on (strided A loads: 0.15x vs 0.27x).
+    An unpacked A then needs 8 strided loads; with the 2-way version of this split
+    (H200, N = K = 8192, bench/results/h200.csv, commits 3d31e97 vs 200319a) strided A
+    loads lost from M=16 on (bf16 x mxfp4: 0.15x vs 0.27x of cuBLAS bf16) and won at M=1
+    (0.61x vs 0.27x); with both operands fp4 the split won at every M.
     """
     packed_a = fa is not None and fa.is_packed
     return fb.is_packed and (packed_a or m == 1)
@@ -143,18 +144,24 @@ def scaled_mm(
         from .dequant_mm import dequant_mm_kernel as kernel
         fa, fb = a_parts[3], b_parts[3]
         u = max(f.block_size for f in (fa, fb) if f is not None)
+        split = _split_k8(fa, fb, m)
+
+        def data(parts):  # the K-mod-8 split reads packed fp4 as int32 words of 8 codes
+            fmt = parts[3]
+            return parts[0].view(torch.int32) if split and fmt is not None and fmt.is_packed else parts[0]
+
         args = (
-            a_parts[0], a_parts[1], b_parts[0], b_parts[1], a_parts[2], b_parts[2], bias_t, out,
+            data(a_parts), a_parts[1], data(b_parts), b_parts[1], a_parts[2], b_parts[2], bias_t, out,
             k, u, *operand_codes(fa, a_parts[4]), *operand_codes(fb, b_parts[4]),
-            bias is not None, device.type == "cuda", _split_by_parity(fa, fb, m),
+            bias is not None, device.type == "cuda", split,
         )
     else:
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
         args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
     cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
     if backend == "dequant":
-        # each dot needs K >= 16: a parity-split tile gives each dot g * U / 2 elements
-        cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 2 if args[-1] else u)))
+        # each dot needs K >= 16: a K-mod-8 split gives each of its 8 dots g * U / 8 elements
+        cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if args[-1] else u)))
     # compile_config caches per (specialization, config): later calls launch directly
     kernel.bind(args).compile_config(cfg)(*args)
     return out

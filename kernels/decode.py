@@ -37,6 +37,31 @@ def e2m1_to_float32(code: torch.Tensor) -> torch.Tensor:
     return (bits | ((code & 8) << 28)).view(torch.float32)
 
 
+_SIGN_X2 = 0x80008000 - 2**32  # as int32
+_MAG_X2 = 0x70007000
+_HIGH_HALF = 0xFFFF0000 - 2**32
+_TWO_POW_126 = 2.0**126
+
+
+def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
+    """int32 words of 8 E2M1 codes (code j in bits 4j..4j+3) -> 8 float32 tensors, exact.
+
+    Two codes per integer sequence: after a shift, codes j and j+4 sit at bits 12-15 and
+    28-31; (w & 0x80008000) | ((w & 0x70007000) >> 6) leaves the bf16 bit patterns of
+    code * 2^-126 in both 16-bit halves (sign, exponent, mantissa land in place; 0.5
+    becomes a subnormal). Each half moved into the high half of an fp32 is that value;
+    one multiply by 2^126 (exact, subnormals are not flushed) gives the code's value.
+    Costs about 3.5 integer ops per code against about 11 for `e2m1_to_float32`.
+    """
+    parts: list = [None] * 8
+    for j in range(4):
+        t = words << (4 * (3 - j))
+        pair = (t & _SIGN_X2) | ((t & _MAG_X2) >> 6)
+        parts[j] = (pair << 16).view(torch.float32) * _TWO_POW_126
+        parts[j + 4] = (pair & _HIGH_HALF).view(torch.float32) * _TWO_POW_126
+    return parts
+
+
 def e8m0_to_float32(code: torch.Tensor) -> torch.Tensor:
     """E8M0 codes -> float32 2^(code - 127): the bit pattern is code << 23; 0 and 255 selected."""
     bits = torch.where(code == 0, _F32_2_POW_M127, torch.where(code == 255, _F32_NAN, code << 23))

@@ -7,9 +7,9 @@ computes bf16 dots wrongly) and fed to `hl.dot` with fp32 accumulation. The K lo
 over groups of U logical elements (U = the largest block of the two operands), so every
 operand's packed bytes and scales line up on tile boundaries.
 
-When an operand is packed fp4 the K tile is split by parity: sum_k a_k b_k =
-a_even . b_even + a_odd . b_odd, so the low and high nibbles feed two dots directly
-instead of being interleaved back into K order.
+With packed fp4 weights the K tile can be split by K mod 8 (SPLIT_K8): sum_k a_k b_k =
+sum_j a[j::8] . b[j::8], so each int32 word of 8 codes feeds 8 dots directly, decoded two
+codes per integer op sequence, instead of being interleaved back into K order.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 import helion
 import helion.language as hl
 
-from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32
-from .tiles import load_data, load_data_half, load_scale_codes
+from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32, e2m1x8_to_float32
+from .tiles import load_data, load_data_strided, load_scale_codes
 
 
 def apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, PER_ROW_K):
@@ -45,21 +45,38 @@ def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LA
     return apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, U)
 
 
-def load_operand_halves(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
-    """(even K, odd K) halves of one operand, each float32 [rows, g*U/2], dequantized.
+def scale_per_column(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, COLS_PER_BLOCK):
+    """Block scales of K groups `g` as float32 [rows, g*U/BLOCK*COLS_PER_BLOCK]: each scale
+    repeated for the COLS_PER_BLOCK columns it covers."""
+    codes = load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT)
+    s = decode_scale(codes.to(torch.int32), SCALE)
+    ones = hl.full([rows_tile, g.block_size * (U // BLOCK), COLS_PER_BLOCK], 1.0, dtype=torch.float32)
+    return (ones * s.unsqueeze(2)).reshape(rows_tile.block_size, g.block_size * (U // BLOCK) * COLS_PER_BLOCK)
 
-    Packed fp4 gives them for free (low / high nibbles), so no interleave (tl.join and a
-    layout shuffle) is needed; unpacked operands load their even and odd columns.
+
+def load_operand_eighths(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
+    """One operand as 8 float32 tensors [rows, g*U/8]; tensor j holds the K indices = j mod 8.
+
+    Packed fp4 is read as int32 words of 8 codes and decoded two at a time
+    (`e2m1x8_to_float32`), with no interleave back into K order; unpacked operands load
+    their 8 strided column sets. Each part is multiplied by its block scales.
     """
     if ELEM == ELEMENT_CODES["e2m1"]:
-        raw = load_data(data, rows_tile, g, U, K, 2).to(torch.int32)
-        even, odd = e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)
+        words = load_data(data, rows_tile, g, U, K, 8)
+        parts = e2m1x8_to_float32(words)
     else:
-        even = load_data_half(data, rows_tile, g, U, K, 0).to(torch.float32)
-        odd = load_data_half(data, rows_tile, g, U, K, 1).to(torch.float32)
-    even = apply_scale(even, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, U // 2)
-    odd = apply_scale(odd, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, U // 2)
-    return even, odd
+        parts = [load_data_strided(data, rows_tile, g, U, K, 8, j).to(torch.float32) for j in range(8)]
+    if SCALE == 0:
+        return parts
+    s = scale_per_column(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, BLOCK // 8)
+    return [p * s for p in parts]
+
+
+def dot_eighths(acc, a_parts, b_parts, compute):
+    """acc + sum over j of a_j @ b_j^T: the K-order dot product regrouped by K mod 8."""
+    for a_j, b_j in zip(a_parts, b_parts):
+        acc = hl.dot(a_j.to(compute), b_j.to(compute).T, acc=acc)
+    return acc
 
 
 @helion.kernel(static_shapes=True)
@@ -84,7 +101,7 @@ def dequant_mm_kernel(
     B_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     BF16_DOT: hl.constexpr,
-    SPLIT_K_PARITY: hl.constexpr,
+    SPLIT_K8: hl.constexpr,
 ) -> torch.Tensor:
     m = out.size(0)
     n = out.size(1)
@@ -92,11 +109,10 @@ def dequant_mm_kernel(
     for tile_m, tile_n in hl.tile([m, n]):
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for g in hl.tile(K // U):
-            if SPLIT_K_PARITY:
-                a0, a1 = load_operand_halves(a_data, a_scale, tile_m, m, g, U, K, A_ELEM, A_SCALE, A_BLOCK, A_LAYOUT)
-                b0, b1 = load_operand_halves(b_data, b_scale, tile_n, n, g, U, K, B_ELEM, B_SCALE, B_BLOCK, B_LAYOUT)
-                acc = hl.dot(a0.to(compute), b0.to(compute).T, acc=acc)
-                acc = hl.dot(a1.to(compute), b1.to(compute).T, acc=acc)
+            if SPLIT_K8:
+                a_parts = load_operand_eighths(a_data, a_scale, tile_m, m, g, U, K, A_ELEM, A_SCALE, A_BLOCK, A_LAYOUT)
+                b_parts = load_operand_eighths(b_data, b_scale, tile_n, n, g, U, K, B_ELEM, B_SCALE, B_BLOCK, B_LAYOUT)
+                acc = dot_eighths(acc, a_parts, b_parts, compute)
             else:
                 a = load_operand(a_data, a_scale, tile_m, m, g, U, K, A_ELEM, A_SCALE, A_BLOCK, A_LAYOUT)
                 b = load_operand(b_data, b_scale, tile_n, n, g, U, K, B_ELEM, B_SCALE, B_BLOCK, B_LAYOUT)

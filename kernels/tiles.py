@@ -13,17 +13,18 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 
-def load_data(data, rows_tile, g, U, K, ELEMS_PER_BYTE):
-    """Stored columns of K groups `g`: [rows, g*U / elems_per_byte], zero past K."""
-    width = U // ELEMS_PER_BYTE
+def load_data(data, rows_tile, g, U, K, ELEMS_PER_WORD):
+    """Stored columns of K groups `g`: [rows, g*U / ELEMS_PER_WORD], zero past K.
+    ELEMS_PER_WORD is 1 (fp8/bf16), 2 (fp4 bytes) or 8 (fp4 as int32 words)."""
+    width = U // ELEMS_PER_WORD
     col = g.begin * width + hl.arange(g.block_size * width)
-    return hl.load(data, [rows_tile, col], extra_mask=col < K // ELEMS_PER_BYTE)
+    return hl.load(data, [rows_tile, col], extra_mask=col < K // ELEMS_PER_WORD)
 
 
-def load_data_half(data, rows_tile, g, U, K, PARITY):
-    """Even (PARITY 0) or odd (1) logical columns of K groups `g` of an unpacked operand:
-    [rows, g*U / 2], zero past K."""
-    col = g.begin * U + 2 * hl.arange(g.block_size * (U // 2)) + PARITY
+def load_data_strided(data, rows_tile, g, U, K, STRIDE, OFFSET):
+    """Logical columns OFFSET, OFFSET + STRIDE, ... of K groups `g` of an unpacked operand:
+    [rows, g*U / STRIDE], zero past K."""
+    col = g.begin * U + STRIDE * hl.arange(g.block_size * (U // STRIDE)) + OFFSET
     return hl.load(data, [rows_tile, col], extra_mask=col < K)
 
 

@@ -12,6 +12,20 @@ from pairs import PAIRS, run_and_check
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
 
+def test_e2m1x8_word_decode_every_code_in_every_slot():
+    from blockscaled.kernels.decode import e2m1x8_to_float32
+
+    codes = torch.arange(16, dtype=torch.int64)
+    # word w holds code c in slot j and code (c + 5 * j) % 16 elsewhere: every code in every slot
+    slots = torch.stack([(codes + 5 * j) % 16 for j in range(8)], dim=1)  # [16, 8]
+    words = (slots << (4 * torch.arange(8))).sum(1)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    parts = e2m1x8_to_float32(words)
+    for j in range(8):
+        want = codecs.decode_e2m1(slots[:, j].to(torch.uint8))
+        assert torch.equal(parts[j].view(torch.int32), want.view(torch.int32)), j
+
+
 def test_decode_helpers_match_reference_every_code():
     codes = torch.arange(256, dtype=torch.int32)
     fp4 = e2m1_to_float32(codes & 15)
@@ -74,8 +88,8 @@ def test_bad_arguments(gen):
 @pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 4])
 def test_both_k_paths_for_fp4_weights(pair, m, gen):
-    """M=1 splits K by parity, M>1 with an unpacked A interleaves: both must be exact."""
-    from blockscaled.kernels.api import _split_by_parity
+    """M=1 splits K by K mod 8, M>1 with an unpacked A interleaves: both must be exact."""
+    from blockscaled.kernels.api import _split_k8
 
-    assert _split_by_parity(bs.FORMATS.get(pair[0]), bs.FORMATS[pair[1]], m) == (m == 1)
+    assert _split_k8(bs.FORMATS.get(pair[0]), bs.FORMATS[pair[1]], m) == (m == 1)
     run_and_check(pair, m, 24, 64, "cpu", gen)
