@@ -56,8 +56,10 @@ def mx_scale_rceil(amax: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     bits = descale.view(torch.int32)
     exp_field = (bits >> 23) & 0xFF
     mantissa = bits & 0x7FFFFF
-    # log2 of a normal d = 2^(e-127) * 1.m; of a subnormal, below 2^-126 anyway.
-    ceil_log2 = torch.where(exp_field == 0, -127, exp_field - 127 + (mantissa != 0).to(torch.int32))
+    # normal d = 2^(e-127) * 1.m: e - 127, plus one unless m == 0. subnormal d = m * 2^-149
+    # < 2^-126: -126 above 2^-127 (m > 2^22), else <= -127 (clamped below anyway).
+    subnormal = torch.where(mantissa > 0x400000, -126, -127)
+    ceil_log2 = torch.where(exp_field == 0, subnormal, exp_field - 127 + (mantissa != 0).to(torch.int32))
     code = (ceil_log2.clamp(-E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).to(torch.uint8)
     code = torch.where(torch.isinf(descale), 254, code)
     return torch.where(torch.isnan(descale), E8M0_NAN, code).to(torch.uint8)

@@ -110,6 +110,20 @@ def test_rceil_rounds_up_exactly_where_torchao_eager_log2_rounds_down():
     assert x.abs().max() / codecs.decode_e8m0(q.scale.view(torch.uint8)).max() <= 6
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_rceil_subnormal_descale_matches_torchao(fmt):
+    # amax / elem_max just above, at, and below 2^-127, and at 2^-126: codes 1, 0, 0, 1
+    elem_max = bs.FORMATS[fmt].elem_max
+    d = torch.tensor([2.0**-127 * 1.5, 2.0**-127, 2.0**-128, 2.0**-126])
+    x = torch.zeros(4, 32)
+    x[:, 0] = d * elem_max
+    assert torch.equal(x[:, 0] / elem_max, d)
+    q = bs.quantize(x, fmt, scale_rounding="rceil")
+    ao_scale, _ = mx.to_mx(x, AO_ELEM[fmt], 32, ScaleCalculationMode.RCEIL)
+    assert q.scale.view(torch.uint8).flatten().tolist() == [1, 0, 0, 1]
+    assert torch.equal(q.scale.view(torch.uint8), ao_scale.view(torch.uint8))
+
+
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 @pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_16", "cdna4_32"])
 def test_layouts_carry_the_same_scales(fmt, layout, gen):
