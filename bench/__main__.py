@@ -54,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
+    p.add_argument("--results", type=Path, default=RESULTS, help="folder for <gpu>.csv and the plot")
     p.add_argument("--copies", type=int, default=8, help="independent input sets to rotate through (cache-cold timing)")
     return p.parse_args(argv)
 
@@ -129,10 +130,10 @@ def main(argv=None):
             for r in shape_rows:
                 print_row(r)
             if not args.no_record:
-                record(shape_rows, gpu)  # each shape as it finishes: a cut-off run keeps its rows
+                record(shape_rows, gpu, args.results)  # each shape as it finishes: a cut-off run keeps its rows
             rows += shape_rows
     if rows and not args.no_record:
-        plot(rows, RESULTS / f"{result_name(gpu)}_latest.png")
+        plot(rows, args.results / f"{result_name(gpu)}_latest.png")
     if failed:
         print(f"validation FAILED for {sorted(set(failed))}")
         return 1
@@ -204,9 +205,9 @@ def result_name(gpu):
     return "h200" if "H200" in gpu else "h100" if "H100" in gpu else gpu.lower().replace(" ", "_")
 
 
-def record(rows, gpu):
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{result_name(gpu)}.csv"
+def record(rows, gpu, folder=RESULTS):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{result_name(gpu)}.csv"
     fields = COLUMNS + ["timing", "plain_ms"]
     new = not path.exists()
     if not new:
