@@ -31,14 +31,18 @@ class Unsupported(Exception):
     """A provider that cannot run here; the message says why."""
 
 
+def quantize_pair(pair, x, w):
+    """Activations and weights of one pair: bf16 or QTensor (swizzled scales) for a, QTensor for b."""
+    fa, fb = pair
+    a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa, layout="swizzle_32_4_4")
+    return a, bs.quantize(w, fb, layout="swizzle_32_4_4")
+
+
 def make_operands(pair, m, n, k, device, seed):
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(m, k, device=device, generator=gen, dtype=torch.float32)
     w = torch.randn(n, k, device=device, generator=gen, dtype=torch.float32)
-    fa, fb = pair
-    a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa, layout="swizzle_32_4_4")
-    b = bs.quantize(w, fb, layout="swizzle_32_4_4")
-    return x, w, a, b
+    return (x, w, *quantize_pair(pair, x, w))
 
 
 def blockscaled_fn(a, b, out_dtype):
