@@ -158,10 +158,25 @@ def scaled_mm(
     else:
         from .dot_scaled_mm import dot_scaled_args, dot_scaled_mm_kernel as kernel
         args = dot_scaled_args(a_parts, b_parts, bias_t, out, k, bias is not None)
-    cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
-    if backend == "dequant":
-        # each dot needs K >= 16: a K-mod-8 split gives each of its 8 dots g * U / 8 elements
-        cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if args[-1] else u)))
-    # compile_config caches per (specialization, config): later calls launch directly
-    kernel.bind(args).compile_config(cfg)(*args)
+    # Helion's bind() re-derives the specialization from every argument on each call
+    # (~0.35 ms of host time per call, measured on an H200 against 0.08 ms of kernel at
+    # M=1). Everything it specializes on is fixed by this key (shapes follow from pair,
+    # m, n, k and the layouts; validation enforced contiguity and dtypes), so the
+    # compiled launcher is looked up once and then called directly.
+    key = (backend, pair, m, n, k, _layout(a), b.layout, out_dtype, None if bias is None else bias.dtype, device, config)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
+        if backend == "dequant":
+            # each dot needs K >= 16: a K-mod-8 split gives each of its 8 dots g * U / 8 elements
+            cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if args[-1] else u)))
+        launch = _LAUNCHES[key] = kernel.bind(args).compile_config(cfg)
+    launch(*args)
     return out
+
+
+_LAUNCHES: dict[tuple, object] = {}
+
+
+def _layout(x) -> str | None:
+    return x.layout if isinstance(x, QTensor) else None

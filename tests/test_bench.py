@@ -103,3 +103,10 @@ def test_operator_loader_is_patched(fake_tritonbench):
     tb_runner.register(run_module)
     assert run_module.load_opbench_by_name("gemm") == "theirs:gemm"
     assert run_module.load_opbench_by_name("blockscaled_gemm").__name__ == "Operator"
+
+
+def test_operator_baseline_keeps_nvfp4_accuracy(fake_tritonbench):
+    module = tb_runner.load_operator_module()
+    op = module.Operator(types.SimpleNamespace(device="cpu"), ["--pair", "nvfp4xnvfp4", "-M", "5", "--n", "24", "--k", "64"])
+    inputs = next(op.get_input_iter())
+    torch.testing.assert_close(op.blockscaled(*inputs)().float(), op.cublas_bf16(*inputs)().float(), rtol=1.6e-2, atol=1e-2)
