@@ -100,7 +100,7 @@ def main(argv=None):
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     out_dtype = OUT_DTYPES[args.out_dtype]
-    pairs = list(FORMAT_PAIRS.items()) if args.format == "all" else [(args.format, FORMAT_PAIRS[args.format])]
+    pairs = list(FORMAT_PAIRS.values()) if args.format == "all" else [FORMAT_PAIRS[args.format]]
     gpu = torch.cuda.get_device_name() if on_gpu else "cpu"
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu)
     if args.bench and not on_gpu:
@@ -109,7 +109,7 @@ def main(argv=None):
     if args.bench and on_gpu:
         print_header()
     for n_shape, (m, n, k) in enumerate(progress(shapes(args, on_gpu))):
-        for name, pair in pairs:
+        for pair in pairs:
             pair_name = bs.SUPPORTED_PAIRS[pair]
             x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
             try:

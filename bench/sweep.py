@@ -55,7 +55,7 @@ def main():
                     c = helion.Config(**cfg)
                     bs.scaled_mm(a, b, out=out, config=c)
                     err = max_rel_err(out, ref)
-                    ms = time_ms(lambda: bs.scaled_mm(a, b, out=out, config=c), graph)
+                    ms = time_ms(lambda a=a, b=b, out=out, c=c: bs.scaled_mm(a, b, out=out, config=c), graph)
                 except Exception as e:  # noqa: BLE001 - a config that fails to compile is skipped
                     print(f"{fmt} M={m} {cfg}: failed {type(e).__name__}: {str(e)[:100]}", flush=True)
                     continue

@@ -74,7 +74,7 @@ def load_operand_eighths(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, B
 
 def dot_eighths(acc, a_parts, b_parts, compute):
     """acc + sum over j of a_j @ b_j^T: the K-order dot product regrouped by K mod 8."""
-    for a_j, b_j in zip(a_parts, b_parts):
+    for a_j, b_j in zip(a_parts, b_parts, strict=True):
         acc = hl.dot(a_j.to(compute), b_j.to(compute).T, acc=acc)
     return acc
 

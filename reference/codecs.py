@@ -35,7 +35,7 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     """
     mag = x.abs()
     code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
-    for mid, tie_up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_UP):
+    for mid, tie_up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_UP, strict=True):
         code += (mag >= mid if tie_up else mag > mid).to(torch.uint8)
     sign = torch.signbit(x) & ~torch.isnan(x)
     return code | (sign.to(torch.uint8) << 3)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.reference import codecs, quantize as ref_quantize, scaled_mm
+from blockscaled.reference import codecs, scaled_mm
 
 mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 nv = pytest.importorskip("torchao.prototype.mx_formats.nvfp4_tensor")
