@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -88,16 +89,25 @@ def _one(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-def _parts(x, device):
-    """(data, scale, global scale, format or None, layout) of one operand."""
+class Operand(NamedTuple):
+    """One operand as the kernels take it; fmt is None for a bf16 activation."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    global_scale: torch.Tensor
+    fmt: BlockFormat | None
+    layout: str
+
+
+def _parts(x, device) -> Operand:
     if isinstance(x, QTensor):
         g = x.global_scale.reshape(1) if x.global_scale is not None else _one(device)
         # scales travel as raw bytes (kernels decode the bit fields); non-rowmajor layouts
         # as the flat buffer that `scale_offset` indexes
         scale = x.scale.view(torch.uint8)
         scale = scale if x.layout == "rowmajor" else scale.reshape(-1)
-        return x.data, scale, g, x.fmt, x.layout
-    return x, x, _one(device), None, "rowmajor"
+        return Operand(x.data, scale, g, x.fmt, x.layout)
+    return Operand(x, x, _one(device), None, "rowmajor")
 
 
 def _split_k8(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
@@ -142,17 +152,16 @@ def scaled_mm(
     bias_t = bias if bias is not None else out
     if backend == "dequant":
         from .dequant_mm import dequant_mm_kernel as kernel
-        fa, fb = a_parts[3], b_parts[3]
+        fa, fb = a_parts.fmt, b_parts.fmt
         u = max(f.block_size for f in (fa, fb) if f is not None)
         split = _split_k8(fa, fb, m)
 
-        def data(parts):  # the K-mod-8 split reads packed fp4 as int32 words of 8 codes
-            fmt = parts[3]
-            return parts[0].view(torch.int32) if split and fmt is not None and fmt.is_packed else parts[0]
+        def data(op: Operand):  # the K-mod-8 split reads packed fp4 as int32 words of 8 codes
+            return op.data.view(torch.int32) if split and op.fmt is not None and op.fmt.is_packed else op.data
 
         args = (
-            data(a_parts), a_parts[1], data(b_parts), b_parts[1], a_parts[2], b_parts[2], bias_t, out,
-            k, u, *operand_codes(fa, a_parts[4]), *operand_codes(fb, b_parts[4]),
+            data(a_parts), a_parts.scale, data(b_parts), b_parts.scale, a_parts.global_scale, b_parts.global_scale,
+            bias_t, out, k, u, *operand_codes(fa, a_parts.layout), *operand_codes(fb, b_parts.layout),
             bias is not None, device.type == "cuda", split,
         )
     else:
@@ -169,7 +178,7 @@ def scaled_mm(
         cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
         if backend == "dequant":
             # each dot needs K >= 16: a K-mod-8 split gives each of its 8 dots g * U / 8 elements
-            cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if args[-1] else u)))
+            cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if split else u)))
         launch = _LAUNCHES[key] = kernel.bind(args).compile_config(cfg)
     launch(*args)
     return out

@@ -1,6 +1,6 @@
 """Default Helion configs per (device arch, backend, pair, M bucket), read from JSON data.
 
-Nothing autotunes at call time; `python -m bench.autotune` writes tuned entries here.
+Nothing autotunes at call time; `python -m bench.sweep` prints tuned entries for these files.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from blockscaled.formats import BlockFormat
-from blockscaled.formats import SCALE_LAYOUTS
+from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
 
 # Kernels take these small integers as `hl.constexpr` arguments (Helion kernels cannot
 # close over Python objects); the wrapper derives them from the format descriptor.
@@ -23,6 +22,10 @@ _F32_HALF = 0x3F000000  # 0.5
 _F32_2_POW_M127 = 0x00400000  # 2^-127, E8M0 code 0 (an fp32 subnormal)
 _F32_NAN = 0x7FC00000
 _F32_NAN_VALUE = float("nan")
+_SIGN_X2 = 0x80008000 - 2**32  # as int32
+_MAG_X2 = 0x70007000
+_HIGH_HALF = 0xFFFF0000 - 2**32
+_TWO_POW_126 = 2.0**126
 
 
 def e2m1_to_float32(code: torch.Tensor) -> torch.Tensor:
@@ -35,12 +38,6 @@ def e2m1_to_float32(code: torch.Tensor) -> torch.Tensor:
     normal = (em << 22) + (126 << 23)
     bits = torch.where(em >= 2, normal, (em == 1).to(torch.int32) * _F32_HALF)
     return (bits | ((code & 8) << 28)).view(torch.float32)
-
-
-_SIGN_X2 = 0x80008000 - 2**32  # as int32
-_MAG_X2 = 0x70007000
-_HIGH_HALF = 0xFFFF0000 - 2**32
-_TWO_POW_126 = 2.0**126
 
 
 def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
@@ -76,7 +73,6 @@ def e4m3_to_float32(code: torch.Tensor) -> torch.Tensor:
     value = torch.where(mag < 8, subnormal, normal)
     value = torch.where(mag == 0x7F, _F32_NAN_VALUE, value)
     return torch.where((code & 0x80) != 0, -value, value)
-
 
 
 def decode_scale(code: torch.Tensor, scale_code: int) -> torch.Tensor:

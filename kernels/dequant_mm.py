@@ -23,12 +23,17 @@ from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32, e2m1x8_to_floa
 from .tiles import load_data, load_data_strided, load_scale_codes
 
 
+def block_scales(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT):
+    """Decoded float32 block scales of K groups `g`: [rows, g*U / BLOCK]."""
+    codes = load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT)
+    return decode_scale(codes.to(torch.int32), SCALE)
+
+
 def apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, PER_ROW_K):
     """values [rows, g*PER_ROW_K] covering K groups `g` -> times their block scales."""
     if SCALE == 0:
         return values
-    codes = load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT)
-    s = decode_scale(codes.to(torch.int32), SCALE)
+    s = block_scales(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT)
     per_block = BLOCK * PER_ROW_K // U
     blocks = values.reshape(rows_tile.block_size, g.block_size * (U // BLOCK), per_block) * s.unsqueeze(2)
     return blocks.reshape(rows_tile.block_size, g.block_size * PER_ROW_K)
@@ -48,8 +53,7 @@ def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LA
 def scale_per_column(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, COLS_PER_BLOCK):
     """Block scales of K groups `g` as float32 [rows, g*U/BLOCK*COLS_PER_BLOCK]: each scale
     repeated for the COLS_PER_BLOCK columns it covers."""
-    codes = load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT)
-    s = decode_scale(codes.to(torch.int32), SCALE)
+    s = block_scales(scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT)
     ones = hl.full([rows_tile, g.block_size * (U // BLOCK), COLS_PER_BLOCK], 1.0, dtype=torch.float32)
     return (ones * s.unsqueeze(2)).reshape(rows_tile.block_size, g.block_size * (U // BLOCK) * COLS_PER_BLOCK)
 

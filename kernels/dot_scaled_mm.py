@@ -67,10 +67,10 @@ def _operand(fmt, layout):
     return DOT_FORMATS.index(fmt.dot_scaled_name), fmt.elems_per_byte, fmt.block_size, LAYOUT_CODES[layout]
 
 
-def dot_scaled_args(a_parts, b_parts, bias, out, k, has_bias):
-    """Kernel arguments from the operands' (data, scale, global, fmt, layout)."""
+def dot_scaled_args(a, b, bias, out, k, has_bias):
+    """Kernel arguments from two `api.Operand`s."""
     u = FORMATS["mxfp4"].block_size  # one K step covers whole MX and nvfp4 blocks
     return (
-        a_parts[0], a_parts[1], b_parts[0], b_parts[1], a_parts[2], b_parts[2], bias, out,
-        k, u, *_operand(a_parts[3], a_parts[4]), *_operand(b_parts[3], b_parts[4]), has_bias,
+        a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias, out,
+        k, u, *_operand(a.fmt, a.layout), *_operand(b.fmt, b.layout), has_bias,
     )
