@@ -7,7 +7,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from .formats import BlockFormat, get_format
-from blockscaled.layouts import from_layout, padded_scale_shape, stored_scale_shape, to_layout
+from blockscaled.layouts import (
+    check_data_layout,
+    from_layout,
+    pair_blocks,
+    padded_scale_shape,
+    stored_scale_shape,
+    to_layout,
+    unpair_blocks,
+)
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,8 @@ class QTensor:
     layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
     global_scale: float32 scalar tensor for nvfp4, None otherwise.
     shape:        the logical (rows, K).
+    data_layout:  fp4 element order, "k_order" (above) or "block_pairs" (the decode
+                  kernel's pre-arranged weights, see `blockscaled.layouts.data`).
     """
 
     data: torch.Tensor
@@ -29,6 +39,7 @@ class QTensor:
     layout: str = "rowmajor"
     global_scale: torch.Tensor | None = None
     shape: tuple[int, int] | None = None
+    data_layout: str = "k_order"
 
     def __post_init__(self) -> None:
         fmt = get_format(self.fmt)
@@ -49,6 +60,7 @@ class QTensor:
             raise ValueError(f"data: shape {tuple(self.data.shape)} does not hold logical {self.shape} in {fmt.name}")
         if k % fmt.block_size:
             raise ValueError(f"data: K={k} must be a multiple of the {fmt.name} block size {fmt.block_size}")
+        check_data_layout(self.data_layout, k, fmt.block_size, fmt.is_packed)
         if not isinstance(self.scale, torch.Tensor):
             raise TypeError(f"scale: expected a tensor, got {type(self.scale).__name__}")
         if self.scale.dtype != fmt.scale_dtype:
@@ -89,6 +101,25 @@ class QTensor:
             return self
         padded_scale_shape(layout, 1, 1)
         return replace(self, scale=to_layout(self.scale_rowmajor(), layout), layout=layout)
+
+    def data_k_order(self) -> torch.Tensor:
+        """The element data in "k_order" regardless of the stored data layout."""
+        if self.data_layout == "k_order":
+            return self.data
+        return unpair_blocks(self.data, self.fmt.block_size)
+
+    def with_data_layout(self, data_layout: str) -> QTensor:
+        """The same tensor with its fp4 elements stored in `data_layout` (scales are shared).
+
+        "block_pairs" is the pre-arranged weight layout of the small-M decode kernel; do it
+        once per weight, not per call."""
+        if data_layout == self.data_layout:
+            return self
+        check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed)
+        data = self.data_k_order()
+        if data_layout == "block_pairs":
+            data = pair_blocks(data, self.fmt.block_size)
+        return replace(self, data=data, data_layout=data_layout)
 
     def to(self, device: torch.device | str) -> QTensor:
         g = None if self.global_scale is None else self.global_scale.to(device)

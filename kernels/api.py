@@ -110,6 +110,50 @@ def _parts(x, device) -> Operand:
     return Operand(x, x, _one(device), None, "rowmajor")
 
 
+# The small-M block-dot kernel (block_dot_mm.py): weights in the "block_pairs" data layout
+# take it at every M (the other kernels read k_order only); fp8 weights up to this M.
+BLOCK_DOT_MAX_M = 64
+
+
+def _block_dot_wins(pair: str, m: int, k: int, fb: BlockFormat) -> bool:
+    """k_order weights: fp8 weights at 1 < M <= 64 and mxfp8 x mxfp8 at M = 1. Measured
+    on an H100 (N = K = 8192, bench/results/h100_block_dot_probe.log), block_dot against
+    dequant_mm as a fraction of cuBLAS bf16: M=16 mxfp8 1.12x vs 0.93x, bf16 x mxfp8
+    1.16x vs 1.00x; M=64 0.62x vs 0.32x, 0.62x vs 0.35x; M=1 mxfp8 1.16x vs 1.10x but
+    bf16 x mxfp8 0.99x vs 1.28x. fp4 weights in k_order would need an interleave here:
+    pre-arrange them (`QTensor.with_data_layout("block_pairs")`) instead."""
+    if fb.is_packed or k % (2 * fb.block_size) or m > BLOCK_DOT_MAX_M:
+        return False
+    return m > 1 or pair == "mxfp8xmxfp8"
+
+
+def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, device: torch.device) -> int:
+    """DOT code: fp8 dots when both operands are MX and A is narrow (every value then is
+    E4M3 times a power of two), bf16 dots otherwise; float32 where the PTX decode cannot
+    run (CPU interpreter, AMD)."""
+    from .block_dot_mm import DOT_CODES
+
+    if device.type != "cuda" or torch.version.hip is not None:
+        return DOT_CODES["float32"]
+    both_mx = fa is not None and fa.scale_encoding == "e8m0" and fb.scale_encoding == "e8m0"
+    return DOT_CODES["float8_e4m3fn" if both_mx else "bfloat16"]
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def _block_dot_split(tiles: int, steps: int, max_split: int, device: torch.device) -> int:
+    """Split-K factor: the largest power of two <= max_split that divides the K steps and
+    keeps the grid under about 4 programs per SM. Measured on an H100 (N = K = 8192, M = 1,
+    mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS bf16."""
+    split = 1
+    while split * 2 <= max_split and steps % (split * 2) == 0 and tiles * split * 2 <= 4 * _sm_count(device):
+        split *= 2
+    return split
+
+
 def _split_k8(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
     """Decode fp4 weights 8 codes per int32 word into 8 dots (K mod 8) instead of
     interleaving them back into K order.
@@ -137,7 +181,9 @@ def scaled_mm(
 
     a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
     Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
-    `out` (optional) receives the result; `config` overrides the default Helion config.
+    `out` (optional) receives the result; `config` overrides the default Helion config;
+    `backend` ("dequant", "block_dot", "dot_scaled", "dot_scaled_cdna4") overrides the
+    choice by device and shape.
     """
     pair, m, n, k = _check_args(a, b, out_dtype, bias)
     device = b.device
@@ -145,11 +191,19 @@ def scaled_mm(
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
-    backend = backend or select_backend(device)
-    if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
-        backend = "dequant"
+    if backend is None:
+        backend = select_backend(device)
+        if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
+            backend = "dequant"
+        if b.data_layout == "block_pairs" or (backend == "dequant" and _block_dot_wins(pair, m, k, b.fmt)):
+            backend = "block_dot"
+    elif backend != "block_dot" and b.data_layout != "k_order":
+        raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
+    key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)
+    if backend == "block_dot":
+        return _block_dot(key, a_parts, b_parts, b.data_layout, bias, out, m, n, k, config)
     if backend == "dequant":
         from .dequant_mm import dequant_mm_kernel as kernel
         fa, fb = a_parts.fmt, b_parts.fmt
@@ -172,7 +226,6 @@ def scaled_mm(
     # M=1). Everything it specializes on is fixed by this key (shapes follow from pair,
     # m, n, k and the layouts; validation enforced contiguity and dtypes), so the
     # compiled launcher is looked up once and then called directly.
-    key = (backend, pair, m, n, k, _layout(a), b.layout, out_dtype, None if bias is None else bias.dtype, device, config)
     launch = _LAUNCHES.get(key)
     if launch is None:
         cfg = config if config is not None else configs.default_config(backend, pair, m, n, k, configs.arch_key(device))
@@ -185,6 +238,43 @@ def scaled_mm(
 
 
 _LAUNCHES: dict[tuple, object] = {}
+
+
+def _block_dot(key, a: Operand, b: Operand, data_layout, bias, out, m, n, k, config):
+    """Run block_dot_mm_kernel; with split-K the partial sums meet in a zeroed fp32 buffer."""
+    from .block_dot_mm import DOT_CODES, block_dot_mm_kernel
+
+    device = b.data.device
+    if k % (2 * b.fmt.block_size):
+        raise ValueError(f"b: the block_dot backend needs K % {2 * b.fmt.block_size} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
+    plan = _LAUNCHES.get(key)
+    if plan is None:
+        entry = configs.table_entry("block_dot", key[1], m, k, configs.arch_key(device))
+        cfg = config if config is not None else configs.default_config("block_dot", key[1], m, n, k, configs.arch_key(device))
+        block = b.fmt.block_size
+        spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
+        bm, bn = cfg.config["block_sizes"][:2]
+        split = _block_dot_split(-(-m // bm) * -(-n // bn), k // (2 * block * spans), entry.get("max_split", 1), device)
+        dot = _block_dot_dtype(a.fmt, b.fmt, device)
+        narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
+        consts = (
+            k, block, *operand_codes(a.fmt, a.layout)[:2], operand_codes(a.fmt, a.layout)[3],
+            *operand_codes(b.fmt, b.layout)[:2], operand_codes(b.fmt, b.layout)[3], data_layout == "block_pairs",
+            bias is not None, dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split,
+        )
+        target = out if split == 1 or out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=device)
+        args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, target, *consts)
+        plan = _LAUNCHES[key] = (block_dot_mm_kernel.bind(args).compile_config(cfg), consts, split)
+    launch, consts, split = plan
+    if split == 1:
+        launch(a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, *consts)
+        return out
+    acc = out if out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=device)
+    acc.zero_()
+    launch(a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *consts)
+    if acc is not out:
+        out.copy_(acc)
+    return out
 
 
 def _layout(x) -> str | None:

@@ -33,16 +33,23 @@ def _table(arch: str) -> dict:
     return json.loads(path.read_text())
 
 
-def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:
+def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     """The first entry of the arch's table whose filters match; each entry may name
-    `pairs` and bound `max_m`/`min_k`."""
+    `pairs` and bound `max_m`/`min_k`. Besides "config", block_dot entries carry
+    "spans" (block pairs per loop step) and "max_split" (split-K cap)."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
         if m > entry.get("max_m", m) or k < entry.get("min_k", 0):
             continue
-        return _as_config(tuple(sorted((key, _freeze(v)) for key, v in entry["config"].items())))
+        return entry
     raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch}")
+
+
+def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:
+    """The Helion config of `table_entry`."""
+    entry = table_entry(backend, pair, m, k, arch)
+    return _as_config(tuple(sorted((key, _freeze(v)) for key, v in entry["config"].items())))
 
 
 def _freeze(v):

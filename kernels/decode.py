@@ -59,6 +59,31 @@ def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
     return parts
 
 
+# PTX for `hl.inline_asm_elementwise(..., pack=4)`: $N is 4 bytes of E2M1 pairs; every
+# output slot depends on its own byte only (the packing contract). Low nibbles go to the
+# first output, high nibbles to the second.
+# E2M1 -> E4M3 bit patterns of code * 2^-6: the 3 magnitude bits land under the low
+# E4M3 exponent bits and the mantissa top bit (0.5 becomes the E4M3 subnormal 2^-7),
+# the sign moves to bit 7. 5 integer ops per 8 codes.
+E2M1X2_TO_E4M3_PTX = (
+    "{ .reg .b32 t, u; "
+    "shl.b32 t, $2, 2; shl.b32 u, $2, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 $0, t, u; "
+    "shr.b32 t, $2, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, $2, 0x80808080; or.b32 $1, t, u; }"
+)
+# E2M1 -> bf16, exact: prmt spreads bytes 0,1 (then 2,3) into the high bytes of the two
+# 16-bit halves, the `e2m1x8_to_float32` pair trick leaves bf16(code * 2^-126), and one
+# bf16x2 multiply by 2^126 (0x7E80, subnormals kept) gives the code's value. Outputs:
+# $0,$1 low nibbles of bytes 0-1, 2-3; $2,$3 high nibbles.
+_BF16_PAIR = "and.b32 v, {x}, 0x70007000; shr.b32 v, v, 6; and.b32 w, {x}, 0x80008000; or.b32 v, v, w; fma.rn.bf16x2 {out}, v, c, z; "
+E2M1X2_TO_BF16_PTX = (
+    "{ .reg .b32 t, u, v, w, c, z; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; "
+    "prmt.b32 t, $4, 0, 0x1404; prmt.b32 u, $4, 0, 0x3424; "
+    + _BF16_PAIR.format(x="t", out="$2") + _BF16_PAIR.format(x="u", out="$3")
+    + "shl.b32 t, t, 4; shl.b32 u, u, 4; "
+    + _BF16_PAIR.format(x="t", out="$0") + _BF16_PAIR.format(x="u", out="$1") + "}"
+)
+
+
 def e8m0_to_float32(code: torch.Tensor) -> torch.Tensor:
     """E8M0 codes -> float32 2^(code - 127): the bit pattern is code << 23; 0 and 255 selected."""
     bits = torch.where(code == 0, _F32_2_POW_M127, torch.where(code == 255, _F32_NAN, code << 23))

@@ -31,7 +31,12 @@ def load_data_strided(data, rows_tile, g, U, K, STRIDE, OFFSET):
 def load_scale_codes(scale, rows_tile, n_rows, g, U, K, BLOCK, LAYOUT):
     """Raw scale codes (uint8) of K groups `g`: [rows, g*U / BLOCK], zero outside."""
     per_group = U // BLOCK
-    sc = g.begin * per_group + hl.arange(g.block_size * per_group)
+    return load_scale_range(scale, rows_tile, n_rows, g.begin * per_group, g.block_size * per_group, K, BLOCK, LAYOUT)
+
+
+def load_scale_range(scale, rows_tile, n_rows, first, count, K, BLOCK, LAYOUT):
+    """Raw scale codes (uint8) of blocks first .. first+count-1: [rows, count], zero outside."""
+    sc = first + hl.arange(count)
     in_k = sc < K // BLOCK
     if LAYOUT == 0:
         return hl.load(scale, [rows_tile, sc], extra_mask=in_k)

@@ -1,5 +1,6 @@
-"""Scale layouts (`blockscaled.layouts`)."""
+"""Scale layouts and fp4 data layouts (`blockscaled.layouts`)."""
 
+from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
 from .scales import (
     cdna4_offset,
     cdna4_shuffle,
@@ -16,6 +17,10 @@ from .scales import (
 )
 
 __all__ = [
+    "DATA_LAYOUTS",
+    "check_data_layout",
+    "pair_blocks",
+    "unpair_blocks",
     "cdna4_offset",
     "cdna4_shuffle",
     "cdna4_unshuffle",

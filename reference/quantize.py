@@ -110,6 +110,7 @@ def quantize(
     scale_rounding: str = "floor",
     layout: str = "rowmajor",
     global_scale: torch.Tensor | float | None = None,
+    data_layout: str = "k_order",
 ):
     """Quantize a [rows, K] float tensor to a `QTensor`.
 
@@ -117,6 +118,8 @@ def quantize(
     2^(floor(log2 amax) - emax)) or "rceil" (2^ceil(log2(amax / elem_max)), no
     saturation of the largest element). nvfp4: two-level, E4M3 block scales per 16 over
     an fp32 `global_scale` (default amax / (6 * 448)); `scale_rounding` does not apply.
+    `layout` is the scale layout; `data_layout` the fp4 element order ("block_pairs" for
+    weights that the small-M decode kernel reads).
     """
     from blockscaled.qtensor import QTensor
 
@@ -132,7 +135,8 @@ def quantize(
         if global_scale is not None:
             raise ValueError(f"global_scale: {fmt.name} has no global scale")
         data, scale, g = _quantize_mx(x, fmt, scale_rounding)
-    return QTensor(data, to_layout(scale, layout), fmt, layout, g, (x.shape[0], x.shape[1]))
+    q = QTensor(data, to_layout(scale, layout), fmt, layout, g, (x.shape[0], x.shape[1]))
+    return q.with_data_layout(data_layout)
 
 
 def dequantize(q, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -142,7 +146,7 @@ def dequantize(q, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """
     fmt = q.fmt
     rows, k = q.shape
-    elems = decode_elements(q.data, fmt.element).to(torch.float64)
+    elems = decode_elements(q.data_k_order(), fmt.element).to(torch.float64)
     scales = decode_scales(q.scale_rowmajor(), fmt.scale_encoding).to(torch.float64)
     values = elems.reshape(rows, -1, fmt.block_size) * scales.unsqueeze(-1)
     if fmt.global_scale:
