@@ -16,22 +16,23 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}
 CPU_TOLERANCE = {**TOLERANCE, torch.bfloat16: 8e-3}
 
 
-def make_operands(pair, m, n, k, device, gen, layout="rowmajor"):
+def make_operands(pair, m, n, k, device, gen, layout="rowmajor", data_layout="k_order"):
     fa, fb = pair
     x = torch.randn(m, k, generator=gen).to(device)
     w = torch.randn(n, k, generator=gen).to(device)
     # vary magnitudes per row so block scales differ across blocks
     w = w * torch.exp2(torch.randint(-4, 5, (n, 1), generator=gen)).to(device)
     a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa, layout=layout)
-    b = bs.quantize(w, fb, layout=layout)
+    b = bs.quantize(w, fb, layout=layout, data_layout=data_layout)
     return a, b
 
 
-def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="rowmajor", bias=False):
-    a, b = make_operands(pair, m, n, k, device, gen, layout)
+def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="rowmajor", bias=False,
+                  data_layout="k_order", backend=None):
+    a, b = make_operands(pair, m, n, k, device, gen, layout, data_layout)
     bias_t = torch.randn(n, generator=gen).to(device).to(out_dtype) if bias else None
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)  # poison
-    got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out)
+    got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, backend=backend)
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(got).any(), "kernel left elements unwritten (NaN poison survived)"
     ref = ref_scaled_mm(a, b, bias=bias_t)
@@ -39,3 +40,11 @@ def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="r
     tol = (TOLERANCE if torch.device(device).type == "cuda" else CPU_TOLERANCE)[out_dtype]
     assert err <= tol, f"{pair} {m}x{n}x{k} {out_dtype}: max_rel_err {err:.3g}"
     return err
+
+
+def backend_used(pair, m):
+    """The backend of the most recent launch cached for this pair and M."""
+    from blockscaled.kernels import api
+
+    name = bs.SUPPORTED_PAIRS[pair]
+    return [key[0] for key in api._LAUNCHES if key[1] == name and key[2] == m][-1]

@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import PAIRS, run_and_check
+from pairs import PAIRS, backend_used, make_operands, run_and_check
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -102,3 +102,68 @@ def test_second_call_skips_helion_bind(gen, monkeypatch):
     run_and_check(("bf16", "mxfp8"), 3, 40, 64, "cpu", gen)
     monkeypatch.setattr(dequant_mm_kernel, "bind", lambda *a: pytest.fail("bind() called again"))
     run_and_check(("bf16", "mxfp8"), 3, 40, 64, "cpu", gen)  # same key, fresh tensors: exact again
+
+
+FP4_WEIGHT_PAIRS = [p for p in PAIRS if bs.FORMATS[p[1]].is_packed]
+
+
+@pytest.mark.parametrize("pair", FP4_WEIGHT_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 5, 70])
+def test_block_pairs_weights_take_block_dot(pair, m, gen):
+    """Pre-arranged fp4 weights go to block_dot at every M (split-K, scales on results)."""
+    run_and_check(pair, m, 40, 256, "cpu", gen, data_layout="block_pairs")
+    assert backend_used(pair, m) == "block_dot"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_block_dot_reads_k_order_weights(pair, gen):
+    run_and_check(pair, 3, 24, 128, "cpu", gen, backend="block_dot")
+    assert backend_used(pair, 3) == "block_dot"
+
+
+@pytest.mark.parametrize("layout", ["swizzle_32_4_4", "cdna4_16"])
+def test_block_dot_scale_layouts_bias_low_precision(layout, gen):
+    run_and_check(("nvfp4", "nvfp4"), 17, 130, 64, "cpu", gen, layout=layout, data_layout="block_pairs")
+    run_and_check(("bf16", "mxfp4"), 2, 50, 128, "cpu", gen, out_dtype=torch.bfloat16, bias=True, layout=layout, data_layout="block_pairs")
+
+
+def test_block_dot_split_k_accumulates_every_part(gen, monkeypatch):
+    from blockscaled.kernels import api
+
+    splits = []
+    monkeypatch.setattr(api, "_block_dot_split", lambda *args: splits.append(4) or 4)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        run_and_check(("mxfp8", "mxfp4"), 2, 20, 512, "cpu", gen, out_dtype=out_dtype, bias=True, data_layout="block_pairs")
+    assert splits == [4, 4]
+
+
+def test_block_dot_split_rule():
+    from blockscaled.kernels.api import _block_dot_split
+
+    cpu = torch.device("cpu")  # 4 "SMs": up to 16 programs
+    assert _block_dot_split(4, 8, 8, cpu) == 4
+    assert _block_dot_split(4, 6, 8, cpu) == 2  # must divide the K steps
+    assert _block_dot_split(4, 8, 1, cpu) == 1
+    assert _block_dot_split(32, 8, 8, cpu) == 1
+
+
+def test_dispatch_by_weights_and_shape(gen):
+    run_and_check(("mxfp8", "mxfp8"), 1, 16, 64, "cpu", gen)
+    assert backend_used(("mxfp8", "mxfp8"), 1) == "block_dot"
+    run_and_check(("bf16", "mxfp8"), 1, 16, 64, "cpu", gen)
+    assert backend_used(("bf16", "mxfp8"), 1) == "dequant"
+    run_and_check(("bf16", "mxfp8"), 9, 16, 64, "cpu", gen)
+    assert backend_used(("bf16", "mxfp8"), 9) == "block_dot"
+    run_and_check(("bf16", "mxfp4"), 9, 16, 64, "cpu", gen)
+    assert backend_used(("bf16", "mxfp4"), 9) == "dequant"  # k_order fp4: not pre-arranged
+    run_and_check(("mxfp8", "mxfp8"), 65, 16, 64, "cpu", gen)
+    assert backend_used(("mxfp8", "mxfp8"), 65) == "dequant"
+
+
+def test_block_dot_argument_errors(gen):
+    a, b = make_operands(("mxfp8", "mxfp4"), 2, 8, 96, "cpu", gen)
+    with pytest.raises(ValueError, match="block_dot backend needs K % 64 == 0"):
+        bs.scaled_mm(a, b, backend="block_dot")
+    a, b = make_operands(("mxfp8", "mxfp4"), 2, 8, 128, "cpu", gen, data_layout="block_pairs")
+    with pytest.raises(ValueError, match="reads k_order data"):
+        bs.scaled_mm(a, b, backend="dequant")

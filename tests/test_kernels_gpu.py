@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import blockscaled as bs
+
 from pairs import PAIRS, run_and_check
 
 pytestmark = pytest.mark.gpu
@@ -31,3 +33,13 @@ def test_swizzled_scales(pair, layout, gen):
 @pytest.mark.parametrize("pair", [("bf16", "nvfp4"), ("mxfp8", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
 def test_8192_cubed(pair, gen):
     run_and_check(pair, 8192, 8192, 8192, "cuda", gen)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_block_dot_pairs(pair, m, gen):
+    """The small-M kernel with its PTX decodes: block_pairs fp4 weights, fp8 weights as is."""
+    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
+    run_and_check(pair, m, 1000, 2048, "cuda", gen, data_layout=data_layout, backend="block_dot")
+    run_and_check(pair, m, 257, 512, "cuda", gen, out_dtype=torch.bfloat16, bias=True, layout="swizzle_32_4_4",
+                  data_layout=data_layout, backend="block_dot")
