@@ -29,6 +29,8 @@ from .providers import (  # noqa: E402
     LLAMA_70B,
     Unsupported,
     blockscaled_fn,
+    blockscaled_pairs_fn,
+    copy_fn,
     cublas_bf16_fn,
     gemlite_fn,
     make_operands,
@@ -40,6 +42,9 @@ from .providers import (  # noqa: E402
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+# providers that compute from exactly our quantized operands: their max_rel_err is recorded
+EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "triton_dot_scaled")
 
 
 def parse_args(argv=None):
@@ -112,21 +117,28 @@ def main(argv=None):
         for pair in pairs:
             pair_name = bs.SUPPORTED_PAIRS[pair]
             x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
-            try:
-                err = max_rel_err(bs.scaled_mm(a, b, out_dtype=out_dtype), ref_scaled_mm(a, b))
-            except Exception as e:  # noqa: BLE001 - report, keep going with the other shapes
-                print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d}: FAILED to run: {type(e).__name__}: {str(e)[:200]}")
+            ref = ref_scaled_mm(a, b)
+            weights = {"k_order": b}
+            if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
+                weights["block_pairs"] = b.with_data_layout("block_pairs")
+            ok = True
+            for data_layout, bw in weights.items():
+                try:
+                    err = max_rel_err(bs.scaled_mm(a, bw, out_dtype=out_dtype), ref)
+                except Exception as e:  # noqa: BLE001 - report, keep going with the other shapes
+                    print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d} {data_layout}: FAILED to run: {type(e).__name__}: {str(e)[:200]}")
+                    ok = False
+                    continue
+                status = "ok" if err <= TOLERANCE[out_dtype] else "FAIL"
+                print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d} {args.out_dtype} {data_layout:11s}: max_rel_err={err:.2e} {status}")
+                ok = ok and status == "ok"
+            if not ok:
                 failed.append(pair_name)
                 continue
-            tol = 1e-5 if out_dtype == torch.float32 else (8e-3 if out_dtype == torch.bfloat16 else 1e-3)
-            status = "ok" if err <= tol else "FAIL"
-            print(f"validate {pair_name:12s} M={m:<5d} N={n:<6d} K={k:<6d} {args.out_dtype}: max_rel_err={err:.2e} {status}")
-            if status != "ok":
-                failed.append(pair_name)
             if not (args.bench and on_gpu):
                 continue
             operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, args.copies)]
-            shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp)
+            shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp)
             for r in shape_rows:
                 print_row(r)
             if not args.no_record:
@@ -142,7 +154,7 @@ def main(argv=None):
     return 0
 
 
-def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp):
+def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp):
     """Time every provider on one shape. `operands` is a list of independent (x, w, a, b)
     sets: each provider cycles through as many as it takes for its bytes to exceed twice
     the L2 cache, so repeated runs read HBM, not L2 (fp4 weights of 8192^2 fit in an
@@ -154,14 +166,17 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp):
     fp8 = float(m * k + n * k)
     providers = {  # name: (builder(x, w, a, b), bytes one call must read)
         "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
+        "blockscaled_pairs": (lambda x, w, a, b: blockscaled_pairs_fn(a, b, out_dtype), ours),
         "cublas_bf16": (lambda x, w, a, b: cublas_bf16_fn(x, w, out_dtype), 2.0 * (m * k + n * k)),
         "scaled_mm_fp8_rowwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"), fp8),
         "scaled_mm_fp8_blockwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"), fp8),
-        "triton_dot_scaled": (lambda x, w, a, b: triton_dot_scaled_fn(pair), ours),
+        "triton_dot_scaled": (lambda x, w, a, b: triton_dot_scaled_fn(a, b, out_dtype), ours),
         "gemlite": (lambda x, w, a, b: gemlite_fn(x, w, pair), ours),
+        # read + write of the weight bytes: the achievable-bandwidth yardstick of this run
+        "d2d_copy_weights": (lambda x, w, a, b: copy_fn(b), 2.0 * operand_bytes(pair[1], n, k)),
     }
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    times = {}
+    times, errs = {}, {}
     for prov, (build, nbytes) in providers.items():
         try:
             copies = min(len(operands), max(1, math.ceil(2 * l2 / (nbytes + out_bytes))))
@@ -176,10 +191,11 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp):
 
         run_all()
         torch.cuda.synchronize()
+        errs[prov] = max_rel_err(fns[0](), ref) if prov in EXACT_PROVIDERS else None
         times[prov] = (
             time_ms(run_all, use_graph) / copies,
             time_ms(run_all, False) / copies if use_graph else None,
-            nbytes + out_bytes,
+            nbytes + (0 if prov == "d2d_copy_weights" else out_bytes),
         )
     bf16_ms = times.get("cublas_bf16", (None,))[0]
     rows = []
@@ -187,7 +203,7 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, err, stamp):
         rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], provider=prov,
                          median_ms=f"{ms:.5f}", tflops=f"{flops / ms / 1e9:.2f}", gbps=f"{nbytes / ms / 1e6:.1f}",
                          speedup_vs_bf16=f"{bf16_ms / ms:.3f}" if bf16_ms else "",
-                         max_rel_err=f"{err:.2e}" if prov == "blockscaled" else "",
+                         max_rel_err=f"{errs[prov]:.2e}" if errs[prov] is not None else "",
                          timing="cudagraph" if use_graph else "plain",
                          plain_ms=f"{plain_ms:.5f}" if plain_ms else ""))
     return rows
@@ -231,19 +247,34 @@ def plot(rows, path):
     except ImportError:
         print("matplotlib not installed: no plot")
         return
-    fig, ax = plt.subplots(figsize=(9, 5))
-    series = {}
+    pairs = sorted({r["pair"] for r in rows if r["speedup_vs_bf16"]})
+    nks = sorted({(r["N"], r["K"]) for r in rows if r["speedup_vs_bf16"]})
+    if not pairs:
+        return
+    fig, axes = plt.subplots(len(pairs), len(nks), figsize=(3.2 * len(nks) + 1, 2.4 * len(pairs) + 0.5), squeeze=False, sharey=True)
+    series = {}  # one line per provider in each (pair, shape) panel: speedup vs cuBLAS bf16 against M
     for r in rows:
-        if r["provider"] == "blockscaled" and r["speedup_vs_bf16"]:
-            series.setdefault((r["pair"], r["N"], r["K"]), []).append((r["M"], float(r["speedup_vs_bf16"])))
-    for (pair, n, k), pts in series.items():
+        if r["speedup_vs_bf16"] and r["provider"] not in ("cublas_bf16", "d2d_copy_weights"):
+            series.setdefault((r["pair"], (r["N"], r["K"]), r["provider"]), []).append((r["M"], float(r["speedup_vs_bf16"])))
+    for (pair, nk, prov), pts in sorted(series.items()):
+        ax = axes[pairs.index(pair)][nks.index(nk)]
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{pair} N={n} K={k}")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M")
-    ax.set_ylabel("speedup vs cuBLAS bf16 (same process)")
-    ax.legend(fontsize=7)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov)
+    for i, pair in enumerate(pairs):
+        for j, (n, k) in enumerate(nks):
+            ax = axes[i][j]
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{pair} N={n} K={k}", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[-1][0].set_xlabel("M")
+    axes[0][0].set_ylabel("speedup vs cuBLAS bf16")
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), fontsize=7)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print(f"wrote {path}")

@@ -119,7 +119,78 @@ def gemlite_fn(x, w, pair):
     return lambda: layer(xb)
 
 
-def triton_dot_scaled_fn(pair):
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (10, 0):
-        raise Unsupported("tl.dot_scaled is emulated on sm_90 (DESIGN.md: 110-200 TFLOP/s); timed only on sm_100+")
-    raise Unsupported("no sm_100 GPU here")
+def blockscaled_pairs_fn(a, b, out_dtype):
+    """This project with fp4 weights pre-arranged once ("block_pairs"): the decode kernel's layout."""
+    if not b.fmt.is_packed:
+        raise Unsupported(f"{b.fmt.name} weights are not packed fp4; 'blockscaled' already reads them as they are")
+    return blockscaled_fn(a, b.with_data_layout("block_pairs"), out_dtype)
+
+
+def copy_fn(b):
+    """Device-to-device copy of the weight bytes (data + scales): the bandwidth yardstick."""
+    src = torch.cat([b.data.view(torch.uint8).reshape(-1), b.scale.view(torch.uint8).reshape(-1)])
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _dot_scaled_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M, N, K,
+               A_FMT: tl.constexpr, B_FMT: tl.constexpr, A_DIV: tl.constexpr, B_DIV: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, HAS_A_SCALE: tl.constexpr):
+        """The Triton block-scaled tutorial's loop: one tl.dot_scaled per K step, row-major
+        operands, row-major E8M0 scales [rows, K/32]; A_DIV/B_DIV = elements per byte."""
+        rm = tl.program_id(0) * BM + tl.arange(0, BM)
+        rn = tl.program_id(1) * BN + tl.arange(0, BN)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = tl.load(a_ptr + rm[:, None] * (K // A_DIV) + (k0 // A_DIV + tl.arange(0, BK // A_DIV))[None, :], mask=rm[:, None] < M)
+            b = tl.load(b_ptr + rn[:, None] * (K // B_DIV) + (k0 // B_DIV + tl.arange(0, BK // B_DIV))[None, :], mask=rn[:, None] < N)
+            ks = k0 // 32 + tl.arange(0, BK // 32)
+            sb = tl.load(bs_ptr + rn[:, None] * (K // 32) + ks[None, :], mask=rn[:, None] < N)
+            if HAS_A_SCALE:
+                sa = tl.load(as_ptr + rm[:, None] * (K // 32) + ks[None, :], mask=rm[:, None] < M)
+                acc = tl.dot_scaled(a, sa, A_FMT, b.T, sb, B_FMT, acc)
+            else:
+                acc = tl.dot_scaled(a, None, A_FMT, b.T, sb, B_FMT, acc)
+        c = c_ptr + rm[:, None] * N + rn[None, :]
+        tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    return kernel
+
+
+def triton_dot_scaled_fn(a, b, out_dtype):
+    """A `tl.dot_scaled` kernel like Triton's block-scaled tutorial, for the MX pairs (and
+    bf16 x MX) wherever it compiles. On sm_90 Triton emulates it (upcast to bf16 + mma)."""
+    if not b.data.is_cuda:
+        raise Unsupported("needs a GPU")
+    if b.fmt.scale_encoding != "e8m0" or (not isinstance(a, torch.Tensor) and a.fmt.scale_encoding != "e8m0"):
+        raise Unsupported("tl.dot_scaled with E4M3 (nvfp4) scales does not compile on sm_90 (ANCHORS.md); MX pairs only")
+    import triton
+
+    kernel = _dot_scaled_kernel()
+    m, k = a.shape
+    n = b.shape[0]
+    names = {"e2m1": "e2m1", "e4m3": "e4m3"}
+    if isinstance(a, torch.Tensor):
+        a_data, a_scale, a_fmt, a_div = a, a, "bf16", 1
+    else:
+        a_data, a_scale, a_fmt, a_div = a.data, a.scale_rowmajor().view(torch.uint8), names[a.fmt.element], a.fmt.elems_per_byte
+    b_data, b_scale = b.data_k_order(), b.scale_rowmajor().view(torch.uint8)
+    out = torch.empty((m, n), dtype=out_dtype, device=b.device)
+    bm = 16 if m <= 16 else 64 if m <= 64 else 128
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, 128))
+
+    def run():
+        kernel[grid](a_data, a_scale, b_data, b_scale, out, m, n, k, a_fmt, names[b.fmt.element], a_div, b.fmt.elems_per_byte,
+                     bm, 128, 128, not isinstance(a, torch.Tensor), num_warps=4 if bm < 128 else 8, num_stages=3)
+        return out
+
+    try:
+        run()
+    except Exception as e:  # noqa: BLE001 - Triton's compile error is the reason
+        raise Unsupported(f"tl.dot_scaled {a_fmt} x {names[b.fmt.element]}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from e
+    return run
