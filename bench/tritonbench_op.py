@@ -86,6 +86,16 @@ class Operator(BenchmarkOperator):
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 
+    @register_benchmark()
+    def blockscaled_pairs(self, pair_name, x, w):
+        """fp4 weights pre-arranged once ("block_pairs"), the small-M decode kernel's layout;
+        fp8 weights as they are."""
+        a, b = self._operands(pair_name, x, w)
+        if b.fmt.is_packed:
+            b = b.with_data_layout("block_pairs")
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
+        return lambda: bs.scaled_mm(a, b, out=out)
+
     @register_metric()
     def flops(self, fn_name, example_inputs, metrics):
         _, m, n, k = self.get_x_val(example_inputs)
@@ -97,7 +107,7 @@ class Operator(BenchmarkOperator):
         benchmark callable, named by its `_name`."""
         provider = getattr(fn, "_name", fn)
         pair_name, m, n, k = self.get_x_val(example_inputs)
-        if provider == "blockscaled":
+        if provider in ("blockscaled", "blockscaled_pairs"):
             nbytes = operand_bytes(PAIRS[pair_name][0], m, k) + operand_bytes(PAIRS[pair_name][1], n, k)
         else:
             nbytes = 2 * (m * k + n * k)
