@@ -174,23 +174,22 @@ def triton_dot_scaled_fn(a, b, out_dtype):
     kernel = _dot_scaled_kernel()
     m, k = a.shape
     n = b.shape[0]
-    names = {"e2m1": "e2m1", "e4m3": "e4m3"}
     if isinstance(a, torch.Tensor):
         a_data, a_scale, a_fmt, a_div = a, a, "bf16", 1
     else:
-        a_data, a_scale, a_fmt, a_div = a.data, a.scale_rowmajor().view(torch.uint8), names[a.fmt.element], a.fmt.elems_per_byte
+        a_data, a_scale, a_fmt, a_div = a.data, a.scale_rowmajor().view(torch.uint8), a.fmt.element, a.fmt.elems_per_byte
     b_data, b_scale = b.data_k_order(), b.scale_rowmajor().view(torch.uint8)
     out = torch.empty((m, n), dtype=out_dtype, device=b.device)
     bm = 16 if m <= 16 else 64 if m <= 64 else 128
     grid = (triton.cdiv(m, bm), triton.cdiv(n, 128))
 
     def run():
-        kernel[grid](a_data, a_scale, b_data, b_scale, out, m, n, k, a_fmt, names[b.fmt.element], a_div, b.fmt.elems_per_byte,
+        kernel[grid](a_data, a_scale, b_data, b_scale, out, m, n, k, a_fmt, b.fmt.element, a_div, b.fmt.elems_per_byte,
                      bm, 128, 128, not isinstance(a, torch.Tensor), num_warps=4 if bm < 128 else 8, num_stages=3)
         return out
 
     try:
         run()
     except Exception as e:  # noqa: BLE001 - Triton's compile error is the reason
-        raise Unsupported(f"tl.dot_scaled {a_fmt} x {names[b.fmt.element]}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from e
+        raise Unsupported(f"tl.dot_scaled {a_fmt} x {b.fmt.element}: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}") from e
     return run

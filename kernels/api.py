@@ -246,39 +246,43 @@ _LAUNCHES: dict[tuple, object] = {}
 
 def _block_dot(key, a: Operand, b: Operand, data_layout, bias, out, m, n, k, config):
     """Run block_dot_mm_kernel; with split-K the partial sums meet in a zeroed fp32 buffer."""
-    from .block_dot_mm import DOT_CODES, block_dot_mm_kernel
-
-    device = b.data.device
-    if k % (2 * b.fmt.block_size):
-        raise ValueError(f"b: the block_dot backend needs K % {2 * b.fmt.block_size} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
     plan = _LAUNCHES.get(key)
+    cfg, consts, split = _block_dot_plan(key[1], a, b, data_layout, bias is not None, m, n, k, config) if plan is None else plan[1:]
+    acc = out if split == 1 or out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=out.device)
+    if split > 1:
+        acc.zero_()
+    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *consts)
     if plan is None:
-        entry = configs.table_entry("block_dot", key[1], m, k, configs.arch_key(device))
-        cfg = config if config is not None else configs.default_config("block_dot", key[1], m, n, k, configs.arch_key(device))
-        block = b.fmt.block_size
-        spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
-        bm, bn = cfg.config["block_sizes"][:2]
-        split = _block_dot_split(-(-m // bm) * -(-n // bn), k // (2 * block * spans), entry.get("max_split", 1), device)
-        dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), device)
-        narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
-        consts = (
-            k, block, *operand_codes(a.fmt, a.layout)[:2], operand_codes(a.fmt, a.layout)[3],
-            *operand_codes(b.fmt, b.layout)[:2], operand_codes(b.fmt, b.layout)[3], data_layout == "block_pairs",
-            bias is not None, dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split,
-        )
-        target = out if split == 1 or out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=device)
-        args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, target, *consts)
-        plan = _LAUNCHES[key] = (block_dot_mm_kernel.bind(args).compile_config(cfg), consts, split)
-    launch, consts, split = plan
-    if split == 1:
-        launch(a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, *consts)
-        return out
-    acc = out if out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=device)
-    acc.zero_()
-    launch(a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *consts)
+        from .block_dot_mm import block_dot_mm_kernel
+
+        plan = _LAUNCHES[key] = (block_dot_mm_kernel.bind(args).compile_config(cfg), cfg, consts, split)
+    plan[0](*args)
     if acc is not out:
         out.copy_(acc)
     return out
+
+
+def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m, n, k, config):
+    """(Helion config, the kernel's constexpr arguments, split-K factor) for one cache key."""
+    from .block_dot_mm import DOT_CODES
+
+    block = b.fmt.block_size
+    if k % (2 * block):
+        raise ValueError(f"b: the block_dot backend needs K % {2 * block} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
+    entry = configs.table_entry("block_dot", pair, m, k, configs.arch_key(b.data.device))
+    cfg = config if config is not None else configs.entry_config(entry)
+    spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
+    bm, bn = cfg.config["block_sizes"][:2]
+    split = _block_dot_split(-(-m // bm) * -(-n // bn), k // (2 * block * spans), entry.get("max_split", 1), b.data.device)
+    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device)
+    narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
+    a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
+    b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
+    consts = (
+        k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
+        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split,
+    )
+    return cfg, consts, split
 
 
 def _layout(x) -> str | None:

@@ -48,7 +48,11 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
 
 def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:
     """The Helion config of `table_entry`."""
-    entry = table_entry(backend, pair, m, k, arch)
+    return entry_config(table_entry(backend, pair, m, k, arch))
+
+
+def entry_config(entry: dict) -> helion.Config:
+    """The Helion config of one table entry (one shared object per distinct config)."""
     return _as_config(tuple(sorted((key, _freeze(v)) for key, v in entry["config"].items())))
 
 
