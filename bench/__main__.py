@@ -256,10 +256,12 @@ def plot(rows, path):
     for r in rows:
         if r["speedup_vs_bf16"] and r["provider"] not in ("cublas_bf16", "d2d_copy_weights"):
             series.setdefault((r["pair"], (r["N"], r["K"]), r["provider"]), []).append((r["M"], float(r["speedup_vs_bf16"])))
+    providers = sorted({prov for _, _, prov in series})
+    colors = {prov: plt.get_cmap("tab10")(i % 10) for i, prov in enumerate(providers)}  # one color per provider in every panel
     for (pair, nk, prov), pts in sorted(series.items()):
         ax = axes[pairs.index(pair)][nks.index(nk)]
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=prov, color=colors[prov])
     for i, pair in enumerate(pairs):
         for j, (n, k) in enumerate(nks):
             ax = axes[i][j]
