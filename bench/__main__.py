@@ -60,7 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for <gpu>.csv and the plot")
-    p.add_argument("--copies", type=int, default=8, help="independent input sets to rotate through (cache-cold timing)")
+    p.add_argument("--copies", type=int, default=8, help="most independent input sets to rotate through (cache-cold timing)")
+    p.add_argument("--plot", type=Path, metavar="CSV", help="only draw the plot of recorded rows (of --commit) beside CSV")
+    p.add_argument("--commit", help="with --plot: the commit whose rows to draw (default: the last row's)")
     return p.parse_args(argv)
 
 
@@ -102,6 +104,8 @@ def git_commit():
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.plot:
+        return plot_csv(args.plot, args.commit)
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     out_dtype = OUT_DTYPES[args.out_dtype]
@@ -137,7 +141,8 @@ def main(argv=None):
                 continue
             if not (args.bench and on_gpu):
                 continue
-            operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, args.copies)]
+            copies = cold_copies(pair, m, n, k, out_dtype, args.copies)
+            operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, copies)]
             shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp)
             for r in shape_rows:
                 print_row(r)
@@ -152,6 +157,14 @@ def main(argv=None):
     if not on_gpu:
         print("validation passed on CPU (Triton interpreter); timings need a GPU: rerun there with --bench")
     return 0
+
+
+def cold_copies(pair, m, n, k, out_dtype, most):
+    """Independent input sets one shape needs: enough that the provider reading the fewest
+    bytes (ours) cycles through more than twice the L2 cache; at most `most`."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    fewest = operand_bytes(pair[0], m, k) + operand_bytes(pair[1], n, k) + m * n * torch.finfo(out_dtype).bits / 8
+    return min(most, math.ceil(2 * l2 / fewest))
 
 
 def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp):
@@ -236,6 +249,20 @@ def record(rows, gpu, folder=RESULTS):
             wr.writeheader()
         wr.writerows(rows)
     print(f"appended {len(rows)} rows to {path}")
+
+
+def plot_csv(path, commit=None):
+    """Draw the plot of one commit's rows of a results CSV (a run split over several commands)."""
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SystemExit(f"{path}: no rows")
+    commit = commit or rows[-1]["commit"]
+    rows = [{**r, "M": int(r["M"]), "N": int(r["N"]), "K": int(r["K"])} for r in rows if r["commit"] == commit]
+    if not rows:
+        raise SystemExit(f"{path}: no rows of commit {commit}")
+    plot(rows, path.with_name(f"{path.stem}_{commit}.png"))
+    return 0
 
 
 def plot(rows, path):

@@ -127,20 +127,21 @@ def _block_dot_wins(pair: str, m: int, k: int, fb: BlockFormat) -> bool:
     return m > 1 or pair == "mxfp8xmxfp8"
 
 
-def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, block_m: int, device: torch.device) -> int:
+def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, block_m: int, device: torch.device, fold: bool) -> int:
     """DOT code: fp8 dots when both operands are MX and A is narrow (every value then is
     E4M3 times a power of two) and the M tile stays below 64, bf16 dots otherwise; float32
     where the PTX decode cannot run (CPU interpreter, AMD).
 
     From BM = 64 Triton uses Hopper's fp8 wgmma, whose accumulator keeps fewer bits: H100,
     M = 64, fp32 output, max_rel_err 4.9e-5 (mxfp8 x mxfp8, K = 8192) against 1e-7 with the
-    mma.sync fp8 dots at BM = 16 (bench/results/h100_gpu_tests_block_dot_2026-11-22.log)."""
+    mma.sync fp8 dots at BM = 16 (bench/results/h100_gpu_tests_block_dot_2026-11-22.log).
+    `fold` (scales multiplied into the decoded operands) needs bf16: scaled values leave E4M3."""
     from .block_dot_mm import DOT_CODES
 
     if device.type != "cuda" or torch.version.hip is not None:
         return DOT_CODES["float32"]
     both_mx = fa is not None and fa.scale_encoding == "e8m0" and fb.scale_encoding == "e8m0"
-    return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 64 else "bfloat16"]
+    return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 64 and not fold else "bfloat16"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -274,13 +275,14 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
     bm, bn = cfg.config["block_sizes"][:2]
     split = _block_dot_split(-(-m // bm) * -(-n // bn), k // (2 * block * spans), entry.get("max_split", 1), b.data.device)
-    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device)
+    fold = bool(entry.get("fold", False))
+    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device, fold)
     narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
     consts = (
         k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
-        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split,
+        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold,
     )
     return cfg, consts, split
 

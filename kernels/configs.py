@@ -36,7 +36,8 @@ def _table(arch: str) -> dict:
 def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     """The first entry of the arch's table whose filters match; each entry may name
     `pairs` and bound `max_m`/`min_k`. Besides "config", block_dot entries carry
-    "spans" (block pairs per loop step) and "max_split" (split-K cap)."""
+    "spans" (block pairs per loop step), "max_split" (split-K cap) and "fold" (block
+    scales multiplied into the decoded operands instead of into each dot result)."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue

@@ -48,3 +48,21 @@ def backend_used(pair, m):
 
     name = bs.SUPPORTED_PAIRS[pair]
     return [key[0] for key in api._LAUNCHES if key[1] == name and key[2] == m][-1]
+
+
+def force_block_dot_fold(monkeypatch, fold):
+    """Make every block_dot plan fold the scales into the operands (True) or not (False),
+    whatever the config table says; plans cached before are dropped."""
+    from blockscaled.kernels import api, configs
+
+    table_entry = configs.table_entry
+    monkeypatch.setattr(configs, "table_entry", lambda *args: {**table_entry(*args), "fold": fold})
+    monkeypatch.setattr(api, "_LAUNCHES", {})
+
+
+def block_dot_folded(pair, m):
+    """Whether the most recent block_dot plan cached for this pair and M folds its scales."""
+    from blockscaled.kernels import api
+
+    name = bs.SUPPORTED_PAIRS[pair]
+    return [plan[2][-1] for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]

@@ -37,6 +37,30 @@ def test_cli_validates_on_cpu_and_records_nothing(capsys):
     assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
 
 
+def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
+    """A run split over several commands is drawn from its rows in the CSV, one commit only."""
+    fields = cli.COLUMNS + ["timing", "plain_ms"]
+    rows = [dict.fromkeys(fields, "") | dict(commit=c, gpu="H100", pair="mxfp4xmxfp4", M=m, N=64, K=64, provider=p,
+                                           median_ms="0.01", speedup_vs_bf16=str(x))
+            for c, x in (("old", 0.5), ("new", 1.5)) for m in (1, 16) for p in ("blockscaled", "cublas_bf16")]
+    path = tmp_path / "h100.csv"
+    with path.open("w", newline="") as f:
+        wr = cli.csv.DictWriter(f, fieldnames=fields)
+        wr.writeheader()
+        wr.writerows(rows)
+    drawn = []
+    monkeypatch.setattr(cli, "plot", lambda rows, png: drawn.append((rows, png)))
+    assert cli.main(["--plot", str(path)]) == 0
+    (got, png), = drawn
+    assert png == tmp_path / "h100_new.png"
+    assert {r["commit"] for r in got} == {"new"} and sorted({r["M"] for r in got}) == [1, 16]
+    with pytest.raises(SystemExit, match="no rows of commit absent"):
+        cli.main(["--plot", str(path), "--commit", "absent"])
+    monkeypatch.undo()
+    assert cli.main(["--plot", str(path), "--commit", "old"]) == 0
+    assert (tmp_path / "h100_old.png").stat().st_size > 0
+
+
 def test_tritonbench_argv_defaults():
     assert tb_runner.build_argv(["--metrics", "latency"]) == [
         "--op", "blockscaled_gemm", "--metrics", "latency", "--rtol", "1.6e-2", "--atol", "1e-2"]

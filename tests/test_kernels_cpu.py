@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import PAIRS, backend_used, make_operands, run_and_check
+from pairs import PAIRS, backend_used, block_dot_folded, force_block_dot_fold, make_operands, run_and_check
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -119,6 +119,23 @@ def test_block_pairs_weights_take_block_dot(pair, m, gen):
 def test_block_dot_reads_k_order_weights(pair, gen):
     run_and_check(pair, 3, 24, 128, "cpu", gen, backend="block_dot")
     assert backend_used(pair, 3) == "block_dot"
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["scales_on_results", "scales_on_operands"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_block_dot_fold(pair, fold, gen, monkeypatch):
+    """Both places for the block scales give the reference result, with swizzled scales."""
+    force_block_dot_fold(monkeypatch, fold)
+    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
+    run_and_check(pair, 5, 24, 128, "cpu", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot")
+    assert block_dot_folded(pair, 5) is fold
+
+
+def test_block_dot_fold_default_for_nvfp4_at_small_m(gen):
+    """The CPU table mirrors sm90's rule: nvfp4 weights fold up to M = 16, not above."""
+    for m, fold in ((16, True), (17, False)):
+        run_and_check(("bf16", "nvfp4"), m, 24, 64, "cpu", gen, data_layout="block_pairs")
+        assert block_dot_folded(("bf16", "nvfp4"), m) is fold
 
 
 @pytest.mark.parametrize("layout", ["swizzle_32_4_4", "cdna4_16"])
