@@ -96,10 +96,15 @@ def progress(items):
 
 
 def git_commit():
+    """BLOCKSCALED_COMMIT when set, else git's HEAD. Set it on a copied tree: the GPU machine's
+    copy carried a .git whose HEAD was an older commit, which labeled 572 H100 rows wrongly
+    (relabeled from the run logs, 2026-11-22)."""
+    if os.environ.get("BLOCKSCALED_COMMIT"):
+        return os.environ["BLOCKSCALED_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True).strip()
-    except Exception:  # noqa: BLE001 - a copy without .git (the GPU machine): say it
-        return os.environ.get("BLOCKSCALED_COMMIT", "unknown")
+    except Exception:  # noqa: BLE001 - a copy without .git: say it
+        return "unknown"
 
 
 def main(argv=None):

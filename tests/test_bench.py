@@ -37,6 +37,14 @@ def test_cli_validates_on_cpu_and_records_nothing(capsys):
     assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
 
 
+def test_commit_label_prefers_the_environment(monkeypatch):
+    """A copied tree may carry a stale .git: BLOCKSCALED_COMMIT, when set, labels the rows."""
+    monkeypatch.setenv("BLOCKSCALED_COMMIT", "abc1234")
+    assert cli.git_commit() == "abc1234"
+    monkeypatch.delenv("BLOCKSCALED_COMMIT")
+    assert cli.git_commit() not in ("abc1234", "")
+
+
 def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
     """A run split over several commands is drawn from its rows in the CSV, one commit only."""
     fields = cli.COLUMNS + ["timing", "plain_ms"]
