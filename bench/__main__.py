@@ -45,6 +45,8 @@ OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # providers that compute from exactly our quantized operands: their max_rel_err is recorded
 EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "triton_dot_scaled")
+PROVIDERS = ("blockscaled", "blockscaled_pairs", "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise",
+             "triton_dot_scaled", "gemlite", "d2d_copy_weights")
 
 
 def parse_args(argv=None):
@@ -61,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
     p.add_argument("--results", type=Path, default=RESULTS, help="folder for <gpu>.csv and the plot")
     p.add_argument("--copies", type=int, default=8, help="most independent input sets to rotate through (cache-cold timing)")
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS),
+                   help="providers to time (default: all; cublas_bf16 gives the speedup column)")
     p.add_argument("--plot", type=Path, metavar="CSV", help="only draw the plot of recorded rows (of --commit) beside CSV")
     p.add_argument("--commit", help="with --plot: the commit whose rows to draw (default: the last row's)")
     return p.parse_args(argv)
@@ -148,7 +152,7 @@ def main(argv=None):
                 continue
             copies = cold_copies(pair, m, n, k, out_dtype, args.copies)
             operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, copies)]
-            shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp)
+            shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, args.providers)
             for r in shape_rows:
                 print_row(r)
             if not args.no_record:
@@ -172,7 +176,7 @@ def cold_copies(pair, m, n, k, out_dtype, most):
     return min(most, math.ceil(2 * l2 / fewest))
 
 
-def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp):
+def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selected=PROVIDERS):
     """Time every provider on one shape. `operands` is a list of independent (x, w, a, b)
     sets: each provider cycles through as many as it takes for its bytes to exceed twice
     the L2 cache, so repeated runs read HBM, not L2 (fp4 weights of 8192^2 fit in an
@@ -193,9 +197,12 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp):
         # read + write of the weight bytes: the achievable-bandwidth yardstick of this run
         "d2d_copy_weights": (lambda x, w, a, b: copy_fn(b), 2.0 * operand_bytes(pair[1], n, k)),
     }
+    assert set(providers) == set(PROVIDERS)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     times, errs = {}, {}
     for prov, (build, nbytes) in providers.items():
+        if prov not in selected:
+            continue
         try:
             copies = min(len(operands), max(1, math.ceil(2 * l2 / (nbytes + out_bytes))))
             fns = [build(*ops) for ops in operands[:copies]]

@@ -37,6 +37,13 @@ def test_cli_validates_on_cpu_and_records_nothing(capsys):
     assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
 
 
+def test_providers_option():
+    assert cli.parse_args([]).providers == list(cli.PROVIDERS)
+    assert cli.parse_args(["--providers", "blockscaled_pairs", "cublas_bf16"]).providers == ["blockscaled_pairs", "cublas_bf16"]
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--providers", "cutlass"])
+
+
 def test_commit_label_prefers_the_environment(monkeypatch):
     """A copied tree may carry a stale .git: BLOCKSCALED_COMMIT, when set, labels the rows."""
     monkeypatch.setenv("BLOCKSCALED_COMMIT", "abc1234")
