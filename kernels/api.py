@@ -149,12 +149,14 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _block_dot_split(tiles: int, steps: int, max_split: int, device: torch.device) -> int:
+def _block_dot_split(tiles: int, steps: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
     """Split-K factor: the largest power of two <= max_split that divides the K steps and
-    keeps the grid under about 4 programs per SM. Measured on an H100 (N = K = 8192, M = 1,
-    mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS bf16."""
+    keeps the grid within `programs_per_sm` programs per SM. Measured on an H100 (N = K =
+    8192, M = 1, mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS
+    bf16; 8 instead of 4 programs per SM (split 16 instead of 8) moved fp4 weights by -6% to
+    +3% (bench/results/h100_block_dot_fold_probe_2026-11-22.log)."""
     split = 1
-    while split * 2 <= max_split and steps % (split * 2) == 0 and tiles * split * 2 <= 4 * _sm_count(device):
+    while split * 2 <= max_split and steps % (split * 2) == 0 and tiles * split * 2 <= programs_per_sm * _sm_count(device):
         split *= 2
     return split
 
@@ -186,7 +188,9 @@ def scaled_mm(
 
     a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
     Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
-    `out` (optional) receives the result; `config` overrides the default Helion config;
+    `out` (optional) receives the result; `config` overrides the default Helion config, or,
+    for the block_dot backend, may be a dict of config-table fields laid over the default
+    entry (`configs.BLOCK_DOT_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
     `backend` ("dequant", "block_dot", "dot_scaled", "dot_scaled_cdna4") overrides the
     choice by device and shape.
     """
@@ -206,6 +210,10 @@ def scaled_mm(
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
+    if isinstance(config, dict):
+        if backend != "block_dot":
+            raise ValueError(f"config: a dict of config-table fields applies to the block_dot backend, not {backend!r}")
+        config = configs.freeze_entry(config)
     key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)
     if backend == "block_dot":
         return _block_dot(key, a_parts, b_parts, b.data_layout, bias, out, m, n, k, config)
@@ -271,10 +279,13 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     if k % (2 * block):
         raise ValueError(f"b: the block_dot backend needs K % {2 * block} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
     entry = configs.table_entry("block_dot", pair, m, k, configs.arch_key(b.data.device))
+    if isinstance(config, tuple):  # config-table fields laid over the entry
+        entry, config = {**entry, **dict(configs.thaw_entry(config))}, None
     cfg = config if config is not None else configs.entry_config(entry)
     spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
     bm, bn = cfg.config["block_sizes"][:2]
-    split = _block_dot_split(-(-m // bm) * -(-n // bn), k // (2 * block * spans), entry.get("max_split", 1), b.data.device)
+    tiles = -(-m // bm) * -(-n // bn)
+    split = _block_dot_split(tiles, k // (2 * block * spans), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     fold = bool(entry.get("fold", False))
     dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device, fold)
     narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))

@@ -36,8 +36,9 @@ def _table(arch: str) -> dict:
 def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     """The first entry of the arch's table whose filters match; each entry may name
     `pairs` and bound `max_m`/`min_k`. Besides "config", block_dot entries carry
-    "spans" (block pairs per loop step), "max_split" (split-K cap) and "fold" (block
-    scales multiplied into the decoded operands instead of into each dot result)."""
+    "spans" (block pairs per loop step), "max_split" (split-K cap), "programs_per_sm" (grid
+    cap for split-K, default 4) and "fold" (block scales multiplied into the decoded
+    operands instead of into each dot result)."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
@@ -45,6 +46,25 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
             continue
         return entry
     raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch}")
+
+
+# Fields of a block_dot table entry besides the filters (`pairs`, `max_m`, `min_k`).
+BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold")
+
+
+def freeze_entry(fields: dict) -> tuple:
+    """Table fields given to `scaled_mm(config=...)`, checked, as a hashable cache-key part."""
+    unknown = set(fields) - set(BLOCK_DOT_FIELDS)
+    if unknown:
+        raise ValueError(f"config: unknown block_dot fields {sorted(unknown)}; expected some of {list(BLOCK_DOT_FIELDS)}")
+    if "config" in fields and not isinstance(fields["config"], dict):
+        raise ValueError(f"config: 'config' must be a dict of Helion config fields, got {type(fields['config']).__name__}")
+    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in fields.items()))
+
+
+def thaw_entry(frozen: tuple) -> dict:
+    """The inverse of `freeze_entry`."""
+    return {k: json.loads(v) for k, v in frozen}
 
 
 def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:

@@ -28,11 +28,11 @@ def make_operands(pair, m, n, k, device, gen, layout="rowmajor", data_layout="k_
 
 
 def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="rowmajor", bias=False,
-                  data_layout="k_order", backend=None):
+                  data_layout="k_order", backend=None, config=None):
     a, b = make_operands(pair, m, n, k, device, gen, layout, data_layout)
     bias_t = torch.randn(n, generator=gen).to(device).to(out_dtype) if bias else None
     out = torch.full((m, n), float("nan"), dtype=out_dtype, device=device)  # poison
-    got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, backend=backend)
+    got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, backend=backend, config=config)
     assert got.data_ptr() == out.data_ptr()
     assert not torch.isnan(got).any(), "kernel left elements unwritten (NaN poison survived)"
     ref = ref_scaled_mm(a, b, bias=bias_t)
@@ -48,16 +48,6 @@ def backend_used(pair, m):
 
     name = bs.SUPPORTED_PAIRS[pair]
     return [key[0] for key in api._LAUNCHES if key[1] == name and key[2] == m][-1]
-
-
-def force_block_dot_fold(monkeypatch, fold):
-    """Make every block_dot plan fold the scales into the operands (True) or not (False),
-    whatever the config table says; plans cached before are dropped."""
-    from blockscaled.kernels import api, configs
-
-    table_entry = configs.table_entry
-    monkeypatch.setattr(configs, "table_entry", lambda *args: {**table_entry(*args), "fold": fold})
-    monkeypatch.setattr(api, "_LAUNCHES", {})
 
 
 def block_dot_folded(pair, m):

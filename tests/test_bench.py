@@ -76,6 +76,19 @@ def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
     assert (tmp_path / "h100_old.png").stat().st_size > 0
 
 
+def test_variants_check_every_variant_on_cpu(capsys, tmp_path):
+    from bench import variants
+
+    log = tmp_path / "v.log"
+    argv = ["--format", "mixed", "w4a16-nvfp4", "--variants", '[{}, {"fold": true, "spans": 2}]', "--log", str(log)]
+    assert variants.main(argv) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("M=3")]
+    assert len(lines) == 4 and all(ln.endswith(" ok") for ln in lines), lines
+    assert log.read_text().splitlines() == lines
+    assert variants.main(["--format", "mixed", "--variants", '[{"stages": 2}]']) == 1  # unknown field: reported, fails
+    assert "FAILED to run: ValueError: config: unknown block_dot fields" in capsys.readouterr().out
+
+
 def test_tritonbench_argv_defaults():
     assert tb_runner.build_argv(["--metrics", "latency"]) == [
         "--op", "blockscaled_gemm", "--metrics", "latency", "--rtol", "1.6e-2", "--atol", "1e-2"]

@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import PAIRS, backend_used, block_dot_folded, force_block_dot_fold, make_operands, run_and_check
+from pairs import PAIRS, backend_used, block_dot_folded, make_operands, run_and_check
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -123,12 +123,33 @@ def test_block_dot_reads_k_order_weights(pair, gen):
 
 @pytest.mark.parametrize("fold", [False, True], ids=["scales_on_results", "scales_on_operands"])
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-def test_block_dot_fold(pair, fold, gen, monkeypatch):
+def test_block_dot_fold(pair, fold, gen):
     """Both places for the block scales give the reference result, with swizzled scales."""
-    force_block_dot_fold(monkeypatch, fold)
     data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
-    run_and_check(pair, 5, 24, 128, "cpu", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot")
+    run_and_check(pair, 5, 24, 128, "cpu", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot",
+                  config={"fold": fold})
     assert block_dot_folded(pair, 5) is fold
+
+
+def test_block_dot_table_fields_as_config(gen, monkeypatch):
+    """config= as table fields: laid over the default entry, cached apart from it, checked."""
+    from blockscaled.kernels import api
+
+    splits = []
+    split_rule = api._block_dot_split
+    monkeypatch.setattr(api, "_block_dot_split", lambda *args: splits.append(args[2:4]) or split_rule(*args))
+    fields = {"config": {"block_sizes": [16, 32]}, "spans": 2, "max_split": 4, "programs_per_sm": 1, "fold": True}
+    run_and_check(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen, data_layout="block_pairs", config=fields)
+    run_and_check(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen, data_layout="block_pairs")
+    assert splits == [(4, 1), (2, 4)]  # the given max_split and cap, then the CPU table's defaults
+    a, b = make_operands(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen, data_layout="block_pairs")
+    with pytest.raises(ValueError, match=r"unknown block_dot fields \['stages'\]"):
+        bs.scaled_mm(a, b, config={"stages": 3})
+    with pytest.raises(ValueError, match="'config' must be a dict"):
+        bs.scaled_mm(a, b, config={"config": [16, 32]})
+    a, b = make_operands(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen)
+    with pytest.raises(ValueError, match="applies to the block_dot backend, not 'dequant'"):
+        bs.scaled_mm(a, b, config={"fold": True})
 
 
 def test_block_dot_fold_default_for_nvfp4_at_small_m(gen):
@@ -158,10 +179,11 @@ def test_block_dot_split_rule():
     from blockscaled.kernels.api import _block_dot_split
 
     cpu = torch.device("cpu")  # 4 "SMs": up to 16 programs
-    assert _block_dot_split(4, 8, 8, cpu) == 4
-    assert _block_dot_split(4, 6, 8, cpu) == 2  # must divide the K steps
-    assert _block_dot_split(4, 8, 1, cpu) == 1
-    assert _block_dot_split(32, 8, 8, cpu) == 1
+    assert _block_dot_split(4, 8, 8, 4, cpu) == 4
+    assert _block_dot_split(4, 6, 8, 4, cpu) == 2  # must divide the K steps
+    assert _block_dot_split(4, 8, 1, 4, cpu) == 1
+    assert _block_dot_split(32, 8, 8, 4, cpu) == 1
+    assert _block_dot_split(4, 8, 8, 2, cpu) == 2  # at most 2 programs per "SM"
 
 
 def test_dispatch_by_weights_and_shape(gen):

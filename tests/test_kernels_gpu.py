@@ -5,7 +5,7 @@ import torch
 
 import blockscaled as bs
 
-from pairs import PAIRS, block_dot_folded, force_block_dot_fold, run_and_check
+from pairs import PAIRS, block_dot_folded, run_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -46,11 +46,11 @@ def test_block_dot_pairs(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-def test_block_dot_fold_every_pair(pair, gen, monkeypatch):
+def test_block_dot_fold_every_pair(pair, gen):
     """Scales folded into the decoded operands (bf16 dots) for every pair, not only the
     pairs whose default config folds."""
-    force_block_dot_fold(monkeypatch, True)
     data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
     for m in (1, 16):
-        run_and_check(pair, m, 1000, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot")
+        run_and_check(pair, m, 1000, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot",
+                      config={"fold": True})
         assert block_dot_folded(pair, m)

@@ -1,0 +1,112 @@
+"""`python -m bench.variants`: check and time block_dot config variants in one process.
+
+Each variant is a dict of config-table fields (`blockscaled.kernels.configs.BLOCK_DOT_FIELDS`)
+laid over the default entry, e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256],
+"num_warps": 4, "num_stages": 2}}]'; `{}` is the default. For every M, pair and variant it
+checks an fp32 output against the fp64 reference (bound 1e-5), then on a GPU times a CUDA
+graph over independent operand sets (cache-cold) against cuBLAS bf16 timed the same way in
+the same process. On a CPU it only checks, at small shapes. This is how the entries of
+kernels/configs/sm90.json were chosen (bench/results/h100_block_dot_fold_probe_2026-11-22.log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # kernels run through the Triton interpreter on CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import blockscaled as bs  # noqa: E402
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
+
+from .__main__ import cold_copies, time_ms  # noqa: E402
+from .providers import FORMAT_PAIRS, make_operands  # noqa: E402
+
+FP32_BOUND = 1e-5
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m bench.variants", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--format", nargs="+", default=["all"], choices=[*FORMAT_PAIRS, "all"])
+    p.add_argument("-M", type=int, nargs="+", default=None, help="rows of A (default: 1 16 on GPU, 3 on CPU)")
+    p.add_argument("-N", type=int, default=None, help="default: 8192 on GPU, 32 on CPU")
+    p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
+    p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
+    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order"],
+                   help="layout of fp4 weights (fp8 weights are always k_order)")
+    p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
+    p.add_argument("--log", type=Path, default=None, help="append every line to this file too")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not isinstance(args.variants, list) or not all(isinstance(v, dict) for v in args.variants):
+        raise SystemExit("--variants: expected a JSON list of objects")
+    on_gpu = torch.cuda.is_available()
+    device = "cuda" if on_gpu else "cpu"
+    n = args.N or (8192 if on_gpu else 32)
+    k = args.K or (8192 if on_gpu else 256)
+    formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
+    log = args.log.open("a") if args.log else None
+
+    def say(line):
+        print(line, flush=True)
+        if log:
+            log.write(line + "\n")
+            log.flush()
+
+    failed = 0
+    for m in args.M or ([1, 16] if on_gpu else [3]):
+        bf16_ms = None
+        if on_gpu:
+            xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
+            ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
+            bf16_ms = time_ms(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)], True) / 2
+            say(f"M={m} N={n} K={k} cublas_bf16 {bf16_ms * 1e3:.1f} us")
+            del xs, ws
+        for fmt in formats:
+            pair = FORMAT_PAIRS[fmt]
+            copies = cold_copies(pair, m, n, k, torch.bfloat16, args.copies) if on_gpu else 1
+            sets = [make_operands(pair, m, n, k, device, seed=s) for s in range(copies)]
+            a = [s[2] for s in sets]
+            b = [s[3].with_data_layout(args.data_layout) if s[3].fmt.is_packed else s[3] for s in sets]
+            ref = ref_scaled_mm(a[0], b[0])
+            for variant in args.variants:
+                name = f"M={m} {bs.SUPPORTED_PAIRS[pair]:12s} {json.dumps(variant, sort_keys=True):60s}"
+                try:
+                    err = max_rel_err(bs.scaled_mm(a[0], b[0], out_dtype=torch.float32, backend="block_dot", config=variant), ref)
+                except Exception as e:  # noqa: BLE001 - report the variant, keep going with the others
+                    say(f"{name} FAILED to run: {type(e).__name__}: {str(e)[:300]}")
+                    failed += 1
+                    continue
+                status = "ok" if err <= FP32_BOUND else "FAIL"
+                failed += status != "ok"
+                if not on_gpu:
+                    say(f"{name} err={err:.1e} {status}")
+                    continue
+                outs = [torch.empty(m, n, dtype=torch.bfloat16, device=device) for _ in sets]
+
+                def run_all(outs=outs, variant=variant):
+                    for ai, bi, oi in zip(a, b, outs, strict=True):
+                        bs.scaled_mm(ai, bi, out=oi, backend="block_dot", config=variant)
+
+                run_all()  # compile the bf16-output specialization outside the graph capture
+                torch.cuda.synchronize()
+                us = time_ms(run_all, True) / copies * 1e3
+                say(f"{name} {us:7.1f} us {bf16_ms * 1e3 / us:5.2f}x err={err:.1e} {status}")
+            del sets, a, b
+    if log:
+        log.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
