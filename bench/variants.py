@@ -69,7 +69,7 @@ def main(argv=None):
         if on_gpu:
             xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
             ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
-            bf16_ms = time_ms(lambda: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)], True) / 2
+            bf16_ms = time_ms(lambda xs=xs, ws=ws: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)], True) / 2
             say(f"M={m} N={n} K={k} cublas_bf16 {bf16_ms * 1e3:.1f} us")
             del xs, ws
         for fmt in formats:
@@ -94,7 +94,7 @@ def main(argv=None):
                     continue
                 outs = [torch.empty(m, n, dtype=torch.bfloat16, device=device) for _ in sets]
 
-                def run_all(outs=outs, variant=variant):
+                def run_all(outs=outs, variant=variant, a=a, b=b):
                     for ai, bi, oi in zip(a, b, outs, strict=True):
                         bs.scaled_mm(ai, bi, out=oi, backend="block_dot", config=variant)
 

@@ -253,26 +253,40 @@ def scaled_mm(
 _LAUNCHES: dict[tuple, object] = {}
 
 
+class BlockDotPlan(NamedTuple):
+    """What one block_dot cache key launches; `launch` is None until first compiled."""
+
+    launch: object
+    cfg: object
+    consts: tuple  # the kernel's constexpr arguments, in its signature order
+    split: int  # split-K factor
+    fold: bool  # scales multiplied into the decoded operands
+    m_pad: int  # rows the M loop runs over (>= M)
+
+
 def _block_dot(key, a: Operand, b: Operand, data_layout, bias, out, m, n, k, config):
-    """Run block_dot_mm_kernel; with split-K the partial sums meet in a zeroed fp32 buffer."""
-    plan = _LAUNCHES.get(key)
-    cfg, consts, split = _block_dot_plan(key[1], a, b, data_layout, bias is not None, m, n, k, config) if plan is None else plan[1:]
-    acc = out if split == 1 or out.dtype == torch.float32 else torch.empty((m, n), dtype=torch.float32, device=out.device)
-    if split > 1:
+    """Run block_dot_mm_kernel; with split-K the partial sums meet in a zeroed fp32 buffer
+    (of m_pad rows when the M loop runs past M)."""
+    plan = _LAUNCHES.get(key) or _block_dot_plan(key[1], a, b, data_layout, bias is not None, m, n, k, config)
+    if plan.split == 1 or (out.dtype == torch.float32 and plan.m_pad == m):
+        acc = out
+    else:
+        acc = torch.empty((plan.m_pad, n), dtype=torch.float32, device=out.device)
+    if plan.split > 1:
         acc.zero_()
-    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *consts)
-    if plan is None:
+    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *plan.consts)
+    if plan.launch is None:
         from .block_dot_mm import block_dot_mm_kernel
 
-        plan = _LAUNCHES[key] = (block_dot_mm_kernel.bind(args).compile_config(cfg), cfg, consts, split)
-    plan[0](*args)
+        plan = _LAUNCHES[key] = plan._replace(launch=block_dot_mm_kernel.bind(args).compile_config(plan.cfg))
+    plan.launch(*args)
     if acc is not out:
-        out.copy_(acc)
+        out.copy_(acc[:m])
     return out
 
 
 def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m, n, k, config):
-    """(Helion config, the kernel's constexpr arguments, split-K factor) for one cache key."""
+    """The BlockDotPlan of one cache key, not yet compiled."""
     from .block_dot_mm import DOT_CODES
 
     block = b.fmt.block_size
@@ -289,13 +303,14 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     fold = bool(entry.get("fold", False))
     dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device, fold)
     narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
+    m_pad = max(m, bm) if entry.get("pad_m", False) else m
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
     consts = (
         k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
-        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold,
+        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold, m, m_pad,
     )
-    return cfg, consts, split
+    return BlockDotPlan(None, cfg, consts, split, fold, m_pad)
 
 
 def _layout(x) -> str | None:

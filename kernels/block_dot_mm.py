@@ -52,26 +52,32 @@ def decode_e2m1_bytes(raw, DOT):
     return e2m1_to_float32(codes & 15), e2m1_to_float32(codes >> 4)
 
 
-def load_block(data, rows_tile, block, BLOCK, ELEM, DOT):
+def rows_below(rows_tile, ROWS, PADDED):
+    """Mask of the tile's rows that exist (< ROWS) where the loop runs past them, else None."""
+    return rows_tile.index.unsqueeze(1) < ROWS if PADDED else None
+
+
+def load_block(data, rows_tile, block, BLOCK, ELEM, DOT, rows_mask):
     """Scale block `block` of a k_order operand, in K order: [rows, BLOCK] in the dot dtype."""
     if ELEM == ELEMENT_CODES["e2m1"]:
         col = block * (BLOCK // 2) + hl.arange(BLOCK // 2)
-        lo, hi = decode_e2m1_bytes(hl.load(data, [rows_tile, col]), DOT)
+        lo, hi = decode_e2m1_bytes(hl.load(data, [rows_tile, col], extra_mask=rows_mask), DOT)
         return torch.stack([lo, hi], dim=2).reshape(rows_tile.block_size, BLOCK)
     col = block * BLOCK + hl.arange(BLOCK)
-    values = hl.load(data, [rows_tile, col])
+    values = hl.load(data, [rows_tile, col], extra_mask=rows_mask)
     if DOT == 2:
         return values
     return values.to(torch.bfloat16 if DOT == 1 else torch.float32)
 
 
-def load_block_pair(data, rows_tile, pair, BLOCK, ELEM, PAIRED, DOT):
-    """Blocks 2*pair and 2*pair + 1 of one operand: two [rows, BLOCK] in the dot dtype."""
+def load_block_pair(data, rows_tile, pair, BLOCK, ELEM, PAIRED, DOT, rows_mask=None):
+    """Blocks 2*pair and 2*pair + 1 of one operand: two [rows, BLOCK] in the dot dtype
+    (rows outside `rows_mask` read as zero)."""
     if PAIRED:
-        return decode_e2m1_bytes(hl.load(data, [rows_tile, pair * BLOCK + hl.arange(BLOCK)]), DOT)
+        return decode_e2m1_bytes(hl.load(data, [rows_tile, pair * BLOCK + hl.arange(BLOCK)], extra_mask=rows_mask), DOT)
     return (
-        load_block(data, rows_tile, 2 * pair, BLOCK, ELEM, DOT),
-        load_block(data, rows_tile, 2 * pair + 1, BLOCK, ELEM, DOT),
+        load_block(data, rows_tile, 2 * pair, BLOCK, ELEM, DOT, rows_mask),
+        load_block(data, rows_tile, 2 * pair + 1, BLOCK, ELEM, DOT, rows_mask),
     )
 
 
@@ -127,31 +133,37 @@ def block_dot_mm_kernel(
     SPANS: hl.constexpr,
     SPLIT: hl.constexpr,
     FOLD: hl.constexpr,
+    M: hl.constexpr,
+    M_PAD: hl.constexpr,
 ) -> torch.Tensor:
-    """SPLIT > 1: `out` is a zeroed float32 buffer that the SPLIT partial sums add into."""
-    m = out.size(0)
+    """C[:M] into `out`. The loop runs over M_PAD >= M rows, so that a small M fills whole
+    M tiles instead of Triton padding every dot (rows from M on read as zero; stores skip
+    them). SPLIT > 1: `out` is a zeroed float32 buffer of M_PAD rows that the SPLIT partial
+    sums add into."""
+    rows = M_PAD
     n = out.size(1)
     groups = K // (2 * BLOCK * SPANS) // SPLIT  # loop steps per program, SPANS block pairs each
-    for tile_m, tile_n, part in hl.tile([m, n, SPLIT], block_size=[None, None, 1]):
+    for tile_m, tile_n, part in hl.tile([rows, n, SPLIT], block_size=[None, None, 1]):
+        a_rows = rows_below(tile_m, M, rows > M)
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for step in hl.tile(groups, block_size=1):
             for j in hl.static_range(SPANS):
                 pair = (part.begin * groups + step.begin) * SPANS + j
-                a0, a1 = load_block_pair(a_data, tile_m, pair, BLOCK, A_ELEM, 0, DOT)
+                a0, a1 = load_block_pair(a_data, tile_m, pair, BLOCK, A_ELEM, 0, DOT, a_rows)
                 b0, b1 = load_block_pair(b_data, tile_n, pair, BLOCK, B_ELEM, B_PAIRED, DOT)
                 if FOLD:
-                    a0, a1 = fold_pair_scales(a0, a1, a_scale, tile_m, m, pair, K, BLOCK, A_SCALE, A_LAYOUT)
+                    a0, a1 = fold_pair_scales(a0, a1, a_scale, tile_m, M, pair, K, BLOCK, A_SCALE, A_LAYOUT)
                     b0, b1 = fold_pair_scales(b0, b1, b_scale, tile_n, n, pair, K, BLOCK, B_SCALE, B_LAYOUT)
                     acc = hl.dot(a1, b1.T, acc=hl.dot(a0, b0.T, acc=acc))
                 else:
-                    s0, s1 = pair_factors(a_scale, b_scale, tile_m, tile_n, m, n, pair, K, BLOCK, A_SCALE, A_LAYOUT, B_SCALE, B_LAYOUT)
+                    s0, s1 = pair_factors(a_scale, b_scale, tile_m, tile_n, M, n, pair, K, BLOCK, A_SCALE, A_LAYOUT, B_SCALE, B_LAYOUT)
                     acc = acc + hl.dot(a0, b0.T) * s0 + hl.dot(a1, b1.T) * s1
         acc = acc * (a_global[0] * b_global[0] * (2.0**GAIN_LOG2))
         if HAS_BIAS:
             if part.begin == 0:
                 acc = acc + bias[tile_n].to(torch.float32).unsqueeze(0)
         if SPLIT == 1:
-            out[tile_m, tile_n] = acc.to(out.dtype)
+            hl.store(out, [tile_m, tile_n], acc.to(out.dtype), extra_mask=rows_below(tile_m, M, rows > M))
         else:
             hl.atomic_add(out, [tile_m, tile_n], acc)
     return out

@@ -37,8 +37,9 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     """The first entry of the arch's table whose filters match; each entry may name
     `pairs` and bound `max_m`/`min_k`. Besides "config", block_dot entries carry
     "spans" (block pairs per loop step), "max_split" (split-K cap), "programs_per_sm" (grid
-    cap for split-K, default 4) and "fold" (block scales multiplied into the decoded
-    operands instead of into each dot result)."""
+    cap for split-K, default 4), "fold" (block scales multiplied into the decoded
+    operands instead of into each dot result) and "pad_m" (M below the M tile runs as a
+    whole tile of masked rows instead of Triton's padding of every dot)."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
@@ -49,7 +50,7 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
 
 
 # Fields of a block_dot table entry besides the filters (`pairs`, `max_m`, `min_k`).
-BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold")
+BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold", "pad_m")
 
 
 def freeze_entry(fields: dict) -> tuple:

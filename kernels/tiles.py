@@ -38,8 +38,8 @@ def load_scale_range(scale, rows_tile, n_rows, first, count, K, BLOCK, LAYOUT):
     """Raw scale codes (uint8) of blocks first .. first+count-1: [rows, count], zero outside."""
     sc = first + hl.arange(count)
     in_k = sc < K // BLOCK
-    if LAYOUT == 0:
-        return hl.load(scale, [rows_tile, sc], extra_mask=in_k)
     r = rows_tile.index.unsqueeze(1)
+    if LAYOUT == 0:
+        return hl.load(scale, [rows_tile, sc], extra_mask=in_k & (r < n_rows))
     off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, sc.unsqueeze(0), K // BLOCK)
     return hl.load(scale, [off], extra_mask=in_k & (r < n_rows))

@@ -55,4 +55,4 @@ def block_dot_folded(pair, m):
     from blockscaled.kernels import api
 
     name = bs.SUPPORTED_PAIRS[pair]
-    return [plan[2][-1] for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]
+    return [plan.fold for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]

@@ -89,6 +89,19 @@ def test_variants_check_every_variant_on_cpu(capsys, tmp_path):
     assert "FAILED to run: ValueError: config: unknown block_dot fields" in capsys.readouterr().out
 
 
+def test_sass_counts_the_k_loop(capfd, tmp_path):
+    """bench.sass compiles the H100 plan for sm_90 here (no GPU) and counts its K loop."""
+    from bench import sass
+
+    argv = ["--format", "mixed", "-N", "256", "-K", "8192", "--variants", '[{"pad_m": true}]', "--keep", str(tmp_path)]
+    assert sass.main(argv) == 0
+    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("mxfp8xmxfp4")]
+    assert len(row) == 1 and row[0][1:3] == ['{"pad_m":', "true}"], row
+    counts = dict(zip(["instr", *sass.COUNTS], map(int, row[0][3:]), strict=True))
+    assert counts["instr"] > 100 and counts["HMMA"] > 0 and counts["LDG"] > 0
+    assert (tmp_path / "mixed_0.sass").read_text().count("HMMA") >= counts["HMMA"]
+
+
 def test_tritonbench_argv_defaults():
     assert tb_runner.build_argv(["--metrics", "latency"]) == [
         "--op", "blockscaled_gemm", "--metrics", "latency", "--rtol", "1.6e-2", "--atol", "1e-2"]

@@ -159,6 +159,29 @@ def test_block_dot_fold_default_for_nvfp4_at_small_m(gen):
         assert block_dot_folded(("bf16", "nvfp4"), m) is fold
 
 
+@pytest.mark.parametrize("pair", [("mxfp8", "mxfp4"), ("nvfp4", "nvfp4"), ("bf16", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("fold", [False, True], ids=["scales_on_results", "fold"])
+def test_block_dot_pad_m(pair, fold, gen):
+    """pad_m: M = 1 or 5 runs as one 16-row tile; rows from M on are masked on load, never
+    stored (the poisoned rows past `out` in its buffer stay NaN), and results stay exact."""
+    from blockscaled.kernels import api
+    from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
+    for m, layout in ((1, "rowmajor"), (5, "swizzle_32_4_4")):
+        a, b = make_operands(pair, m, 40, 256, "cpu", gen, layout, data_layout)
+        bias = torch.randn(40, generator=gen)
+        ref = ref_scaled_mm(a, b, bias=bias)
+        for out_dtype, split in ((torch.float32, 1), (torch.float32, 2), (torch.bfloat16, 1), (torch.bfloat16, 2)):
+            fields = {"pad_m": True, "fold": fold, "max_split": split, "config": {"block_sizes": [16, 16]}}
+            buf = torch.full((16, 40), float("nan"), dtype=out_dtype)
+            got = bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias.to(out_dtype), out=buf[:m], config=fields, backend="block_dot")
+            plan = api._LAUNCHES[[key for key in api._LAUNCHES if key[-1] == api.configs.freeze_entry(fields)][-1]]
+            assert (plan.m_pad, plan.split) == (16, split)
+            assert torch.isnan(buf[m:]).all(), "rows past M were written"
+            assert max_rel_err(got, ref) <= (1e-5 if out_dtype == torch.float32 else 8e-3)
+
+
 @pytest.mark.parametrize("layout", ["swizzle_32_4_4", "cdna4_16"])
 def test_block_dot_scale_layouts_bias_low_precision(layout, gen):
     run_and_check(("nvfp4", "nvfp4"), 17, 130, 64, "cpu", gen, layout=layout, data_layout="block_pairs")
