@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import blockscaled as bs
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import PAIRS, block_dot_folded, run_and_check
+from pairs import PAIRS, TOLERANCE, block_dot_folded, make_operands, run_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -54,3 +55,17 @@ def test_block_dot_fold_every_pair(pair, gen):
         run_and_check(pair, m, 1000, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot",
                       config={"fold": True})
         assert block_dot_folded(pair, m)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("fold", [False, True], ids=["scales_on_results", "fold"])
+def test_block_dot_pad_m_every_pair(pair, fold, gen):
+    """pad_m: M = 1 and 5 run as one masked 16-row tile; the poisoned rows past `out` stay NaN."""
+    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
+    for m in (1, 5):
+        a, b = make_operands(pair, m, 1000, 2048, "cuda", gen, "swizzle_32_4_4", data_layout)
+        ref = ref_scaled_mm(a, b)
+        buf = torch.full((16, 1000), float("nan"), dtype=torch.float32, device="cuda")
+        got = bs.scaled_mm(a, b, out_dtype=torch.float32, out=buf[:m], backend="block_dot", config={"pad_m": True, "fold": fold})
+        assert torch.isnan(buf[m:]).all(), "rows past M were written"
+        assert max_rel_err(got, ref) <= TOLERANCE[torch.float32]
