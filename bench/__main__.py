@@ -150,7 +150,7 @@ def main(argv=None):
                 continue
             if not (args.bench and on_gpu):
                 continue
-            copies = cold_copies(pair, m, n, k, out_dtype, args.copies)
+            copies = cold_copies(ours_bytes(pair, m, n, k, out_dtype), args.copies)
             operands = [(x, w, a, b)] + [make_operands(pair, m, n, k, device, seed=7 * i + n_shape) for i in range(1, copies)]
             shape_rows = bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, args.providers)
             for r in shape_rows:
@@ -168,12 +168,16 @@ def main(argv=None):
     return 0
 
 
-def cold_copies(pair, m, n, k, out_dtype, most):
-    """Independent input sets one shape needs: enough that the provider reading the fewest
-    bytes (ours) cycles through more than twice the L2 cache; at most `most`."""
+def cold_copies(nbytes, most):
+    """Independent input sets that a call moving `nbytes` cycles through so that repeated
+    runs move more than twice the L2 cache (HBM, not L2); at least 1, at most `most`."""
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    fewest = operand_bytes(pair[0], m, k) + operand_bytes(pair[1], n, k) + m * n * torch.finfo(out_dtype).bits / 8
-    return min(most, math.ceil(2 * l2 / fewest))
+    return min(most, max(1, math.ceil(2 * l2 / nbytes)))
+
+
+def ours_bytes(pair, m, n, k, out_dtype):
+    """Bytes one call of ours moves: both operands and the output (the fewest of any provider)."""
+    return operand_bytes(pair[0], m, k) + operand_bytes(pair[1], n, k) + m * n * torch.finfo(out_dtype).bits / 8
 
 
 def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selected=PROVIDERS):
@@ -198,13 +202,12 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
         "d2d_copy_weights": (lambda x, w, a, b: copy_fn(b), 2.0 * operand_bytes(pair[1], n, k)),
     }
     assert set(providers) == set(PROVIDERS)
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     times, errs = {}, {}
     for prov, (build, nbytes) in providers.items():
         if prov not in selected:
             continue
         try:
-            copies = min(len(operands), max(1, math.ceil(2 * l2 / (nbytes + out_bytes))))
+            copies = cold_copies(nbytes + out_bytes, len(operands))
             fns = [build(*ops) for ops in operands[:copies]]
         except Unsupported as e:
             print(f"  {prov}: unsupported here: {e}")

@@ -25,8 +25,8 @@ if not torch.cuda.is_available():  # kernels run through the Triton interpreter 
 import blockscaled as bs  # noqa: E402
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
 
-from .__main__ import cold_copies, time_ms  # noqa: E402
-from .providers import FORMAT_PAIRS, make_operands  # noqa: E402
+from .__main__ import cold_copies, ours_bytes, time_ms  # noqa: E402
+from .providers import FORMAT_PAIRS, cublas_bf16_fn, make_operands  # noqa: E402
 
 FP32_BOUND = 1e-5
 
@@ -67,14 +67,14 @@ def main(argv=None):
     for m in args.M or ([1, 16] if on_gpu else [3]):
         bf16_ms = None
         if on_gpu:
-            xs = [torch.randn(m, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
-            ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16) for _ in range(2)]
-            bf16_ms = time_ms(lambda xs=xs, ws=ws: [torch.nn.functional.linear(x, w) for x, w in zip(xs, ws, strict=True)], True) / 2
+            fns = [cublas_bf16_fn(torch.randn(m, k, device=device), torch.randn(n, k, device=device), torch.bfloat16)
+                   for _ in range(2)]
+            bf16_ms = time_ms(lambda fns=fns: [f() for f in fns], True) / 2
             say(f"M={m} N={n} K={k} cublas_bf16 {bf16_ms * 1e3:.1f} us")
-            del xs, ws
+            del fns
         for fmt in formats:
             pair = FORMAT_PAIRS[fmt]
-            copies = cold_copies(pair, m, n, k, torch.bfloat16, args.copies) if on_gpu else 1
+            copies = cold_copies(ours_bytes(pair, m, n, k, torch.bfloat16), args.copies) if on_gpu else 1
             sets = [make_operands(pair, m, n, k, device, seed=s) for s in range(copies)]
             a = [s[2] for s in sets]
             b = [s[3].with_data_layout(args.data_layout) if s[3].fmt.is_packed else s[3] for s in sets]
