@@ -301,9 +301,10 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     tiles = -(-m // bm) * -(-n // bn)
     split = _block_dot_split(tiles, k // (2 * block * spans), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     fold = bool(entry.get("fold", False))
-    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m - 1).bit_length()), b.data.device, fold)
-    narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
     m_pad = max(m, bm) if entry.get("pad_m", False) else m
+    # the M tile Triton gets: the config's, or the next power of two of the rows it covers
+    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m_pad - 1).bit_length()), b.data.device, fold)
+    narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
     consts = (

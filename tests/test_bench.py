@@ -102,6 +102,23 @@ def test_sass_counts_the_k_loop(capfd, tmp_path):
     assert (tmp_path / "mixed_0.sass").read_text().count("HMMA") >= counts["HMMA"]
 
 
+def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():
+    """pad_m runs M = 1 as a whole config tile: a 64-row tile must not get fp8 dots (Hopper's
+    fp8 wgmma failed the fp32 bound), a 16-row one keeps them."""
+    from blockscaled.kernels import api, configs
+    from blockscaled.kernels.block_dot_mm import DOT_CODES
+
+    from bench import sass
+
+    _, _, a, b = cli.make_operands(("mxfp8", "mxfp4"), 1, 64, 256, "cpu", seed=0)
+    a_op, b_op = api._parts(a, b.device), api._parts(b, b.device)
+    for bm, dot in ((64, "bfloat16"), (16, "float8_e4m3fn")):
+        fields = configs.freeze_entry({"pad_m": True, "config": {"block_sizes": [bm, 64]}})
+        with sass.planned_as_h100():
+            plan = api._block_dot_plan("mxfp8xmxfp4", a_op, b_op, "k_order", False, 1, 64, 256, fields)
+        assert plan.m_pad == bm and plan.consts[10] == DOT_CODES[dot]  # consts[10]: the kernel's DOT
+
+
 def test_tritonbench_argv_defaults():
     assert tb_runner.build_argv(["--metrics", "latency"]) == [
         "--op", "blockscaled_gemm", "--metrics", "latency", "--rtol", "1.6e-2", "--atol", "1e-2"]
