@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import torch
 
 import blockscaled as bs
 from blockscaled.kernels import api, configs
+from blockscaled.kernels.block_dot_mm import block_dot_mm_kernel
 
 from .providers import FORMAT_PAIRS, make_operands
 
@@ -92,7 +94,7 @@ def compile_sm90(code: str, args, cfg, folder: Path, name: str) -> dict:
     spec.loader.exec_module(module)
     fn = module._helion_block_dot_mm_kernel
     names = list(fn.arg_names)
-    tensors = dict(zip(["a_data", "a_scale", "b_data", "b_scale", "a_global", "b_global", "bias", "out"], args, strict=False))
+    tensors = dict(zip(inspect.signature(block_dot_mm_kernel.fn).parameters, args, strict=True))
     signature = {p: TRITON_TYPES[tensors[p].dtype] for p in names}
     src = ASTSource(fn=fn, signature=signature, constexprs={}, attrs={(i,): [["tt.divisibility", 16]] for i in range(len(names))})
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2)}
@@ -128,8 +130,6 @@ def main(argv=None):
             out = torch.empty((plan.m_pad if plan.split > 1 else args.M, args.N), dtype=torch.float32)
             kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
                      out, out, *plan.consts)
-            from blockscaled.kernels.block_dot_mm import block_dot_mm_kernel
-
             code = block_dot_mm_kernel.bind(kargs).to_triton_code(plan.cfg)
             counts = compile_sm90(code, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)
