@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 import blockscaled as bs
@@ -43,6 +45,28 @@ def make_operands(pair, m, n, k, device, seed):
     x = torch.randn(m, k, device=device, generator=gen, dtype=torch.float32)
     w = torch.randn(n, k, device=device, generator=gen, dtype=torch.float32)
     return (x, w, *quantize_pair(pair, x, w))
+
+
+def weight_layouts(b, k):
+    """The data layouts of weights `b` that are validated and timed: k_order, and block_pairs
+    for packed fp4 whose K holds whole block pairs."""
+    weights = {"k_order": b}
+    if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
+        weights["block_pairs"] = b.with_data_layout("block_pairs")
+    return weights
+
+
+def compile_cell(pair, m, n, k, out_dtype, device):
+    """Run this project's kernels once for one pair and shape (every weight layout), so that
+    their compiled binaries land in Triton's on-disk cache; returns the seconds it took.
+    Nothing is checked here: the timing process validates every cell itself."""
+    start = time.perf_counter()
+    _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
+    for bw in weight_layouts(b, k).values():
+        bs.scaled_mm(a, bw, out_dtype=out_dtype)
+    if b.data.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def blockscaled_fn(a, b, out_dtype):

@@ -30,6 +30,7 @@ import torch
 import helion
 import helion.language as hl
 
+from .configs import KERNEL_SETTINGS
 from .decode import E2M1X2_TO_BF16_PTX, E2M1X2_TO_E4M3_PTX, ELEMENT_CODES, decode_scale, e2m1_to_float32
 from .tiles import load_scale_range
 
@@ -108,7 +109,7 @@ def pair_factors(a_scale, b_scale, tile_m, tile_n, m, n, pair, K, BLOCK, A_SCALE
     return a0.unsqueeze(1) * b0.unsqueeze(0), a1.unsqueeze(1) * b1.unsqueeze(0)
 
 
-@helion.kernel(static_shapes=True)
+@helion.kernel(**KERNEL_SETTINGS)
 def block_dot_mm_kernel(
     a_data: torch.Tensor,
     a_scale: torch.Tensor,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -14,6 +15,17 @@ import torch
 import helion
 
 _DIR = Path(__file__).parent / "configs"
+
+# Settings of every @helion.kernel here. Helion computes autotuner seed configs each time it
+# binds a new specialization (static shapes: one per M, N, K); on the H100 machine that took
+# 8-10 s of a 30 s bench cell (cProfile, 2026-11-22), yet our configs come from the tables
+# below and never use those seeds. HELION_DISABLE_AUTOTUNER_HEURISTICS=0 turns them back on
+# for autotuning the kernels with Helion's own autotuner.
+KERNEL_SETTINGS = dict(
+    static_shapes=True,
+    disable_autotuner_heuristics=os.environ.get("HELION_DISABLE_AUTOTUNER_HEURISTICS", "1").lower()
+    not in ("0", "false", "no", "off"),
+)
 
 
 def arch_key(device: torch.device) -> str:

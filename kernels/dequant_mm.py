@@ -19,6 +19,7 @@ import torch
 import helion
 import helion.language as hl
 
+from .configs import KERNEL_SETTINGS
 from .decode import ELEMENT_CODES, decode_scale, e2m1_to_float32, e2m1x8_to_float32
 from .tiles import load_data, load_data_strided, load_scale_codes
 
@@ -83,7 +84,7 @@ def dot_eighths(acc, a_parts, b_parts, compute):
     return acc
 
 
-@helion.kernel(static_shapes=True)
+@helion.kernel(**KERNEL_SETTINGS)
 def dequant_mm_kernel(
     a_data: torch.Tensor,
     a_scale: torch.Tensor,

@@ -16,6 +16,7 @@ import helion.language as hl
 
 from blockscaled.formats import FORMATS
 
+from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES
 from .tiles import load_data, load_scale_codes
 
@@ -24,7 +25,7 @@ from .tiles import load_data, load_scale_codes
 DOT_FORMATS = ("e2m1", "e4m3")
 
 
-@helion.kernel(static_shapes=True)
+@helion.kernel(**KERNEL_SETTINGS)
 def dot_scaled_mm_kernel(
     a_data: torch.Tensor,
     a_scale: torch.Tensor,

@@ -37,6 +37,16 @@ def test_cli_validates_on_cpu_and_records_nothing(capsys):
     assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
 
 
+def test_precompile_runs_cells_in_processes_and_reports_failures(capsys):
+    """--jobs: every cell is run once in a worker process; a cell that raises is named with
+    the error (K=48 is not a whole number of mxfp4 blocks), the others pass silently."""
+    cli.precompile([(1, 32, 64), (1, 32, 48)], [("bf16", "mxfp4")], torch.float32, jobs=2, device="cpu")
+    out = capsys.readouterr().out
+    assert "precompiled 2 cells" in out
+    failures = [line for line in out.splitlines() if line.startswith("precompile ")]
+    assert len(failures) == 1 and "bf16xmxfp4 M=1 N=32 K=48" in failures[0] and "K" in failures[0]
+
+
 def test_providers_option():
     assert cli.parse_args([]).providers == list(cli.PROVIDERS)
     assert cli.parse_args(["--providers", "blockscaled_pairs", "cublas_bf16"]).providers == ["blockscaled_pairs", "cublas_bf16"]

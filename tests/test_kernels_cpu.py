@@ -104,6 +104,25 @@ def test_second_call_skips_helion_bind(gen, monkeypatch):
     run_and_check(("bf16", "mxfp8"), 3, 40, 64, "cpu", gen)  # same key, fresh tensors: exact again
 
 
+def test_kernels_skip_autotuner_seeds_unless_asked():
+    """Configs come from the tables, so Helion's bind-time autotuner seeds (8-10 s per
+    specialization on the H100 machine) are off; HELION_DISABLE_AUTOTUNER_HEURISTICS=0 turns
+    them on for users who autotune."""
+    import os
+    import subprocess
+    import sys
+
+    from blockscaled.kernels.block_dot_mm import block_dot_mm_kernel
+    from blockscaled.kernels.dequant_mm import dequant_mm_kernel
+    from blockscaled.kernels.dot_scaled_mm import dot_scaled_mm_kernel
+
+    for kernel in (block_dot_mm_kernel, dequant_mm_kernel, dot_scaled_mm_kernel):
+        assert kernel.settings.disable_autotuner_heuristics and kernel.settings.static_shapes
+    code = "from blockscaled.kernels.configs import KERNEL_SETTINGS as s; print(s['disable_autotuner_heuristics'])"
+    env = {**os.environ, "HELION_DISABLE_AUTOTUNER_HEURISTICS": "0"}
+    assert subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip() == "False"
+
+
 FP4_WEIGHT_PAIRS = [p for p in PAIRS if bs.FORMATS[p[1]].is_packed]
 
 
