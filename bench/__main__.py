@@ -89,12 +89,16 @@ def shapes(args, on_gpu):
     return [(m, n, k) for n, k in nks for m in ms]
 
 
-def time_ms(fn, use_graph):
+def time_ms(fn, use_graph, rep=25):
+    """Median ms of `fn`: by CUDA-graph replay (10 replays of a graph of ~rep ms of calls) or
+    by plain launches. At rep=100 a cell still took 23 s on the H100 machine with its kernels
+    precompiled (--jobs 12, 2026-11-22): each provider captured a graph of thousands of calls
+    and replayed it for 1 s. At 25 ms a replay still averages hundreds of calls."""
     import triton.testing as tt
 
     if use_graph:
-        return tt.do_bench_cudagraph(fn, rep=100, return_mode="median")
-    return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        return tt.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+    return tt.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
 
 def progress(items):
