@@ -154,7 +154,11 @@ def _block_dot_split(tiles: int, steps: int, max_split: int, programs_per_sm: in
     keeps the grid within `programs_per_sm` programs per SM. Measured on an H100 (N = K =
     8192, M = 1, mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS
     bf16; 8 instead of 4 programs per SM (split 16 instead of 8) moved fp4 weights by -6% to
-    +3% (bench/results/h100_block_dot_fold_probe_2026-11-22.log)."""
+    +3% (bench/results/h100_block_dot_fold_probe_2026-11-22.log). Where that cap held the
+    split low (M = 1, N = 10240: 80 tiles, split 4; N = 57344: 448 tiles, split 1; ncu showed
+    0.65 waves and 22% achieved occupancy at 8192^2), 16 programs per SM and split up to 16
+    gained 19-44% for the five fp4-weight pairs, and moved 8192^2 and 8192 x 28672 by -2% to
+    +11% (bench/results/h100_block_dot_split16_probe_2026-11-22.log)."""
     split = 1
     while split * 2 <= max_split and steps % (split * 2) == 0 and tiles * split * 2 <= programs_per_sm * _sm_count(device):
         split *= 2

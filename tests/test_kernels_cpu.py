@@ -228,6 +228,24 @@ def test_block_dot_split_rule():
     assert _block_dot_split(4, 8, 8, 2, cpu) == 2  # at most 2 programs per "SM"
 
 
+@pytest.mark.parametrize("pair", ["bf16xnvfp4", "bf16xmxfp4", "nvfp4xnvfp4", "mxfp4xmxfp4", "mxfp8xmxfp4"])
+def test_h100_m1_split_follows_the_split16_probe(pair, monkeypatch):
+    """The sm90 M = 1 entries of fp4 weights give the splits that won on the H100
+    (bench/results/h100_block_dot_split16_probe_2026-11-22.log): 16 at N = 8192 and 10240
+    (64 and 80 tiles of 128 rows), 4 at N = 57344 (448 tiles), over 132 SMs."""
+    from blockscaled.kernels import api, configs
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    entry = configs.table_entry("block_dot", pair, 1, 8192, "sm90")
+    weights = {name: fmts[1] for fmts, name in api.SUPPORTED_PAIRS.items()}[pair]
+    block = bs.FORMATS[weights].block_size
+    steps = 8192 // (2 * block * entry["spans"])
+    bn = entry["config"]["block_sizes"][1]
+    splits = [api._block_dot_split(n // bn, steps, entry["max_split"], entry["programs_per_sm"], torch.device("cuda"))
+              for n in (8192, 10240, 57344)]
+    assert splits == [16, 16, 4]
+
+
 def test_dispatch_by_weights_and_shape(gen):
     run_and_check(("mxfp8", "mxfp8"), 1, 16, 64, "cpu", gen)
     assert backend_used(("mxfp8", "mxfp8"), 1) == "block_dot"
