@@ -102,11 +102,7 @@ class Operand(NamedTuple):
 def _parts(x, device) -> Operand:
     if isinstance(x, QTensor):
         g = x.global_scale.reshape(1) if x.global_scale is not None else _one(device)
-        # scales travel as raw bytes (kernels decode the bit fields); non-rowmajor layouts
-        # as the flat buffer that `scale_offset` indexes
-        scale = x.scale.view(torch.uint8)
-        scale = scale if x.layout == "rowmajor" else scale.reshape(-1)
-        return Operand(x.data, scale, g, x.fmt, x.layout)
+        return Operand(x.data, x.kernel_scale, g, x.fmt, x.layout)
     return Operand(x, x, _one(device), None, "rowmajor")
 
 

@@ -134,6 +134,13 @@ def test_layouts_carry_the_same_scales(fmt, layout, gen):
     assert torch.equal(ql.scale_rowmajor().view(torch.uint8), q.scale.view(torch.uint8))
     assert torch.equal(ql.dequantize(), q.dequantize())
     assert torch.equal(q.with_layout(layout).scale.view(torch.uint8), ql.scale.view(torch.uint8))
+    # the kernels' view of the scales: the stored bytes, flat for every layout but rowmajor; one
+    # object per QTensor (cached), a fresh one for a new QTensor
+    kernel = ql.kernel_scale
+    assert kernel.dtype == torch.uint8 and kernel.data_ptr() == ql.scale.data_ptr()
+    assert kernel.shape == (ql.scale.shape if layout == "rowmajor" else (ql.scale.numel(),))
+    assert torch.equal(kernel.flatten(), ql.scale.view(torch.uint8).flatten())
+    assert ql.kernel_scale is kernel and q.with_layout(layout).kernel_scale is not kernel
 
 
 def test_dequantize_definition(gen):
