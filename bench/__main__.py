@@ -182,7 +182,7 @@ def main(argv=None):
 
 def precompile(cells, pairs, out_dtype, jobs, device="cuda"):
     """Compile every (shape, pair) cell in `jobs` processes before timing. Static shapes give
-    each cell its own kernels, and generating + compiling them is most of a cell's time in
+    each cell its own kernels, and generating + compiling them was half of a cell's time in
     one process (58 s cold, 30 s with Triton's cache warm, mxfp8 x mxfp4 at 8192^2 on the
     H100 machine, 2026-11-22). The timing process still generates Helion's code but loads
     the binaries from the cache. A cell that fails to compile here fails its validation next."""
