@@ -12,6 +12,7 @@ kernels/configs/sm90.json were chosen (bench/results/h100_block_dot_fold_probe_2
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ import blockscaled as bs  # noqa: E402
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
 
 from .__main__ import cold_copies, ours_bytes, time_ms  # noqa: E402
-from .providers import FORMAT_PAIRS, cublas_bf16_fn, make_operands  # noqa: E402
+from .providers import FORMAT_PAIRS, LLAMA_70B, cublas_bf16_fn, make_operands  # noqa: E402
 
 FP32_BOUND = 1e-5
 
@@ -38,6 +39,7 @@ def parse_args(argv=None):
     p.add_argument("-M", type=int, nargs="+", default=None, help="rows of A (default: 1 16 on GPU, 3 on CPU)")
     p.add_argument("-N", type=int, default=None, help="default: 8192 on GPU, 32 on CPU")
     p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
+    p.add_argument("--llama", action="store_true", help="the four Llama-3-70B (N, K) shapes instead of -N/-K (GPU only)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
     p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order"],
                    help="layout of fp4 weights (fp8 weights are always k_order)")
@@ -46,14 +48,21 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def variant_shapes(args, on_gpu):
+    """The (N, K) shapes to run: the Llama-3-70B ones with --llama, else -N/-K or the defaults."""
+    if args.llama:
+        if not on_gpu:
+            raise SystemExit("--llama: the Llama shapes are for timing and need a GPU; on a CPU use small -N/-K")
+        return LLAMA_70B
+    return [(args.N or (8192 if on_gpu else 32), args.K or (8192 if on_gpu else 256))]
+
+
 def main(argv=None):
     args = parse_args(argv)
     if not isinstance(args.variants, list) or not all(isinstance(v, dict) for v in args.variants):
         raise SystemExit("--variants: expected a JSON list of objects")
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
-    n = args.N or (8192 if on_gpu else 32)
-    k = args.K or (8192 if on_gpu else 256)
     formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
     log = args.log.open("a") if args.log else None
 
@@ -64,7 +73,7 @@ def main(argv=None):
             log.flush()
 
     failed = 0
-    for m in args.M or ([1, 16] if on_gpu else [3]):
+    for (n, k), m in itertools.product(variant_shapes(args, on_gpu), args.M or ([1, 16] if on_gpu else [3])):
         bf16_ms = None
         if on_gpu:
             fns = [cublas_bf16_fn(torch.randn(m, k, device=device), torch.randn(n, k, device=device), torch.bfloat16)

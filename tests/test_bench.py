@@ -10,7 +10,7 @@ import torch
 import blockscaled as bs
 from bench import __main__ as cli
 from bench import tritonbench as tb_runner
-from bench.providers import FORMAT_PAIRS, operand_bytes
+from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes
 
 
 def test_format_choices_cover_every_pair():
@@ -97,6 +97,16 @@ def test_variants_check_every_variant_on_cpu(capsys, tmp_path):
     assert log.read_text().splitlines() == lines
     assert variants.main(["--format", "mixed", "--variants", '[{"stages": 2}]']) == 1  # unknown field: reported, fails
     assert "FAILED to run: ValueError: config: unknown block_dot fields" in capsys.readouterr().out
+
+
+def test_variants_shapes():
+    from bench import variants
+
+    assert variants.variant_shapes(variants.parse_args(["--llama"]), on_gpu=True) == LLAMA_70B
+    assert variants.variant_shapes(variants.parse_args(["-N", "64", "-K", "128"]), on_gpu=True) == [(64, 128)]
+    assert variants.variant_shapes(variants.parse_args([]), on_gpu=False) == [(32, 256)]
+    with pytest.raises(SystemExit, match="--llama: .* need a GPU"):
+        variants.variant_shapes(variants.parse_args(["--llama"]), on_gpu=False)
 
 
 def test_sass_counts_the_k_loop(capfd, tmp_path):
