@@ -136,9 +136,9 @@ def main(argv=None):
         print("--bench: timings need a GPU; validating only.")
     rows, failed = [], []
     cells = shapes(args, on_gpu)
-    if args.bench and on_gpu and args.jobs > 1:
-        precompile(cells, pairs, out_dtype, args.jobs)
     if args.bench and on_gpu:
+        if args.jobs > 1:
+            precompile(cells, pairs, out_dtype, args.jobs)
         print_header()
     for n_shape, (m, n, k) in enumerate(progress(cells)):
         for pair in pairs:

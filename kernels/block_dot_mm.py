@@ -145,12 +145,12 @@ def block_dot_mm_kernel(
     n = out.size(1)
     groups = K // (2 * BLOCK * SPANS) // SPLIT  # loop steps per program, SPANS block pairs each
     for tile_m, tile_n, part in hl.tile([rows, n, SPLIT], block_size=[None, None, 1]):
-        a_rows = rows_below(tile_m, M, rows > M)
+        real_rows = rows_below(tile_m, M, rows > M)  # A loads and C stores skip rows from M on
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for step in hl.tile(groups, block_size=1):
             for j in hl.static_range(SPANS):
                 pair = (part.begin * groups + step.begin) * SPANS + j
-                a0, a1 = load_block_pair(a_data, tile_m, pair, BLOCK, A_ELEM, 0, DOT, a_rows)
+                a0, a1 = load_block_pair(a_data, tile_m, pair, BLOCK, A_ELEM, 0, DOT, real_rows)
                 b0, b1 = load_block_pair(b_data, tile_n, pair, BLOCK, B_ELEM, B_PAIRED, DOT)
                 if FOLD:
                     a0, a1 = fold_pair_scales(a0, a1, a_scale, tile_m, M, pair, K, BLOCK, A_SCALE, A_LAYOUT)
@@ -164,7 +164,7 @@ def block_dot_mm_kernel(
             if part.begin == 0:
                 acc = acc + bias[tile_n].to(torch.float32).unsqueeze(0)
         if SPLIT == 1:
-            hl.store(out, [tile_m, tile_n], acc.to(out.dtype), extra_mask=rows_below(tile_m, M, rows > M))
+            hl.store(out, [tile_m, tile_n], acc.to(out.dtype), extra_mask=real_rows)
         else:
             hl.atomic_add(out, [tile_m, tile_n], acc)
     return out
