@@ -1,8 +1,9 @@
 """`python -m bench.variants`: check and time block_dot config variants in one process.
 
-Each variant is a dict of config-table fields (`blockscaled.kernels.configs.BLOCK_DOT_FIELDS`)
-laid over the default entry, e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256],
-"num_warps": 4, "num_stages": 2}}]'; `{}` is the default. For every M, pair and variant it
+Each variant is a dict of config-table fields (`blockscaled.kernels.configs.ENTRY_FIELDS`)
+laid over the default entry of its backend ("backend": "block_dot", the default, or "gemv"),
+e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
+"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. For every M, pair and variant it
 checks an fp32 output against the fp64 reference (bound 1e-5), then on a GPU times a CUDA
 graph over independent operand sets (cache-cold) against cuBLAS bf16 timed the same way in
 the same process. On a CPU it only checks, at small shapes. This is how the entries of
@@ -89,9 +90,11 @@ def main(argv=None):
             b = [s[3].with_data_layout(args.data_layout) if s[3].fmt.is_packed else s[3] for s in sets]
             ref = ref_scaled_mm(a[0], b[0])
             for variant in args.variants:
+                fields = {key: v for key, v in variant.items() if key != "backend"}
+                backend = variant.get("backend", "block_dot")
                 name = f"M={m} {bs.SUPPORTED_PAIRS[pair]:12s} {json.dumps(variant, sort_keys=True):60s}"
                 try:
-                    err = max_rel_err(bs.scaled_mm(a[0], b[0], out_dtype=torch.float32, backend="block_dot", config=variant), ref)
+                    err = max_rel_err(bs.scaled_mm(a[0], b[0], out_dtype=torch.float32, backend=backend, config=fields), ref)
                 except Exception as e:  # noqa: BLE001 - report the variant, keep going with the others
                     say(f"{name} FAILED to run: {type(e).__name__}: {str(e)[:300]}")
                     failed += 1
@@ -103,9 +106,9 @@ def main(argv=None):
                     continue
                 outs = [torch.empty(m, n, dtype=torch.bfloat16, device=device) for _ in sets]
 
-                def run_all(outs=outs, variant=variant, a=a, b=b):
+                def run_all(outs=outs, backend=backend, fields=fields, a=a, b=b):
                     for ai, bi, oi in zip(a, b, outs, strict=True):
-                        bs.scaled_mm(ai, bi, out=oi, backend="block_dot", config=variant)
+                        bs.scaled_mm(ai, bi, out=oi, backend=backend, config=fields)
 
                 run_all()  # compile the bf16-output specialization outside the graph capture
                 torch.cuda.synchronize()

@@ -145,7 +145,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _block_dot_split(tiles: int, steps: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
+def _split_k(tiles: int, steps: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
     """Split-K factor: the largest power of two <= max_split that divides the K steps and
     keeps the grid within `programs_per_sm` programs per SM. Measured on an H100 (N = K =
     8192, M = 1, mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS
@@ -204,19 +204,27 @@ def scaled_mm(
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
-        if b.data_layout == "block_pairs" or (backend == "dequant" and _block_dot_wins(pair, m, k, b.fmt)):
+        if b.data_layout == "block_pairs" or (backend == "dequant" and m > 1 and _block_dot_wins(pair, m, k, b.fmt)):
             backend = "block_dot"
+        elif backend == "dequant" and m == 1:
+            backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
     if isinstance(config, dict):
-        if backend != "block_dot":
-            raise ValueError(f"config: a dict of config-table fields applies to the block_dot backend, not {backend!r}")
-        config = configs.freeze_entry(config)
+        if backend not in configs.ENTRY_FIELDS:
+            raise ValueError(f"config: a dict of config-table fields applies to the block_dot and gemv backends, not {backend!r}")
+        config = configs.freeze_entry(config, backend)
     key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)
     if backend == "block_dot":
-        return _block_dot(key, a_parts, b_parts, b.data_layout, bias, out, m, n, k, config)
+        plan = _LAUNCHES.get(key) or _block_dot_plan(pair, a_parts, b_parts, b.data_layout, bias is not None, m, n, k, config)
+        return _split_k_run(key, plan, _block_dot_kernel, a_parts, b_parts, bias, out, m, n)
+    if backend == "gemv":
+        if a_parts.fmt is None:  # the kernel reads a bf16 row as int32 words of two elements
+            a_parts = a_parts._replace(data=a_parts.data.view(torch.int32))
+        plan = _LAUNCHES.get(key) or _gemv_plan(pair, a_parts, b_parts, bias is not None, m, n, k, config)
+        return _split_k_run(key, plan, _gemv_kernel, a_parts, b_parts, bias, out, m, n)
     if backend == "dequant":
         from .dequant_mm import dequant_mm_kernel as kernel
         fa, fb = a_parts.fmt, b_parts.fmt
@@ -253,21 +261,32 @@ def scaled_mm(
 _LAUNCHES: dict[tuple, object] = {}
 
 
-class BlockDotPlan(NamedTuple):
-    """What one block_dot cache key launches; `launch` is None until first compiled."""
+class SplitKPlan(NamedTuple):
+    """What one block_dot or gemv cache key launches; `launch` is None until first compiled."""
 
     launch: object
     cfg: object
     consts: tuple  # the kernel's constexpr arguments, in its signature order
     split: int  # split-K factor
-    fold: bool  # scales multiplied into the decoded operands
+    fold: bool  # block_dot: scales multiplied into the decoded operands
     m_pad: int  # rows the M loop runs over (>= M)
 
 
-def _block_dot(key, a: Operand, b: Operand, data_layout, bias, out, m, n, k, config):
-    """Run block_dot_mm_kernel; with split-K the partial sums meet in a zeroed fp32 buffer
-    (of m_pad rows when the M loop runs past M)."""
-    plan = _LAUNCHES.get(key) or _block_dot_plan(key[1], a, b, data_layout, bias is not None, m, n, k, config)
+def _block_dot_kernel():
+    from .block_dot_mm import block_dot_mm_kernel
+
+    return block_dot_mm_kernel
+
+
+def _gemv_kernel():
+    from .gemv import gemv_kernel
+
+    return gemv_kernel
+
+
+def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, out, m, n):
+    """Launch a block_dot or gemv plan; with split-K the partial sums meet in a zeroed fp32
+    buffer (of m_pad rows when the M loop runs past M)."""
     if plan.split == 1 or (out.dtype == torch.float32 and plan.m_pad == m):
         acc = out
     else:
@@ -276,30 +295,47 @@ def _block_dot(key, a: Operand, b: Operand, data_layout, bias, out, m, n, k, con
         acc.zero_()
     args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *plan.consts)
     if plan.launch is None:
-        from .block_dot_mm import block_dot_mm_kernel
-
-        plan = _LAUNCHES[key] = plan._replace(launch=block_dot_mm_kernel.bind(args).compile_config(plan.cfg))
+        plan = _LAUNCHES[key] = plan._replace(launch=kernel().bind(args).compile_config(plan.cfg))
     plan.launch(*args)
     if acc is not out:
         out.copy_(acc[:m])
     return out
 
 
+def _table_entry(backend, pair, m, k, device, config):
+    """(entry, Helion config): the table entry with a frozen field dict laid over it."""
+    entry = configs.table_entry(backend, pair, m, k, configs.arch_key(device))
+    if isinstance(config, tuple):  # config-table fields laid over the entry
+        entry, config = {**entry, **dict(configs.thaw_entry(config))}, None
+    return entry, config if config is not None else configs.entry_config(entry)
+
+
+def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> SplitKPlan:
+    """The SplitKPlan of one gemv cache key, not yet compiled."""
+    entry, cfg = _table_entry("gemv", pair, m, k, b.data.device, config)
+    block = b.fmt.block_size
+    blocks = max(s for s in (1, 2, 4, 8, 16) if s <= entry.get("blocks", 1) and (k // block) % s == 0)
+    tiles = m * -(-n // cfg.config["block_sizes"][0])
+    split = _split_k(tiles, k // (block * blocks), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
+    a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
+    b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
+    ptx = b.data.device.type == "cuda" and torch.version.hip is None
+    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, ptx, blocks, split)
+    return SplitKPlan(None, cfg, consts, split, False, m)
+
+
 def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m, n, k, config):
-    """The BlockDotPlan of one cache key, not yet compiled."""
+    """The SplitKPlan of one block_dot cache key, not yet compiled."""
     from .block_dot_mm import DOT_CODES
 
     block = b.fmt.block_size
     if k % (2 * block):
         raise ValueError(f"b: the block_dot backend needs K % {2 * block} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
-    entry = configs.table_entry("block_dot", pair, m, k, configs.arch_key(b.data.device))
-    if isinstance(config, tuple):  # config-table fields laid over the entry
-        entry, config = {**entry, **dict(configs.thaw_entry(config))}, None
-    cfg = config if config is not None else configs.entry_config(entry)
+    entry, cfg = _table_entry("block_dot", pair, m, k, b.data.device, config)
     spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
     bm, bn = cfg.config["block_sizes"][:2]
     tiles = -(-m // bm) * -(-n // bn)
-    split = _block_dot_split(tiles, k // (2 * block * spans), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
+    split = _split_k(tiles, k // (2 * block * spans), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     fold = bool(entry.get("fold", False))
     m_pad = max(m, bm) if entry.get("pad_m", False) else m
     # the M tile Triton gets: the config's, or the next power of two of the rows it covers
@@ -311,7 +347,7 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
         k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
         dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold, m, m_pad,
     )
-    return BlockDotPlan(None, cfg, consts, split, fold, m_pad)
+    return SplitKPlan(None, cfg, consts, split, fold, m_pad)
 
 
 def _layout(x) -> str | None:

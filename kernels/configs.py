@@ -50,7 +50,9 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     "spans" (block pairs per loop step), "max_split" (split-K cap), "programs_per_sm" (grid
     cap for split-K, default 4), "fold" (block scales multiplied into the decoded
     operands instead of into each dot result) and "pad_m" (M below the M tile runs as a
-    whole tile of masked rows instead of Triton's padding of every dot)."""
+    whole tile of masked rows instead of Triton's padding of every dot). gemv entries
+    carry "config", "blocks" (scale blocks per loop step), "max_split" and
+    "programs_per_sm"."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
@@ -60,15 +62,18 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
     raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch}")
 
 
-# Fields of a block_dot table entry besides the filters (`pairs`, `max_m`, `min_k`).
+# Fields of a block_dot or gemv table entry besides the filters (`pairs`, `max_m`, `min_k`).
 BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold", "pad_m")
+GEMV_FIELDS = ("config", "blocks", "max_split", "programs_per_sm")
+ENTRY_FIELDS = {"block_dot": BLOCK_DOT_FIELDS, "gemv": GEMV_FIELDS}
 
 
-def freeze_entry(fields: dict) -> tuple:
+def freeze_entry(fields: dict, backend: str = "block_dot") -> tuple:
     """Table fields given to `scaled_mm(config=...)`, checked, as a hashable cache-key part."""
-    unknown = set(fields) - set(BLOCK_DOT_FIELDS)
+    known = ENTRY_FIELDS[backend]
+    unknown = set(fields) - set(known)
     if unknown:
-        raise ValueError(f"config: unknown block_dot fields {sorted(unknown)}; expected some of {list(BLOCK_DOT_FIELDS)}")
+        raise ValueError(f"config: unknown {backend} fields {sorted(unknown)}; expected some of {list(known)}")
     if "config" in fields and not isinstance(fields["config"], dict):
         raise ValueError(f"config: 'config' must be a dict of Helion config fields, got {type(fields['config']).__name__}")
     return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in fields.items()))

@@ -56,3 +56,19 @@ def block_dot_folded(pair, m):
 
     name = bs.SUPPORTED_PAIRS[pair]
     return [plan.fold for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]
+
+
+def gemv_decodes_every_byte(fmt, device):
+    """Row r of fp4 weights repeats byte r; one-hot activations pick the low (even K) and
+    high (odd K) nibble of every byte: each gemv output is one code times its scale, exact."""
+    f = bs.FORMATS[fmt]
+    k = 4 * f.block_size
+    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
+    scales = torch.full((256, k // f.block_size), 0.5, device=device).to(f.scale_dtype)
+    b = bs.QTensor(data, scales, fmt, global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
+    for col in (0, 1, k - 2, k - 1):
+        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
+        a[0, col] = 3.0
+        out = torch.full((1, 256), float("nan"), device=device)  # poison
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
+        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)

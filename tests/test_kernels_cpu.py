@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import CPU_TOLERANCE, PAIRS, backend_used, block_dot_folded, make_operands, run_and_check
+from pairs import CPU_TOLERANCE, PAIRS, backend_used, block_dot_folded, gemv_decodes_every_byte, make_operands, run_and_check
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -92,7 +92,7 @@ def test_both_k_paths_for_fp4_weights(pair, m, gen):
     from blockscaled.kernels.api import _split_k8
 
     assert _split_k8(bs.FORMATS.get(pair[0]), bs.FORMATS[pair[1]], m) == (m == 1)
-    run_and_check(pair, m, 24, 64, "cpu", gen)
+    run_and_check(pair, m, 24, 64, "cpu", gen, backend="dequant")
 
 
 def test_second_call_skips_helion_bind(gen, monkeypatch):
@@ -155,8 +155,8 @@ def test_block_dot_table_fields_as_config(gen, monkeypatch):
     from blockscaled.kernels import api
 
     splits = []
-    split_rule = api._block_dot_split
-    monkeypatch.setattr(api, "_block_dot_split", lambda *args: splits.append(args[2:4]) or split_rule(*args))
+    split_rule = api._split_k
+    monkeypatch.setattr(api, "_split_k", lambda *args: splits.append(args[2:4]) or split_rule(*args))
     fields = {"config": {"block_sizes": [16, 32]}, "spans": 2, "max_split": 4, "programs_per_sm": 1, "fold": True}
     run_and_check(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen, data_layout="block_pairs", config=fields)
     run_and_check(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen, data_layout="block_pairs")
@@ -207,31 +207,31 @@ def test_block_dot_scale_layouts_bias_low_precision(layout, gen):
     run_and_check(("bf16", "mxfp4"), 2, 50, 128, "cpu", gen, out_dtype=torch.bfloat16, bias=True, layout=layout, data_layout="block_pairs")
 
 
-def test_block_dot_split_k_accumulates_every_part(gen, monkeypatch):
+def test_split_k_k_accumulates_every_part(gen, monkeypatch):
     from blockscaled.kernels import api
 
     splits = []
-    monkeypatch.setattr(api, "_block_dot_split", lambda *args: splits.append(4) or 4)
+    monkeypatch.setattr(api, "_split_k", lambda *args: splits.append(4) or 4)
     for out_dtype in (torch.float32, torch.bfloat16):
         run_and_check(("mxfp8", "mxfp4"), 2, 20, 512, "cpu", gen, out_dtype=out_dtype, bias=True, data_layout="block_pairs")
     assert splits == [4, 4]
 
 
-def test_block_dot_split_rule():
-    from blockscaled.kernels.api import _block_dot_split
+def test_split_k_rule():
+    from blockscaled.kernels.api import _split_k
 
     cpu = torch.device("cpu")  # 4 "SMs": up to 16 programs
-    assert _block_dot_split(4, 8, 8, 4, cpu) == 4
-    assert _block_dot_split(4, 6, 8, 4, cpu) == 2  # must divide the K steps
-    assert _block_dot_split(4, 8, 1, 4, cpu) == 1
-    assert _block_dot_split(32, 8, 8, 4, cpu) == 1
-    assert _block_dot_split(4, 8, 8, 2, cpu) == 2  # at most 2 programs per "SM"
+    assert _split_k(4, 8, 8, 4, cpu) == 4
+    assert _split_k(4, 6, 8, 4, cpu) == 2  # must divide the K steps
+    assert _split_k(4, 8, 1, 4, cpu) == 1
+    assert _split_k(32, 8, 8, 4, cpu) == 1
+    assert _split_k(4, 8, 8, 2, cpu) == 2  # at most 2 programs per "SM"
 
 
 @pytest.mark.parametrize("pair", FP4_WEIGHT_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_h100_m1_split_follows_the_split16_probe(pair, gen):
     """The plans an H100 builds at M = 1 for fp4 weights take the splits that won there
-    (bench/results/h100_block_dot_split16_probe_2026-11-22.log): 16 at N = 8192 and 10240
+    (bench/results/h100_split_k16_probe_2026-11-22.log): 16 at N = 8192 and 10240
     (64 and 80 tiles of 128 rows), 4 at N = 57344 (448 tiles), over 132 SMs. The plan reads
     only formats, layouts and the sizes it is given, so small operands stand in."""
     from blockscaled.kernels import api
@@ -248,9 +248,11 @@ def test_h100_m1_split_follows_the_split16_probe(pair, gen):
 
 def test_dispatch_by_weights_and_shape(gen):
     run_and_check(("mxfp8", "mxfp8"), 1, 16, 64, "cpu", gen)
-    assert backend_used(("mxfp8", "mxfp8"), 1) == "block_dot"
-    run_and_check(("bf16", "mxfp8"), 1, 16, 64, "cpu", gen)
-    assert backend_used(("bf16", "mxfp8"), 1) == "dequant"
+    assert backend_used(("mxfp8", "mxfp8"), 1) == "gemv"
+    run_and_check(("bf16", "mxfp4"), 1, 16, 64, "cpu", gen)
+    assert backend_used(("bf16", "mxfp4"), 1) == "gemv"
+    run_and_check(("bf16", "mxfp4"), 1, 16, 64, "cpu", gen, data_layout="block_pairs")
+    assert backend_used(("bf16", "mxfp4"), 1) == "block_dot"  # gemv reads k_order only
     run_and_check(("bf16", "mxfp8"), 9, 16, 64, "cpu", gen)
     assert backend_used(("bf16", "mxfp8"), 9) == "block_dot"
     run_and_check(("bf16", "mxfp4"), 9, 16, 64, "cpu", gen)
@@ -266,3 +268,31 @@ def test_block_dot_argument_errors(gen):
     a, b = make_operands(("mxfp8", "mxfp4"), 2, 8, 128, "cpu", gen, data_layout="block_pairs")
     with pytest.raises(ValueError, match="reads k_order data"):
         bs.scaled_mm(a, b, backend="dequant")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gemv_decodes_every_byte(fmt):
+    gemv_decodes_every_byte(fmt, "cpu")
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_gemv_split_k_layouts_bias(pair, gen, monkeypatch):
+    """Split-K parts, swizzled scales, bias on bf16 out, a ragged N, and more than one row
+    of A (each row its own programs)."""
+    from blockscaled.kernels import api
+
+    splits = []
+    split_rule = api._split_k
+    monkeypatch.setattr(api, "_split_k", lambda *args: splits.append(split_rule(*args)) or splits[-1])
+    run_and_check(pair, 1, 37, 256, "cpu", gen, out_dtype=torch.bfloat16, bias=True, layout="swizzle_32_4_4",
+                  config={"max_split": 4, "blocks": 1})
+    assert backend_used(pair, 1) == "gemv" and splits[-1] > 1
+    run_and_check(pair, 3, 20, 128, "cpu", gen, layout="cdna4_32", backend="gemv", config={"max_split": 1})
+
+
+def test_gemv_config_fields(gen):
+    a, b = make_operands(("bf16", "mxfp4"), 1, 8, 64, "cpu", gen)
+    with pytest.raises(ValueError, match=r"unknown gemv fields \['fold'\]"):
+        bs.scaled_mm(a, b, config={"fold": True})
+    with pytest.raises(ValueError, match="block_dot and gemv backends, not 'dequant'"):
+        bs.scaled_mm(a, b, backend="dequant", config={"blocks": 2})

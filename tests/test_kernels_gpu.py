@@ -6,7 +6,7 @@ import torch
 import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import PAIRS, TOLERANCE, block_dot_folded, make_operands, run_and_check
+from pairs import PAIRS, TOLERANCE, backend_used, block_dot_folded, gemv_decodes_every_byte, make_operands, run_and_check
 
 pytestmark = pytest.mark.gpu
 
@@ -69,3 +69,19 @@ def test_block_dot_pad_m_every_pair(pair, fold, gen):
         got = bs.scaled_mm(a, b, out_dtype=torch.float32, out=buf[:m], backend="block_dot", config={"pad_m": True, "fold": fold})
         assert torch.isnan(buf[m:]).all(), "rows past M were written"
         assert max_rel_err(got, ref) <= TOLERANCE[torch.float32]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_gemv_pairs(pair, gen):
+    """The M = 1 kernel with its PTX decode: chosen by default at M = 1, split-K at the
+    decode shape, swizzled scales, bias, bf16 out, ragged N, no split."""
+    run_and_check(pair, 1, 8192, 8192, "cuda", gen, layout="swizzle_32_4_4")
+    assert backend_used(pair, 1) == "gemv"
+    run_and_check(pair, 1, 1000, 2048, "cuda", gen, layout="cdna4_32", backend="gemv")
+    run_and_check(pair, 1, 257, 512, "cuda", gen, out_dtype=torch.bfloat16, bias=True, backend="gemv",
+                  config={"max_split": 1})
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gemv_ptx_decodes_every_byte(fmt):
+    gemv_decodes_every_byte(fmt, "cuda")
