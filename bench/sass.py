@@ -127,9 +127,10 @@ def main(argv=None):
             with planned_as_h100():
                 plan = api._block_dot_plan(bs.SUPPORTED_PAIRS[pair], a_parts, b_parts, b.data_layout, False, args.M,
                                            args.N, args.K, configs.freeze_entry(variant))
-            out = torch.empty((plan.m_pad if plan.split > 1 else args.M, args.N), dtype=torch.float32)
+            out = torch.empty((args.M, args.N), dtype=torch.float32)
+            ws, tickets = plan.workspace or (out, out)
             kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
-                     out, out, *plan.consts)
+                     out, out, ws, tickets, *plan.consts)
             code = block_dot_mm_kernel.bind(kargs).to_triton_code(plan.cfg)
             counts = compile_sm90(code, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)

@@ -270,6 +270,17 @@ class SplitKPlan(NamedTuple):
     split: int  # split-K factor
     fold: bool  # block_dot: scales multiplied into the decoded operands
     m_pad: int  # rows the M loop runs over (>= M)
+    workspace: tuple | None  # split > 1: zeroed float32 [m_pad, N] and int32 tickets, one per tile
+
+
+def _split_k_workspace(m_pad: int, n: int, block_m: int, block_n: int, split: int, device) -> tuple | None:
+    """What `split_k` needs for SPLIT > 1: zeros that every call leaves zero.
+    One per plan (pair, shape, layouts, device): two calls of one plan must not run at the
+    same time on two streams."""
+    if split == 1:
+        return None
+    tiles = (-(-m_pad // block_m), -(-n // block_n))
+    return torch.zeros((m_pad, n), dtype=torch.float32, device=device), torch.zeros(tiles, dtype=torch.int32, device=device)
 
 
 def _block_dot_kernel():
@@ -285,20 +296,13 @@ def _gemv_kernel():
 
 
 def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, out, m, n):
-    """Launch a block_dot or gemv plan; with split-K the partial sums meet in a zeroed fp32
-    buffer (of m_pad rows when the M loop runs past M)."""
-    if plan.split == 1 or (out.dtype == torch.float32 and plan.m_pad == m):
-        acc = out
-    else:
-        acc = torch.empty((plan.m_pad, n), dtype=torch.float32, device=out.device)
-    if plan.split > 1:
-        acc.zero_()
-    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, acc, *plan.consts)
+    """Launch a block_dot or gemv plan (split-K inside the kernel: `split_k`)."""
+    ws, tickets = plan.workspace if plan.split > 1 else (out, out)
+    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, ws,
+            tickets, *plan.consts)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=kernel().bind(args).compile_config(plan.cfg))
     plan.launch(*args)
-    if acc is not out:
-        out.copy_(acc[:m])
     return out
 
 
@@ -321,7 +325,8 @@ def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> 
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
     ptx = b.data.device.type == "cuda" and torch.version.hip is None
     consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, ptx, blocks, split)
-    return SplitKPlan(None, cfg, consts, split, False, m)
+    workspace = _split_k_workspace(m, n, 1, cfg.config["block_sizes"][0], split, b.data.device)
+    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
 def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m, n, k, config):
@@ -347,7 +352,7 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
         k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
         dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold, m, m_pad,
     )
-    return SplitKPlan(None, cfg, consts, split, fold, m_pad)
+    return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
 
 
 def _layout(x) -> str | None:

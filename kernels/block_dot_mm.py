@@ -11,7 +11,8 @@ not to the dot. This kernel keeps that work small:
   dots. fp8 weights feed fp8 dots unchanged.
 - Block scales multiply each [BM, BN] dot result (BM / BLOCK multiplies per weight
   element at most) instead of every decoded element.
-- SPLIT programs share one output tile along K (fp32 atomics), so all SMs stream weights.
+- SPLIT programs share one output tile along K (`split_k`), so all SMs stream
+  weights.
 - FOLD (bf16 dots only): the scales multiply the decoded blocks instead (one bf16 multiply
   per element), and the dots chain on the accumulator. H100, N = K = 8192, M = 1: nvfp4 x
   nvfp4 0.73x -> 0.98x of cuBLAS bf16, bf16 x nvfp4 0.87x -> 1.00x, bf16 x mxfp4 1.44x ->
@@ -32,6 +33,7 @@ import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
 from .decode import E2M1X2_TO_BF16_PTX, E2M1X2_TO_E4M3_PTX, ELEMENT_CODES, decode_scale, e2m1_to_float32
+from .split_k import add_part, store_sum
 from .tiles import load_scale_range
 
 # DOT constexpr: the dtype both operands reach the dot in
@@ -119,6 +121,8 @@ def block_dot_mm_kernel(
     b_global: torch.Tensor,
     bias: torch.Tensor,
     out: torch.Tensor,
+    workspace: torch.Tensor,
+    tickets: torch.Tensor,
     K: hl.constexpr,
     BLOCK: hl.constexpr,
     A_ELEM: hl.constexpr,
@@ -139,8 +143,8 @@ def block_dot_mm_kernel(
 ) -> torch.Tensor:
     """C[:M] into `out`. The loop runs over M_PAD >= M rows, so that a small M fills whole
     M tiles instead of Triton padding every dot (rows from M on read as zero; stores skip
-    them). SPLIT > 1: `out` is a zeroed float32 buffer of M_PAD rows that the SPLIT partial
-    sums add into."""
+    them). SPLIT > 1: SPLIT programs share each output tile (`split_k`: float32
+    `workspace` [M_PAD, N], int32 `tickets` [M tiles, N tiles], both zero)."""
     rows = M_PAD
     n = out.size(1)
     groups = K // (2 * BLOCK * SPANS) // SPLIT  # loop steps per program, SPANS block pairs each
@@ -166,5 +170,7 @@ def block_dot_mm_kernel(
         if SPLIT == 1:
             hl.store(out, [tile_m, tile_n], acc.to(out.dtype), extra_mask=real_rows)
         else:
-            hl.atomic_add(out, [tile_m, tile_n], acc)
+            ticket = add_part(workspace, tickets, tile_m, tile_n, acc)
+            if ticket == SPLIT - 1:
+                store_sum(out, workspace, tickets, tile_m, tile_n, real_rows)
     return out

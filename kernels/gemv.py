@@ -9,7 +9,8 @@ multiplies decoded weights by the activation row in fp32 registers:
   same way (a [1, 2c] load reshaped to [1, c, 2]), so nothing is interleaved.
 - Each thread's 16 weight bytes are whole scale blocks: products are summed per block in
   registers, then multiplied once by the block's scale(s).
-- SPLIT programs share one output tile along K (fp32 atomics), so all SMs stream weights.
+- SPLIT programs share one output tile along K (`split_k`), so all SMs stream
+  weights.
 
 On CPU (the Triton interpreter) and AMD the decode uses integer ops to float32 (PTX == 0).
 """
@@ -23,6 +24,7 @@ import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
 from .decode import E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, decode_scale, e2m1_to_float32
+from .split_k import add_part, store_sum
 from .tiles import load_scale_range
 
 E2M1 = ELEMENT_CODES["e2m1"]
@@ -96,6 +98,8 @@ def gemv_kernel(
     b_global: torch.Tensor,
     bias: torch.Tensor,
     out: torch.Tensor,
+    workspace: torch.Tensor,
+    tickets: torch.Tensor,
     K: hl.constexpr,
     BLOCK: hl.constexpr,
     A_ELEM: hl.constexpr,
@@ -109,8 +113,9 @@ def gemv_kernel(
     BLOCKS: hl.constexpr,
     SPLIT: hl.constexpr,
 ) -> torch.Tensor:
-    """C into `out`, one row of A per program row; SPLIT > 1: `out` is a zeroed float32
-    buffer that the SPLIT partial sums add into."""
+    """C into `out`, one row of A per program row. SPLIT > 1: SPLIT programs share each
+    output tile (`split_k`: float32 `workspace` like `out`, int32 `tickets`
+    [M, N tiles], both zero)."""
     m = out.size(0)
     n = out.size(1)
     steps = K // (BLOCK * BLOCKS) // SPLIT  # loop steps per program, BLOCKS scale blocks each
@@ -129,5 +134,7 @@ def gemv_kernel(
         if SPLIT == 1:
             out[tile_m, tile_n] = total.unsqueeze(0).to(out.dtype)
         else:
-            hl.atomic_add(out, [tile_m, tile_n], total.unsqueeze(0))
+            ticket = add_part(workspace, tickets, tile_m, tile_n, total.unsqueeze(0))
+            if ticket == SPLIT - 1:
+                store_sum(out, workspace, tickets, tile_m, tile_n)
     return out

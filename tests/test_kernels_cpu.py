@@ -167,7 +167,7 @@ def test_block_dot_table_fields_as_config(gen, monkeypatch):
     with pytest.raises(ValueError, match="'config' must be a dict"):
         bs.scaled_mm(a, b, config={"config": [16, 32]})
     a, b = make_operands(("mxfp8", "mxfp4"), 2, 40, 512, "cpu", gen)
-    with pytest.raises(ValueError, match="applies to the block_dot backend, not 'dequant'"):
+    with pytest.raises(ValueError, match="applies to the block_dot and gemv backends, not 'dequant'"):
         bs.scaled_mm(a, b, config={"fold": True})
 
 
