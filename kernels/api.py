@@ -318,7 +318,7 @@ def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> 
     """The SplitKPlan of one gemv cache key, not yet compiled."""
     entry, cfg = _table_entry("gemv", pair, m, k, b.data.device, config)
     block = b.fmt.block_size
-    blocks = max(s for s in (1, 2, 4, 8, 16) if s <= entry.get("blocks", 1) and (k // block) % s == 0)
+    blocks = max(s for s in (1, 2, 4, 8, 16, 32, 64) if s <= entry.get("blocks", 1) and (k // block) % s == 0)
     tiles = m * -(-n // cfg.config["block_sizes"][0])
     split = _split_k(tiles, k // (block * blocks), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
