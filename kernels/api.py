@@ -189,10 +189,10 @@ def scaled_mm(
     a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
     Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
     `out` (optional) receives the result; `config` overrides the default Helion config, or,
-    for the block_dot backend, may be a dict of config-table fields laid over the default
-    entry (`configs.BLOCK_DOT_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
-    `backend` ("dequant", "block_dot", "dot_scaled", "dot_scaled_cdna4") overrides the
-    choice by device and shape.
+    for the block_dot and gemv backends, may be a dict of config-table fields laid over the default
+    entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
+    `backend` ("dequant", "block_dot", "gemv", "dot_scaled", "dot_scaled_cdna4") overrides
+    the choice by device and shape.
     """
     pair, m, n, k = _check_args(a, b, out_dtype, bias)
     device = b.device
@@ -204,9 +204,12 @@ def scaled_mm(
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
-        if b.data_layout == "block_pairs" or (backend == "dequant" and m > 1 and _block_dot_wins(pair, m, k, b.fmt)):
+        if b.data_layout == "block_pairs" or (backend == "dequant" and _block_dot_wins(pair, m, k, b.fmt)):
             backend = "block_dot"
-        elif backend == "dequant" and m == 1:
+        elif backend == "dequant" and m == 1 and b.fmt.is_packed:
+            # H100, M = 1, the four Llama-3-70B shapes (bench/results/h100.csv, 044822e): fp4
+            # weights 1.82x-2.40x of cuBLAS bf16 against 1.00x-2.25x with block_dot on
+            # block_pairs; fp8 weights 1.28x-1.35x, below dequant_mm / block_dot at N >= 10240
             backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")

@@ -248,7 +248,9 @@ def test_h100_m1_split_follows_the_split16_probe(pair, gen):
 
 def test_dispatch_by_weights_and_shape(gen):
     run_and_check(("mxfp8", "mxfp8"), 1, 16, 64, "cpu", gen)
-    assert backend_used(("mxfp8", "mxfp8"), 1) == "gemv"
+    assert backend_used(("mxfp8", "mxfp8"), 1) == "block_dot"
+    run_and_check(("bf16", "mxfp8"), 1, 16, 64, "cpu", gen)
+    assert backend_used(("bf16", "mxfp8"), 1) == "dequant"
     run_and_check(("bf16", "mxfp4"), 1, 16, 64, "cpu", gen)
     assert backend_used(("bf16", "mxfp4"), 1) == "gemv"
     run_and_check(("bf16", "mxfp4"), 1, 16, 64, "cpu", gen, data_layout="block_pairs")
@@ -285,8 +287,8 @@ def test_gemv_split_k_layouts_bias(pair, gen, monkeypatch):
     split_rule = api._split_k
     monkeypatch.setattr(api, "_split_k", lambda *args: splits.append(split_rule(*args)) or splits[-1])
     run_and_check(pair, 1, 37, 256, "cpu", gen, out_dtype=torch.bfloat16, bias=True, layout="swizzle_32_4_4",
-                  config={"max_split": 4, "blocks": 1})
-    assert backend_used(pair, 1) == "gemv" and splits[-1] > 1
+                  backend="gemv", config={"max_split": 4, "blocks": 1})
+    assert splits[-1] > 1
     run_and_check(pair, 3, 20, 128, "cpu", gen, layout="cdna4_32", backend="gemv", config={"max_split": 1})
 
 
