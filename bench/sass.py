@@ -1,12 +1,13 @@
-"""`python -m bench.sass`: what the block_dot kernel's K loop compiles to on sm_90, with no GPU.
+"""`python -m bench.sass`: what the small-M kernels' K loop compiles to on sm_90, with no GPU.
 
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
-plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes), has Helion write the
-Triton code, compiles it for sm_90 with Triton's bundled ptxas, disassembles it and counts
-the instructions of the K loop: barriers and shared-memory traffic (layout conversions),
-tensor-core and conversion instructions, scale arithmetic. It needs the CUDA backend of
-Triton (any Triton wheel for Linux), not a GPU. Counts are per loop iteration of one
-thread: SPANS pairs of scale blocks of BN weight rows per program.
+plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
+(block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), has
+Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
+disassembles it and counts the instructions of the K loop: all of them, per weight element
+(`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
+conversion instructions, scale arithmetic. It needs the CUDA backend of Triton (any Triton
+wheel for Linux), not a GPU. Counts are per loop iteration of one thread.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 import blockscaled as bs
 from blockscaled.kernels import api, configs
 from blockscaled.kernels.block_dot_mm import block_dot_mm_kernel
+from blockscaled.kernels.gemv import gemv_kernel
 
 from .providers import FORMAT_PAIRS, make_operands
 
@@ -45,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("-M", type=int, default=1)
     p.add_argument("-N", type=int, default=8192)
     p.add_argument("-K", type=int, default=8192)
+    p.add_argument("--backend", default="block_dot", choices=["block_dot", "gemv"])
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
     p.add_argument("--keep", type=Path, default=None, help="folder for the .py, .ptx and .sass files")
     return p.parse_args(argv)
@@ -52,15 +55,15 @@ def parse_args(argv=None):
 
 @contextlib.contextmanager
 def planned_as_h100():
-    """Plan as on an H100 from a CPU process: sm90 table, 132 SMs, NVIDIA dot dtypes."""
-    saved = configs.arch_key, api._sm_count, api._block_dot_dtype
+    """Plan as on an H100 from a CPU process: sm90 table, 132 SMs, PTX decodes and NVIDIA dot dtypes."""
+    saved = configs.arch_key, api._sm_count, api._ptx_decodes
     configs.arch_key = lambda device: "sm90"
     api._sm_count = lambda device: H100_SMS
-    api._block_dot_dtype = lambda fa, fb, bm, device, fold: saved[2](fa, fb, bm, torch.device("cuda"), fold)
+    api._ptx_decodes = lambda device: True
     try:
         yield
     finally:
-        configs.arch_key, api._sm_count, api._block_dot_dtype = saved
+        configs.arch_key, api._sm_count, api._ptx_decodes = saved
 
 
 def loop_counts(sass: str) -> dict:
@@ -79,7 +82,7 @@ def loop_counts(sass: str) -> dict:
     return counts
 
 
-def compile_sm90(code: str, args, cfg, folder: Path, name: str) -> dict:
+def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> dict:
     """Compile Helion's Triton code for sm_90 and count the loop's SASS instructions."""
     import importlib.util
 
@@ -92,11 +95,14 @@ def compile_sm90(code: str, args, cfg, folder: Path, name: str) -> dict:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    fn = module._helion_block_dot_mm_kernel
+    fn = getattr(module, f"_helion_{kernel_fn.__name__}")
     names = list(fn.arg_names)
-    tensors = dict(zip(inspect.signature(block_dot_mm_kernel.fn).parameters, args, strict=True))
-    signature = {p: TRITON_TYPES[tensors[p].dtype] for p in names}
-    src = ASTSource(fn=fn, signature=signature, constexprs={}, attrs={(i,): [["tt.divisibility", 16]] for i in range(len(names))})
+    tensors = dict(zip(inspect.signature(kernel_fn).parameters, args, strict=True))
+    # reduction sizes Helion passes as constexpr arguments (`_RDIM_SIZE_4 = 16` in the host code)
+    dims = {k: int(v) for k, v in re.findall(r"^\s*(_RDIM_SIZE_\d+) = (\d+)$", code, re.M)}
+    signature = {p: "constexpr" if p in dims else TRITON_TYPES[tensors[p].dtype] for p in names}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in dims.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2)}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
@@ -105,6 +111,29 @@ def compile_sm90(code: str, args, cfg, folder: Path, name: str) -> dict:
     sass = subprocess.check_output([str(nvdisasm), "-c", str(folder / f"{name}.cubin")], text=True)
     (folder / f"{name}.sass").write_text(sass)
     return loop_counts(sass)
+
+
+def kernel_code(args, pair, a_parts, b_parts, variant):
+    """(Triton code, kernel function, arguments, plan, weight elements per thread and loop
+    iteration) of the H100 plan of one pair and config variant."""
+    name = bs.SUPPORTED_PAIRS[pair]
+    fields = configs.freeze_entry(variant, args.backend)
+    with planned_as_h100():
+        if args.backend == "gemv":
+            if a_parts.fmt is None:  # as scaled_mm passes it
+                a_parts = a_parts._replace(data=a_parts.data.view(torch.int32))
+            plan = api._gemv_plan(name, a_parts, b_parts, False, args.M, args.N, args.K, fields)
+            kernel_fn, block_n, k_step = gemv_kernel, plan.cfg.config["block_sizes"][0], plan.consts[1] * plan.consts[10]
+        else:
+            data_layout = "block_pairs" if b_parts.fmt.is_packed else "k_order"
+            plan = api._block_dot_plan(name, a_parts, b_parts, data_layout, False, args.M, args.N, args.K, fields)
+            kernel_fn, block_n, k_step = block_dot_mm_kernel, plan.cfg.config["block_sizes"][1], 2 * plan.consts[1] * plan.consts[12]
+    out = torch.empty((args.M, args.N), dtype=torch.float32)
+    ws, tickets = plan.workspace or (out, out)
+    kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
+             out, out, ws, tickets, *plan.consts)
+    code = kernel_fn.bind(kargs).to_triton_code(plan.cfg)
+    return code, kernel_fn.fn, kargs, plan, block_n * k_step / (32 * plan.cfg.config.get("num_warps", 4))
 
 
 def main(argv=None):
@@ -116,25 +145,20 @@ def main(argv=None):
     formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
     folder = args.keep or Path(tempfile.mkdtemp(prefix="blockscaled_sass_"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in ["instr", *COUNTS]))
+    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in ["instr", "per_w", *COUNTS]))
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
-        if b.fmt.is_packed:
+        if b.fmt.is_packed and args.backend == "block_dot":
             b = b.with_data_layout("block_pairs")
         a_parts, b_parts = api._parts(a, b.device), api._parts(b, b.device)
         for i, variant in enumerate(args.variants):
-            with planned_as_h100():
-                plan = api._block_dot_plan(bs.SUPPORTED_PAIRS[pair], a_parts, b_parts, b.data_layout, False, args.M,
-                                           args.N, args.K, configs.freeze_entry(variant))
-            out = torch.empty((args.M, args.N), dtype=torch.float32)
-            ws, tickets = plan.workspace or (out, out)
-            kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
-                     out, out, ws, tickets, *plan.consts)
-            code = block_dot_mm_kernel.bind(kargs).to_triton_code(plan.cfg)
-            counts = compile_sm90(code, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
+            code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
+            counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)
-            print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} " + " ".join(f"{counts[c]:6d}" for c in ["instr", *COUNTS]))
+            per_w = f"{counts['instr'] / weights:6.2f}"
+            print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} {counts['instr']:6d} {per_w} "
+                  + " ".join(f"{counts[c]:6d}" for c in COUNTS))
     print(f"files: {folder}")
     return 0
 

@@ -134,7 +134,7 @@ def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, block_m: int, devi
     `fold` (scales multiplied into the decoded operands) needs bf16: scaled values leave E4M3."""
     from .block_dot_mm import DOT_CODES
 
-    if device.type != "cuda" or torch.version.hip is not None:
+    if not _ptx_decodes(device):
         return DOT_CODES["float32"]
     both_mx = fa is not None and fa.scale_encoding == "e8m0" and fb.scale_encoding == "e8m0"
     return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 64 and not fold else "bfloat16"]
@@ -317,6 +317,11 @@ def _table_entry(backend, pair, m, k, device, config):
     return entry, config if config is not None else configs.entry_config(entry)
 
 
+def _ptx_decodes(device: torch.device) -> bool:
+    """Whether kernels decode with inline PTX there (NVIDIA GPUs; not the CPU interpreter, not AMD)."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> SplitKPlan:
     """The SplitKPlan of one gemv cache key, not yet compiled."""
     entry, cfg = _table_entry("gemv", pair, m, k, b.data.device, config)
@@ -326,8 +331,7 @@ def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> 
     split = _split_k(tiles, k // (block * blocks), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
-    ptx = b.data.device.type == "cuda" and torch.version.hip is None
-    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, ptx, blocks, split)
+    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, _ptx_decodes(b.data.device), blocks, split)
     workspace = _split_k_workspace(m, n, 1, cfg.config["block_sizes"][0], split, b.data.device)
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
