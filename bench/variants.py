@@ -1,13 +1,14 @@
-"""`python -m bench.variants`: check and time block_dot config variants in one process.
+"""`python -m bench.variants`: check and time block_dot and gemv config variants in one process.
 
 Each variant is a dict of config-table fields (`blockscaled.kernels.configs.ENTRY_FIELDS`)
-laid over the default entry of its backend ("backend": "block_dot", the default, or "gemv"),
-e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
-"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. For every M, pair and variant it
-checks an fp32 output against the fp64 reference (bound 1e-5), then on a GPU times a CUDA
-graph over independent operand sets (cache-cold) against cuBLAS bf16 timed the same way in
-the same process. On a CPU it only checks, at small shapes. This is how the entries of
-kernels/configs/sm90.json were chosen (bench/results/h100_block_dot_fold_probe_2026-11-22.log).
+laid over the default entry of its backend ("backend": "block_dot", the default, or
+"gemv"), e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
+"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. For
+every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
+then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
+bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
+is how the entries of kernels/configs/sm90.json were chosen
+(bench/results/h100_block_dot_fold_probe_2026-11-22.log, h100_gemv_probe_2026-11-22.log).
 """
 
 from __future__ import annotations

@@ -189,8 +189,8 @@ def scaled_mm(
     a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
     Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
     `out` (optional) receives the result; `config` overrides the default Helion config, or,
-    for the block_dot and gemv backends, may be a dict of config-table fields laid over the default
-    entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
+    for the block_dot and gemv backends, may be a dict of config-table fields laid over the
+    default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
     `backend` ("dequant", "block_dot", "gemv", "dot_scaled", "dot_scaled_cdna4") overrides
     the choice by device and shape.
     """
