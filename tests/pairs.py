@@ -72,3 +72,15 @@ def gemv_decodes_every_byte(fmt, device):
         out = torch.full((1, 256), float("nan"), device=device)  # poison
         bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
+
+
+def assert_split_k_workspaces_zero():
+    """Every split-K plan cached so far left its workspace and tickets zero (the next call
+    adds into them)."""
+    from blockscaled.kernels import api
+
+    plans = [plan for plan in api._LAUNCHES.values() if getattr(plan, "workspace", None) is not None]
+    assert plans, "no split-K plan ran"
+    for plan in plans:
+        for t in plan.workspace:
+            assert not t.any(), f"split-K {t.dtype} workspace left non-zero"

@@ -7,7 +7,8 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import CPU_TOLERANCE, PAIRS, backend_used, block_dot_folded, gemv_decodes_every_byte, make_operands, run_and_check
+from pairs import (CPU_TOLERANCE, PAIRS, assert_split_k_workspaces_zero, backend_used, block_dot_folded,
+                   gemv_decodes_every_byte, make_operands, run_and_check)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -215,6 +216,8 @@ def test_split_k_k_accumulates_every_part(gen, monkeypatch):
     for out_dtype in (torch.float32, torch.bfloat16):
         run_and_check(("mxfp8", "mxfp4"), 2, 20, 512, "cpu", gen, out_dtype=out_dtype, bias=True, data_layout="block_pairs")
     assert splits == [4, 4]
+    assert_split_k_workspaces_zero()
+    run_and_check(("mxfp8", "mxfp4"), 2, 20, 512, "cpu", gen, bias=True, data_layout="block_pairs")  # again, same plan
 
 
 def test_split_k_rule():
@@ -289,6 +292,7 @@ def test_gemv_split_k_layouts_bias(pair, gen, monkeypatch):
     run_and_check(pair, 1, 37, 256, "cpu", gen, out_dtype=torch.bfloat16, bias=True, layout="swizzle_32_4_4",
                   backend="gemv", config={"max_split": 4, "blocks": 1})
     assert splits[-1] > 1
+    assert_split_k_workspaces_zero()
     run_and_check(pair, 3, 20, 128, "cpu", gen, layout="cdna4_32", backend="gemv", config={"max_split": 1})
 
 

@@ -6,7 +6,8 @@ import torch
 import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import PAIRS, TOLERANCE, backend_used, block_dot_folded, gemv_decodes_every_byte, make_operands, run_and_check
+from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, block_dot_folded, gemv_decodes_every_byte,
+                   make_operands, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -76,6 +77,7 @@ def test_gemv_pairs(pair, gen):
     """The M = 1 kernel with its PTX decode (the default for fp4 weights at M = 1): split-K
     at the decode shape, swizzled scales, bias, bf16 out, ragged N, no split."""
     run_and_check(pair, 1, 8192, 8192, "cuda", gen, layout="swizzle_32_4_4", backend="gemv")
+    assert_split_k_workspaces_zero()
     run_and_check(pair, 1, 1000, 2048, "cuda", gen, layout="cdna4_32", backend="gemv")
     run_and_check(pair, 1, 257, 512, "cuda", gen, out_dtype=torch.bfloat16, bias=True, backend="gemv",
                   config={"max_split": 1})
