@@ -121,7 +121,7 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     with planned_as_h100():
         if args.backend == "gemv":
             if a_parts.fmt is None:  # as scaled_mm passes it
-                a_parts = a_parts._replace(data=a_parts.data.view(torch.int32))
+                a_parts = api._parts(a_parts.data, a_parts.data.device, bf16_words=True)
             plan = api._gemv_plan(name, a_parts, b_parts, False, args.M, args.N, args.K, fields)
             kernel_fn, block_n, k_step = gemv_kernel, plan.cfg.config["block_sizes"][0], plan.consts[1] * plan.consts[10]
         else:

@@ -99,11 +99,12 @@ class Operand(NamedTuple):
     layout: str
 
 
-def _parts(x, device) -> Operand:
+def _parts(x, device, bf16_words=False) -> Operand:
+    """`bf16_words`: a bf16 tensor's data as int32 words of two elements (what gemv reads)."""
     if isinstance(x, QTensor):
-        g = x.global_scale.reshape(1) if x.global_scale is not None else _one(device)
+        g = x.kernel_global_scale if x.global_scale is not None else _one(device)
         return Operand(x.data, x.kernel_scale, g, x.fmt, x.layout)
-    return Operand(x, x, _one(device), None, "rowmajor")
+    return Operand(x.view(torch.int32) if bf16_words else x, x, _one(device), None, "rowmajor")
 
 
 # The small-M block-dot kernel (block_dot_mm.py): weights in the "block_pairs" data layout
@@ -213,7 +214,7 @@ def scaled_mm(
             backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
-    a_parts, b_parts = _parts(a, device), _parts(b, device)
+    a_parts, b_parts = _parts(a, device, bf16_words=backend == "gemv"), _parts(b, device)
     bias_t = bias if bias is not None else out
     if isinstance(config, dict):
         if backend not in configs.ENTRY_FIELDS:
@@ -224,8 +225,6 @@ def scaled_mm(
         plan = _LAUNCHES.get(key) or _block_dot_plan(pair, a_parts, b_parts, b.data_layout, bias is not None, m, n, k, config)
         return _split_k_run(key, plan, _block_dot_kernel, a_parts, b_parts, bias, out, m, n)
     if backend == "gemv":
-        if a_parts.fmt is None:  # the kernel reads a bf16 row as int32 words of two elements
-            a_parts = a_parts._replace(data=a_parts.data.view(torch.int32))
         plan = _LAUNCHES.get(key) or _gemv_plan(pair, a_parts, b_parts, bias is not None, m, n, k, config)
         return _split_k_run(key, plan, _gemv_kernel, a_parts, b_parts, bias, out, m, n)
     if backend == "dequant":

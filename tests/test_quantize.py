@@ -141,6 +141,13 @@ def test_layouts_carry_the_same_scales(fmt, layout, gen):
     assert kernel.shape == (ql.scale.shape if layout == "rowmajor" else (ql.scale.numel(),))
     assert torch.equal(kernel.flatten(), ql.scale.view(torch.uint8).flatten())
     assert ql.kernel_scale is kernel and q.with_layout(layout).kernel_scale is not kernel
+    # and of the global scale: 1 element, the same value and memory, cached; None without one
+    g = ql.kernel_global_scale
+    if ql.global_scale is None:
+        assert g is None
+    else:
+        assert g.shape == (1,) and g.data_ptr() == ql.global_scale.data_ptr() and g.item() == ql.global_scale.item()
+        assert ql.kernel_global_scale is g
 
 
 def test_dequantize_definition(gen):
