@@ -271,8 +271,9 @@ def test_block_dot_argument_errors(gen):
     with pytest.raises(ValueError, match="block_dot backend needs K % 64 == 0"):
         bs.scaled_mm(a, b, backend="block_dot")
     a, b = make_operands(("mxfp8", "mxfp4"), 2, 8, 128, "cpu", gen, data_layout="block_pairs")
-    with pytest.raises(ValueError, match="reads k_order data"):
-        bs.scaled_mm(a, b, backend="dequant")
+    for backend in ("dequant", "gemv"):
+        with pytest.raises(ValueError, match="reads k_order data"):
+            bs.scaled_mm(a, b, backend=backend)
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
