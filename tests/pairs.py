@@ -74,6 +74,23 @@ def gemv_decodes_every_byte(fmt, device):
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
+def gemv_decodes_every_scale(fmt, device):
+    """Row r of fp4 weights holds code 1.0 everywhere and scale byte r in every block (all
+    256, NaN codes included); a one-hot activation picks one element: each gemv output is
+    that scale, exact (NaN where the scale is NaN)."""
+    f = bs.FORMATS[fmt]
+    k = 4 * f.block_size
+    data = torch.full((256, k // 2), 0x22, dtype=torch.uint8, device=device)  # E2M1 1.0 in both nibbles
+    codes = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // f.block_size)
+    b = bs.QTensor(data, codes.contiguous().view(f.scale_dtype), fmt,
+                   global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
+    a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
+    a[0, k - 1] = 1.0
+    out = torch.zeros((1, 256), device=device)
+    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
+    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)
+
+
 def assert_split_k_workspaces_zero():
     """Every split-K plan cached so far left its workspace and tickets zero (the next call
     adds into them)."""
