@@ -120,8 +120,6 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     fields = configs.freeze_entry(variant, args.backend)
     with planned_as_h100():
         if args.backend == "gemv":
-            if a_parts.fmt is None:  # as scaled_mm passes it
-                a_parts = api._parts(a_parts.data, a_parts.data.device, bf16_words=True)
             plan = api._gemv_plan(name, a_parts, b_parts, False, args.M, args.N, args.K, fields)
             kernel_fn, block_n, k_step = gemv_kernel, plan.cfg.config["block_sizes"][0], plan.consts[1] * plan.consts[10]
         else:
@@ -151,7 +149,7 @@ def main(argv=None):
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
         if b.fmt.is_packed and args.backend == "block_dot":
             b = b.with_data_layout("block_pairs")
-        a_parts, b_parts = api._parts(a, b.device), api._parts(b, b.device)
+        a_parts, b_parts = api._parts(a, b.device, bf16_words=args.backend == "gemv"), api._parts(b, b.device)  # as scaled_mm
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")

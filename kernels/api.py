@@ -223,10 +223,10 @@ def scaled_mm(
     key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)
     if backend == "block_dot":
         plan = _LAUNCHES.get(key) or _block_dot_plan(pair, a_parts, b_parts, b.data_layout, bias is not None, m, n, k, config)
-        return _split_k_run(key, plan, _block_dot_kernel, a_parts, b_parts, bias, out, m, n)
+        return _split_k_run(key, plan, _block_dot_kernel, a_parts, b_parts, bias, out)
     if backend == "gemv":
         plan = _LAUNCHES.get(key) or _gemv_plan(pair, a_parts, b_parts, bias is not None, m, n, k, config)
-        return _split_k_run(key, plan, _gemv_kernel, a_parts, b_parts, bias, out, m, n)
+        return _split_k_run(key, plan, _gemv_kernel, a_parts, b_parts, bias, out)
     if backend == "dequant":
         from .dequant_mm import dequant_mm_kernel as kernel
         fa, fb = a_parts.fmt, b_parts.fmt
@@ -297,7 +297,7 @@ def _gemv_kernel():
     return gemv_kernel
 
 
-def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, out, m, n):
+def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, out):
     """Launch a block_dot or gemv plan (split-K inside the kernel: `split_k`)."""
     ws, tickets = plan.workspace if plan.split > 1 else (out, out)
     args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, ws,

@@ -40,6 +40,12 @@ def e2m1_to_float32(code: torch.Tensor) -> torch.Tensor:
     return (bits | ((code & 8) << 28)).view(torch.float32)
 
 
+def bf16x2_to_float32(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 words of two bf16 bit patterns -> (low half, high half) as float32, exact: a
+    bf16 is the high half of the fp32 of equal value (one integer op each)."""
+    return (words << 16).view(torch.float32), (words & _HIGH_HALF).view(torch.float32)
+
+
 def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
     """int32 words of 8 E2M1 codes (code j in bits 4j..4j+3) -> 8 float32 tensors, exact.
 
@@ -54,8 +60,8 @@ def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
     for j in range(4):
         t = words << (4 * (3 - j))
         pair = (t & _SIGN_X2) | ((t & _MAG_X2) >> 6)
-        parts[j] = (pair << 16).view(torch.float32) * _TWO_POW_126
-        parts[j + 4] = (pair & _HIGH_HALF).view(torch.float32) * _TWO_POW_126
+        low, high = bf16x2_to_float32(pair)
+        parts[j], parts[j + 4] = low * _TWO_POW_126, high * _TWO_POW_126
     return parts
 
 

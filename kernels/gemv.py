@@ -27,13 +27,12 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, decode_scale, e2m1_to_float32
+from .decode import E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1_to_float32
 from .split_k import add_part, store_sum
 from .tiles import load_scale_range
 
 E2M1 = ELEMENT_CODES["e2m1"]
 BF16 = ELEMENT_CODES["bf16"]
-_HIGH_HALF = 0xFFFF0000 - 2**32  # as int32
 
 
 def decode_e2m1_float32(raw, PTX):
@@ -54,8 +53,7 @@ def k_pairs(data, rows_tile, first, cols, BLOCK, ELEM, PTX):
     if ELEM == E2M1:
         return decode_e2m1_float32(hl.load(data, [rows_tile, col]), PTX)
     if ELEM == BF16:
-        words = hl.load(data, [rows_tile, col])
-        return (words << 16).view(torch.float32), (words & _HIGH_HALF).view(torch.float32)
+        return bf16x2_to_float32(hl.load(data, [rows_tile, col]))
     values = hl.load(data, [rows_tile, first * BLOCK + hl.arange(2 * cols)]).to(torch.float32)
     return hl.split(values.reshape(rows_tile.block_size, cols, 2))
 
