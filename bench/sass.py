@@ -103,14 +103,19 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     signature = {p: "constexpr" if p in dims else TRITON_TYPES[tensors[p].dtype] for p in names}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in dims.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
-    opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2)}
+    opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2),
+            **({"maxnreg": cfg.config["maxnreg"]} if cfg.config.get("maxnreg") else {})}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
     (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     sass = subprocess.check_output([str(nvdisasm), "-c", str(folder / f"{name}.cubin")], text=True)
     (folder / f"{name}.sass").write_text(sass)
-    return loop_counts(sass)
+    # registers per thread decide how many programs fit on an SM; LOCAL > 0 means spills
+    usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(folder / f"{name}.cubin")],
+                                    text=True)
+    regs, local = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
+    return {**loop_counts(sass), "regs": regs, "spill": local}
 
 
 def kernel_code(args, pair, a_parts, b_parts, variant):
@@ -143,20 +148,20 @@ def main(argv=None):
     formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
     folder = args.keep or Path(tempfile.mkdtemp(prefix="blockscaled_sass_"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in ["instr", "per_w", *COUNTS]))
+    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in ["instr", "per_w", *COUNTS, "regs", "spill"]))
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
         if b.fmt.is_packed and args.backend == "block_dot":
             b = b.with_data_layout("block_pairs")
-        a_parts, b_parts = api._parts(a, b.device, bf16_words=args.backend == "gemv"), api._parts(b, b.device)  # as scaled_mm
+        a_parts, b_parts = api._parts(a, b.device, words=args.backend == "gemv"), api._parts(b, b.device, words=args.backend == "gemv")  # as scaled_mm
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)
             per_w = f"{counts['instr'] / weights:6.2f}"
             print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} {counts['instr']:6d} {per_w} "
-                  + " ".join(f"{counts[c]:6d}" for c in COUNTS))
+                  + " ".join(f"{counts[c]:6d}" for c in [*COUNTS, "regs", "spill"]))
     print(f"files: {folder}")
     return 0
 

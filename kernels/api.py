@@ -99,12 +99,12 @@ class Operand(NamedTuple):
     layout: str
 
 
-def _parts(x, device, bf16_words=False) -> Operand:
-    """`bf16_words`: a bf16 tensor's data as int32 words of two elements (what gemv reads)."""
+def _parts(x, device, words=False) -> Operand:
+    """`words`: the data as int32 words (what gemv reads: 8 fp4, 4 fp8 or 2 bf16 elements each)."""
     if isinstance(x, QTensor):
         g = x.kernel_global_scale if x.global_scale is not None else _one(device)
-        return Operand(x.data, x.kernel_scale, g, x.fmt, x.layout)
-    return Operand(x.view(torch.int32) if bf16_words else x, x, _one(device), None, "rowmajor")
+        return Operand(x.data.view(torch.int32) if words else x.data, x.kernel_scale, g, x.fmt, x.layout)
+    return Operand(x.view(torch.int32) if words else x, x, _one(device), None, "rowmajor")
 
 
 # The small-M block-dot kernel (block_dot_mm.py): weights in the "block_pairs" data layout
@@ -214,7 +214,7 @@ def scaled_mm(
             backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
-    a_parts, b_parts = _parts(a, device, bf16_words=backend == "gemv"), _parts(b, device)
+    a_parts, b_parts = _parts(a, device, words=backend == "gemv"), _parts(b, device, words=backend == "gemv")
     bias_t = bias if bias is not None else out
     if isinstance(config, dict):
         if backend not in configs.ENTRY_FIELDS:

@@ -27,35 +27,59 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1_to_float32
+from .decode import (E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
+                     e4m3_to_float32)
 from .split_k import add_part, store_sum
 from .tiles import load_scale_range
 
 E2M1 = ELEMENT_CODES["e2m1"]
 BF16 = ELEMENT_CODES["bf16"]
+E4M3 = ELEMENT_CODES["e4m3"]
 
 
-def decode_e2m1_float32(raw, PTX):
-    """uint8 [rows, c] of E2M1 pairs -> float32 (low nibbles, high nibbles), exact."""
-    if PTX:
-        return hl.inline_asm_elementwise(
-            E2M1X2_TO_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [raw], dtype=(torch.float32, torch.float32), is_pure=True, pack=4
-        )
-    codes = raw.to(torch.int32)
-    return e2m1_to_float32(codes & 15), e2m1_to_float32(codes >> 4)
+# K offsets, within one int32 word, of the values `word_values` returns, in order.
+E2M1_WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the PTX: low nibbles of bytes 0-3, then high nibbles
 
 
-def k_pairs(data, rows_tile, first, cols, BLOCK, ELEM, PTX):
-    """Elements 2c and 2c + 1 of K, for the c = 0 .. cols-1 from block `first` on, of one
-    operand: two float32 [rows, cols]. A bf16 operand comes as int32 words of two
-    elements (one integer op each then, where a bf16 -> fp32 cast takes two)."""
-    col = first * (BLOCK // 2) + hl.arange(cols)
+def word_values(words, ELEM, PTX):
+    """int32 words -> float32 values, exact: 8 per word for E2M1 (in `E2M1_WORD_ORDER`), 4
+    for E4M3, 2 for bf16 (in K order). One word per program row and column stays one
+    register from load to decode, also across the loop (uint8 tiles unpack byte by byte)."""
     if ELEM == E2M1:
-        return decode_e2m1_float32(hl.load(data, [rows_tile, col]), PTX)
+        if PTX:
+            return hl.inline_asm_elementwise(
+                E2M1X2_TO_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(torch.float32,) * 8, is_pure=True, pack=1
+            )
+        parts = e2m1x8_to_float32(words)
+        return [parts[k] for k in E2M1_WORD_ORDER]
     if ELEM == BF16:
-        return bf16x2_to_float32(hl.load(data, [rows_tile, col]))
-    values = hl.load(data, [rows_tile, first * BLOCK + hl.arange(2 * cols)]).to(torch.float32)
-    return hl.split(values.reshape(rows_tile.block_size, cols, 2))
+        return bf16x2_to_float32(words)
+    codes = [(words >> (8 * i)) & 0xFF for i in range(4)]
+    if PTX:
+        return [c.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32) for c in codes]
+    return [e4m3_to_float32(c) for c in codes]
+
+
+def word_order(ELEM):
+    """K offsets of `word_values` within one word."""
+    return E2M1_WORD_ORDER if ELEM == E2M1 else tuple(range(4 if ELEM == E4M3 else 2))
+
+
+def load_words(data, rows_tile, first_word, count, stride, offset):
+    """int32 words first_word + c * stride + offset of each row, c = 0 .. count - 1."""
+    return hl.load(data, [rows_tile, (first_word + hl.arange(count)) * stride + offset])
+
+
+def k_values(data, rows_tile, first, count, GROUP, ORDER, ELEM, PTX):
+    """Values of one operand at K = GROUP * (first + c) + ORDER[j], c = 0 .. count - 1: a
+    list over j of float32 [rows, count]."""
+    per_word = len(word_order(ELEM))
+    values = [None] * GROUP
+    for w in range(GROUP // per_word):
+        decoded = word_values(load_words(data, rows_tile, first, count, GROUP // per_word, w), ELEM, PTX)
+        for k, v in zip(word_order(ELEM), decoded):
+            values[w * per_word + k] = v
+    return [values[k] for k in ORDER]
 
 
 def block_sums(prod, rows_tile, BLOCKS):
@@ -63,31 +87,35 @@ def block_sums(prod, rows_tile, BLOCKS):
     return prod.reshape(rows_tile.block_size, BLOCKS, prod.size(1) // BLOCKS).sum(2)
 
 
-def block_products(a_data, b_data, tile_m, tile_n, first, BLOCK, BLOCKS, A_ELEM, B_ELEM, PTX):
-    """Weight x activation products of blocks first .. first + BLOCKS - 1, summed per
-    block: float32 [rows, BLOCKS]. Even and odd K are summed apart: each sum then compiles
-    to a chain of FFMAs (one sum of w0 a0 + w1 a1 costs an FMUL, FFMA and FADD per pair)."""
-    cols = BLOCKS * BLOCK // 2
-    w0, w1 = k_pairs(b_data, tile_n, first, cols, BLOCK, B_ELEM, PTX)
-    a0, a1 = k_pairs(a_data, tile_m, first, cols, BLOCK, A_ELEM, PTX)
-    return block_sums(w0 * a0, tile_n, BLOCKS) + block_sums(w1 * a1, tile_n, BLOCKS)
+def block_products(a_data, b_words, tile_m, tile_n, first_word, BLOCK, BLOCKS, A_ELEM, B_ELEM, PTX):
+    """Weight x activation products of BLOCKS scale blocks (`b_words`: their weight words,
+    [rows, words]), summed per block: float32 [rows, BLOCKS]. The products of one word
+    chain into FFMAs (one FMUL, then one FFMA per value), then the words of a block add."""
+    order = word_order(B_ELEM)
+    w = word_values(b_words, B_ELEM, PTX)
+    a = k_values(a_data, tile_m, first_word, b_words.size(1), len(order), order, A_ELEM, PTX)
+    prod = w[0] * a[0]
+    for j in range(1, len(order)):
+        prod = prod + w[j] * a[j]
+    return block_sums(prod, tile_n, BLOCKS)
 
 
-def block_scales(scale, rows_tile, n_rows, first, K, BLOCK, BLOCKS, SCALE, LAYOUT, PTX):
-    """float32 scales of blocks first .. first + BLOCKS - 1: [rows, BLOCKS]. On the GPU an
-    E4M3 scale converts in hardware (2 instructions against ~12 integer ops and selects)."""
-    codes = load_scale_range(scale, rows_tile, n_rows, first, BLOCKS, K, BLOCK, LAYOUT)
+def scale_values(codes, SCALE, PTX):
+    """Raw scale codes -> float32. On the GPU an E4M3 scale converts in hardware (2
+    instructions against ~12 integer ops and selects)."""
     if PTX and SCALE == SCALE_CODES["e4m3"]:
         return codes.view(torch.float8_e4m3fn).to(torch.float32)
     return decode_scale(codes.to(torch.int32), SCALE)
 
 
-def block_factors(a_scale, b_scale, tile_m, tile_n, m, n, first, K, BLOCK, BLOCKS, A_SCALE, A_LAYOUT, B_SCALE, B_LAYOUT, PTX):
-    """sa * sb of blocks first .. first + BLOCKS - 1: float32 [rows, BLOCKS] (sb for a bf16 A)."""
-    sb = block_scales(b_scale, tile_n, n, first, K, BLOCK, BLOCKS, B_SCALE, B_LAYOUT, PTX)
+def block_factors(a_scale, b_codes, tile_m, m, first, K, BLOCK, BLOCKS, A_SCALE, A_LAYOUT, B_SCALE, PTX):
+    """sa * sb of blocks first .. first + BLOCKS - 1 (`b_codes`: the weights' raw scale
+    codes): float32 [rows, BLOCKS] (sb for a bf16 A)."""
+    sb = scale_values(b_codes, B_SCALE, PTX)
     if A_SCALE == 0:
         return sb
-    return sb * block_scales(a_scale, tile_m, m, first, K, BLOCK, BLOCKS, A_SCALE, A_LAYOUT, PTX)
+    a_codes = load_scale_range(a_scale, tile_m, m, first, BLOCKS, K, BLOCK, A_LAYOUT)
+    return sb * scale_values(a_codes, A_SCALE, PTX)
 
 
 @helion.kernel(**KERNEL_SETTINGS)
@@ -121,14 +149,26 @@ def gemv_kernel(
     m = out.size(0)
     n = out.size(1)
     steps = K // (BLOCK * BLOCKS) // SPLIT  # loop steps per program, BLOCKS scale blocks each
+    words = BLOCKS * BLOCK // len(word_order(B_ELEM))  # weight words per row and step
     for tile_m, tile_n, part in hl.tile([m, n, SPLIT], block_size=[1, None, 1]):
         acc = hl.zeros([tile_n, BLOCKS], dtype=torch.float32)
+        # The weights and scale codes of step i + 1 load before step i's arithmetic, so each
+        # program streams while it computes; the last step reloads itself (an L1 hit)
+        # rather than branching.
+        start = part.begin * steps
+        b_words = load_words(b_data, tile_n, start * words, words, 1, 0)
+        b_codes = load_scale_range(b_scale, tile_n, n, start * BLOCKS, BLOCKS, K, BLOCK, B_LAYOUT)
         for step in hl.tile(steps, block_size=1):
-            first = (part.begin * steps + step.begin) * BLOCKS
-            sums = block_products(a_data, b_data, tile_m, tile_n, first, BLOCK, BLOCKS, A_ELEM, B_ELEM, PTX)
+            after = part.begin * steps + step.begin + 1 - (step.begin + 1) // steps
+            words_next = load_words(b_data, tile_n, after * words, words, 1, 0)
+            codes_next = load_scale_range(b_scale, tile_n, n, after * BLOCKS, BLOCKS, K, BLOCK, B_LAYOUT)
+            now = part.begin * steps + step.begin
+            sums = block_products(a_data, b_words, tile_m, tile_n, now * words, BLOCK, BLOCKS, A_ELEM, B_ELEM, PTX)
             acc = acc + sums * block_factors(
-                a_scale, b_scale, tile_m, tile_n, m, n, first, K, BLOCK, BLOCKS, A_SCALE, A_LAYOUT, B_SCALE, B_LAYOUT, PTX
+                a_scale, b_codes, tile_m, m, now * BLOCKS, K, BLOCK, BLOCKS, A_SCALE, A_LAYOUT, B_SCALE, PTX
             )
+            b_words = words_next
+            b_codes = codes_next
         total = acc.sum(1) * (a_global[0] * b_global[0])
         if HAS_BIAS:
             if part.begin == 0:
