@@ -102,6 +102,24 @@ E2M1X2_TO_F32_PTX = _e2m1x2_ptx(
 )
 
 
+# E2M1 -> float32 through E4M3: the codes become E4M3 bytes of code * 2^-6 (the 9 integer
+# ops of E2M1X2_TO_E4M3_PTX, 8 codes), hardware converts byte pairs to f16x2 and each half
+# to fp32: exact values of code * 2^-6 (the caller multiplies its result by 2^6).
+# Outputs: $0-$3 the low nibbles of bytes 0-3 (K offsets 0, 2, 4, 6 of the word), $4-$7
+# the high nibbles.
+E2M1X8_TO_F32_PTX = (
+    "{ .reg .b32 t, u, lo, hi, p; .reg .b16 x, y; "
+    "shl.b32 t, $8, 2; shl.b32 u, $8, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 lo, t, u; "
+    "shr.b32 t, $8, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, $8, 0x80808080; or.b32 hi, t, u; "
+    + "".join(
+        f"mov.b32 {{x, y}}, {src}; cvt.rn.f16x2.e4m3x2 p, {half}; "
+        f"mov.b32 {{x, y}}, p; cvt.f32.f16 ${out}, x; cvt.f32.f16 ${out + 1}, y; "
+        for src, half, out in (("lo", "x", 0), ("lo", "y", 2), ("hi", "x", 4), ("hi", "y", 6))
+    )
+    + "}"
+)
+
+
 def e8m0_to_float32(code: torch.Tensor) -> torch.Tensor:
     """E8M0 codes -> float32 2^(code - 127): the bit pattern is code << 23; 0 and 255 selected."""
     bits = torch.where(code == 0, _F32_2_POW_M127, torch.where(code == 255, _F32_NAN, code << 23))

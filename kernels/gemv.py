@@ -27,7 +27,7 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import (E2M1X2_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
+from .decode import (E2M1X8_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
                      e4m3_to_float32)
 from .split_k import add_part, store_sum
 from .tiles import load_scale_range
@@ -39,25 +39,32 @@ E4M3 = ELEMENT_CODES["e4m3"]
 
 # K offsets, within one int32 word, of the values `word_values` returns, in order.
 E2M1_WORD_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the PTX: low nibbles of bytes 0-3, then high nibbles
+E2M1_SCALE = 2.0**-6  # `word_values` gives E2M1 codes times this (exact); the kernel undoes it once
 
 
 def word_values(words, ELEM, PTX):
-    """int32 words -> float32 values, exact: 8 per word for E2M1 (in `E2M1_WORD_ORDER`), 4
-    for E4M3, 2 for bf16 (in K order). One word per program row and column stays one
-    register from load to decode, also across the loop (uint8 tiles unpack byte by byte)."""
+    """int32 words -> float32 values: 8 per word for E2M1 (in `E2M1_WORD_ORDER`, times
+    E2M1_SCALE), 4 for E4M3, 2 for bf16 (in K order); all exact. One word per program row
+    and column stays one register from load to decode, also across the loop (uint8 tiles
+    unpack byte by byte)."""
     if ELEM == E2M1:
         if PTX:
             return hl.inline_asm_elementwise(
-                E2M1X2_TO_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(torch.float32,) * 8, is_pure=True, pack=1
+                E2M1X8_TO_F32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(torch.float32,) * 8, is_pure=True, pack=1
             )
         parts = e2m1x8_to_float32(words)
-        return [parts[k] for k in E2M1_WORD_ORDER]
+        return [parts[k] * E2M1_SCALE for k in E2M1_WORD_ORDER]
     if ELEM == BF16:
         return bf16x2_to_float32(words)
     codes = [(words >> (8 * i)) & 0xFF for i in range(4)]
     if PTX:
         return [c.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32) for c in codes]
     return [e4m3_to_float32(c) for c in codes]
+
+
+def value_scale(ELEM):
+    """What `word_values` multiplied this operand's values by."""
+    return E2M1_SCALE if ELEM == E2M1 else 1.0
 
 
 def word_order(ELEM):
@@ -169,7 +176,7 @@ def gemv_kernel(
             )
             b_words = words_next
             b_codes = codes_next
-        total = acc.sum(1) * (a_global[0] * b_global[0])
+        total = acc.sum(1) * (a_global[0] * b_global[0]) / (value_scale(A_ELEM) * value_scale(B_ELEM))
         if HAS_BIAS:
             if part.begin == 0:
                 total = total + bias[tile_n].to(torch.float32)
