@@ -330,7 +330,8 @@ def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> 
     split = _split_k(tiles, k // (block * blocks), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
     a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
     b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
-    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, _ptx_decodes(b.data.device), blocks, split)
+    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, _ptx_decodes(b.data.device), blocks, split,
+              bool(entry.get("prefetch", False)))
     workspace = _split_k_workspace(m, n, 1, cfg.config["block_sizes"][0], split, b.data.device)
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 

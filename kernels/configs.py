@@ -64,7 +64,7 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
 
 # Fields of a block_dot or gemv table entry besides the filters (`pairs`, `max_m`, `min_k`).
 BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold", "pad_m")
-GEMV_FIELDS = ("config", "blocks", "max_split", "programs_per_sm")
+GEMV_FIELDS = ("config", "blocks", "max_split", "programs_per_sm", "prefetch")
 ENTRY_FIELDS = {"block_dot": BLOCK_DOT_FIELDS, "gemv": GEMV_FIELDS}
 
 

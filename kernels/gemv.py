@@ -149,6 +149,7 @@ def gemv_kernel(
     PTX: hl.constexpr,
     BLOCKS: hl.constexpr,
     SPLIT: hl.constexpr,
+    PREFETCH: hl.constexpr,
 ) -> torch.Tensor:
     """C into `out`, one row of A per program row. SPLIT > 1: SPLIT programs share each
     output tile (`split_k`: float32 `workspace` like `out`, int32 `tickets`
@@ -161,7 +162,8 @@ def gemv_kernel(
         acc = hl.zeros([tile_n, BLOCKS], dtype=torch.float32)
         # The weights and scale codes of step i + 1 load before step i's arithmetic, so each
         # program streams while it computes; the last step reloads itself (an L1 hit)
-        # rather than branching.
+        # rather than branching. ptxas keeps them there only with PREFETCH (a CTA barrier
+        # after them), which costs 16-30 registers per thread (python -m bench.sass).
         start = part.begin * steps
         b_words = load_words(b_data, tile_n, start * words, words, 1, 0)
         b_codes = load_scale_range(b_scale, tile_n, n, start * BLOCKS, BLOCKS, K, BLOCK, B_LAYOUT)
@@ -169,6 +171,8 @@ def gemv_kernel(
             after = part.begin * steps + step.begin + 1 - (step.begin + 1) // steps
             words_next = load_words(b_data, tile_n, after * words, words, 1, 0)
             codes_next = load_scale_range(b_scale, tile_n, n, after * BLOCKS, BLOCKS, K, BLOCK, B_LAYOUT)
+            if PREFETCH:  # without the barrier ptxas sinks these loads to the loop's end
+                hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
             now = part.begin * steps + step.begin
             sums = block_products(a_data, b_words, tile_m, tile_n, now * words, BLOCK, BLOCKS, A_ELEM, B_ELEM, PTX)
             acc = acc + sums * block_factors(

@@ -289,7 +289,7 @@ def test_gemv_decodes_every_scale(fmt):
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_gemv_split_k_layouts_bias(pair, gen, monkeypatch):
     """Split-K parts, swizzled scales, bias on bf16 out, a ragged N, and more than one row
-    of A (each row its own programs)."""
+    of A (each row its own programs), with and without the pinned prefetch."""
     from blockscaled.kernels import api
 
     splits = []
@@ -299,7 +299,7 @@ def test_gemv_split_k_layouts_bias(pair, gen, monkeypatch):
                   backend="gemv", config={"max_split": 4, "blocks": 1})
     assert splits[-1] > 1
     assert_split_k_workspaces_zero()
-    run_and_check(pair, 3, 20, 128, "cpu", gen, layout="cdna4_32", backend="gemv", config={"max_split": 1})
+    run_and_check(pair, 3, 20, 128, "cpu", gen, layout="cdna4_32", backend="gemv", config={"max_split": 1, "prefetch": True})
 
 
 def test_gemv_config_fields(gen):
