@@ -102,21 +102,38 @@ E2M1X2_TO_F32_PTX = _e2m1x2_ptx(
 )
 
 
-# E2M1 -> float32 through E4M3: the codes become E4M3 bytes of code * 2^-6 (the 9 integer
-# ops of E2M1X2_TO_E4M3_PTX, 8 codes), hardware converts byte pairs to f16x2 and each half
-# to fp32: exact values of code * 2^-6 (the caller multiplies its result by 2^6).
-# Outputs: $0-$3 the low nibbles of bytes 0-3 (K offsets 0, 2, 4, 6 of the word), $4-$7
-# the high nibbles.
-E2M1X8_TO_F32_PTX = (
-    "{ .reg .b32 t, u, lo, hi, p; .reg .b16 x, y; "
-    "shl.b32 t, $8, 2; shl.b32 u, $8, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 lo, t, u; "
-    "shr.b32 t, $8, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, $8, 0x80808080; or.b32 hi, t, u; "
-    + "".join(
-        f"mov.b32 {{x, y}}, {src}; cvt.rn.f16x2.e4m3x2 p, {half}; "
-        f"mov.b32 {{x, y}}, p; cvt.f32.f16 ${out}, x; cvt.f32.f16 ${out + 1}, y; "
-        for src, half, out in (("lo", "x", 0), ("lo", "y", 2), ("hi", "x", 4), ("hi", "y", 6))
+def _e2m1x8_via_e4m3(word: str, per_pair) -> str:
+    """PTX decoding the 8 E2M1 codes of `word` through E4M3: the codes become E4M3 bytes of
+    code * 2^-6 (9 integer ops), hardware converts each byte pair to f16x2 (exact), and
+    `per_pair(reg, i)` consumes f16x2 pair i: K offsets (0, 2), (4, 6) of the word (low
+    nibbles), then (1, 3), (5, 7) (high nibbles)."""
+    return (
+        "{ .reg .b32 t, u, lo, hi, p, s; .reg .b16 x, y; .reg .f32 f, g; "
+        f"shl.b32 t, {word}, 2; shl.b32 u, {word}, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 lo, t, u; "
+        f"shr.b32 t, {word}, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, {word}, 0x80808080; or.b32 hi, t, u; "
+        + "".join(
+            f"mov.b32 {{x, y}}, {src}; cvt.rn.f16x2.e4m3x2 p, {half}; " + per_pair("p", i)
+            for i, (src, half) in enumerate((("lo", "x"), ("lo", "y"), ("hi", "x"), ("hi", "y")))
+        )
+        + "}"
     )
-    + "}"
+
+
+# Outputs $0-$7: the codes of input $8 times 2^-6 as float32 (exact), K offsets 0, 2, 4, 6,
+# 1, 3, 5, 7 of the word (the caller multiplies its result by 2^6).
+E2M1X8_TO_F32_PTX = _e2m1x8_via_e4m3(
+    "$8", lambda p, i: f"mov.b32 {{x, y}}, {p}; cvt.f32.f16 ${2 * i}, x; cvt.f32.f16 ${2 * i + 1}, y; "
+)
+# Outputs $0-$3: the f16x2 pairs of input $4 (times 2^-6, K offsets as `_e2m1x8_via_e4m3`).
+E2M1X8_TO_F16X2_PTX = _e2m1x8_via_e4m3("$4", lambda p, i: f"mov.b32 ${i}, {p}; ")
+# $0 = the dot of the 8 codes of word $1 with the 8 values of f16x2 pairs $2-$5 (as
+# E2M1X8_TO_F16X2_PTX gives them), float32. f16 products and sums of E2M1 codes times 2^-6
+# are exact (multiples of 2^-14, below 2^-4), so 4 f16x2 FMAs and one fp32 add replace 8
+# conversions and 8 FFMAs.
+E2M1X8_DOT_PTX = _e2m1x8_via_e4m3(
+    "$1",
+    lambda p, i: (f"mul.rn.f16x2 s, {p}, $2; " if i == 0 else f"fma.rn.f16x2 s, {p}, ${2 + i}, s; ")
+    + ("mov.b32 {x, y}, s; cvt.f32.f16 f, x; cvt.f32.f16 g, y; add.f32 $0, f, g; " if i == 3 else ""),
 )
 
 

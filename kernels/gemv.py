@@ -27,7 +27,7 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import (E2M1X8_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
+from .decode import (E2M1X8_DOT_PTX, E2M1X8_TO_F16X2_PTX, E2M1X8_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
                      e4m3_to_float32)
 from .split_k import add_part, store_sum
 from .tiles import load_scale_range
@@ -98,6 +98,15 @@ def block_products(a_data, b_words, tile_m, tile_n, first_word, BLOCK, BLOCKS, A
     """Weight x activation products of BLOCKS scale blocks (`b_words`: their weight words,
     [rows, words]), summed per block: float32 [rows, BLOCKS]. The products of one word
     chain into FFMAs (one FMUL, then one FFMA per value), then the words of a block add."""
+    if PTX and A_ELEM == E2M1 and B_ELEM == E2M1:  # both fp4: exact f16x2 products per word
+        a_pairs = hl.inline_asm_elementwise(
+            E2M1X8_TO_F16X2_PTX, "=r,=r,=r,=r,r", [load_words(a_data, tile_m, first_word, b_words.size(1), 1, 0)],
+            dtype=(torch.int32,) * 4, is_pure=True, pack=1,
+        )
+        prod = hl.inline_asm_elementwise(
+            E2M1X8_DOT_PTX, "=r,r,r,r,r,r", [b_words, *a_pairs], dtype=torch.float32, is_pure=True, pack=1
+        )
+        return block_sums(prod, tile_n, BLOCKS)
     order = word_order(B_ELEM)
     w = word_values(b_words, B_ELEM, PTX)
     a = k_values(a_data, tile_m, first_word, b_words.size(1), len(order), order, A_ELEM, PTX)

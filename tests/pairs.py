@@ -74,6 +74,23 @@ def gemv_decodes_every_byte(fmt, device):
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
+def gemv_multiplies_every_code_pair(fmt, device):
+    """fp4 x fp4 (the GPU multiplies in f16x2 there): A holds every byte once, row r of the
+    weights repeats byte r, so output r sums the products of r's two codes with all 16
+    codes of each nibble position: exact (every partial sum is a multiple of 1/4 far
+    below 2^22)."""
+    f = bs.FORMATS[fmt]
+    k = 512
+    ones = lambda rows: torch.full((rows, k // f.block_size), 1.0, device=device).to(f.scale_dtype)  # noqa: E731
+    g = torch.ones((), device=device) if fmt == "nvfp4" else None
+    a = bs.QTensor(torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(0), ones(1), f, global_scale=g)
+    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
+    b = bs.QTensor(data, ones(256), f, global_scale=g)
+    out = torch.full((1, 256), float("nan"), device=device)  # poison
+    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
+    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
+
+
 def gemv_decodes_every_scale(fmt, device):
     """Row r of fp4 weights holds code 1.0 everywhere and scale byte r in every block (all
     256, NaN codes included); a one-hot activation picks one element: each gemv output is

@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, block_dot_folded, gemv_decodes_every_byte,
-                   gemv_decodes_every_scale, make_operands, run_and_check)
+                   gemv_decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -92,3 +92,9 @@ def test_gemv_ptx_decodes_every_byte(fmt):
 def test_gemv_decodes_every_scale(fmt):
     """E4M3 scales take the hardware fp8 -> fp32 conversion on the GPU: every code."""
     gemv_decodes_every_scale(fmt, "cuda")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gemv_multiplies_every_code_pair(fmt):
+    """fp4 x fp4 multiplies in f16x2 on the GPU (E2M1X8_DOT_PTX): every code pair, exact."""
+    gemv_multiplies_every_code_pair(fmt, "cuda")
