@@ -208,9 +208,10 @@ def scaled_mm(
         if b.data_layout == "block_pairs" or (backend == "dequant" and _block_dot_wins(pair, m, k, b.fmt)):
             backend = "block_dot"
         elif backend == "dequant" and m == 1 and b.fmt.is_packed:
-            # H100, M = 1, the four Llama-3-70B shapes (bench/results/h100.csv, 044822e): fp4
-            # weights 1.82x-2.40x of cuBLAS bf16 against 1.00x-2.25x with block_dot on
-            # block_pairs; fp8 weights 1.28x-1.35x, below dequant_mm / block_dot at N >= 10240
+            # H100, M = 1, the four Llama-3-70B shapes (bench/results/h100.csv, 2a26452): fp4
+            # weights 2.02x-2.62x of cuBLAS bf16 against 1.03x-2.24x with block_dot on
+            # block_pairs; fp8 weights (044822e) 1.28x-1.35x, below dequant_mm / block_dot at
+            # N >= 10240
             backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")

@@ -3,20 +3,25 @@
 At M = 1 a tensor-core dot wastes 15 of its 16 rows, and feeding it costs a layout
 conversion of every decoded weight tile through shared memory (block_dot's K loop at M = 1:
 36 barriers, 90 shared stores per iteration). This kernel multiplies decoded weights by the
-activation row in fp32 registers instead:
+activation row in registers instead:
 
-- fp4 weights in k_order: one PTX sequence per 4 bytes decodes 8 codes to fp32 (exact:
-  bf16 pair trick, one bf16x2 multiply per 2 codes, then the bf16 halves as fp32), low
-  nibbles (even K) and high nibbles (odd K) apart. The activation row is split the same
-  way (bf16 read as int32 words of two elements), so nothing is interleaved.
-- Products are summed per scale block in FFMA chains, then each block sum is multiplied
-  once by its scale(s).
+- Every operand is read as int32 words (8 fp4, 4 fp8 or 2 bf16 elements each): a word
+  stays one register from load to decode, also across the K loop.
+- fp4 words decode through E4M3 (`decode.E2M1X8_TO_F32_PTX`: 9 integer ops per 8 codes,
+  then hardware e4m3x2 -> f16x2 -> f32), exact values times 2^-6 that the kernel undoes
+  once per output. The activation is loaded per word position, so nothing is interleaved.
+- Products are summed per word in FFMA chains, per scale block, then multiplied once by
+  the block's scale(s). fp4 x fp4 multiplies in f16x2 instead (`E2M1X8_DOT_PTX`: exact,
+  4 f16x2 FMAs per word).
+- The next step's weights and scale codes load before this step's arithmetic; `PREFETCH`
+  keeps them there (a CTA barrier; ptxas sinks them to the loop's end otherwise).
 - SPLIT programs share one output tile along K (`split_k`), so all SMs stream weights.
 
-sm_90 K loop (`python -m bench.sass --backend gemv`): 5.4 instructions per weight for bf16
-x mxfp4 against 7.2 for block_dot; H100, M = 1, Llama-3-70B shapes: 1.82x-2.40x of cuBLAS
-bf16 for fp4 weights (bench/results/h100.csv, commit 044822e). On CPU (the Triton
-interpreter) and AMD the decode uses integer ops to float32 (PTX == 0).
+sm_90 K loop (`python -m bench.sass --backend gemv`), instructions per weight: bf16 x
+mxfp4 4.6, mxfp4 x mxfp4 4.3 (5.4 and 6.5 with the bf16x2 decode of 044822e); H100, M = 1,
+the four Llama-3-70B shapes: 2.1x-2.7x of cuBLAS bf16 for fp4 weights
+(bench/results/h100.csv at 2a26452, h100_gemv_decode_probe_2026-11-22.log for ab58937).
+On CPU (the Triton interpreter) and AMD the decode uses integer ops (PTX == 0).
 """
 
 from __future__ import annotations
