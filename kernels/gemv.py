@@ -32,8 +32,17 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import (E2M1X8_DOT_PTX, E2M1X8_TO_F16X2_PTX, E2M1X8_TO_F32_PTX, ELEMENT_CODES, SCALE_CODES, bf16x2_to_float32, decode_scale, e2m1x8_to_float32,
-                     e4m3_to_float32)
+from .decode import (
+    E2M1X8_DOT_PTX,
+    E2M1X8_TO_F16X2_PTX,
+    E2M1X8_TO_F32_PTX,
+    ELEMENT_CODES,
+    SCALE_CODES,
+    bf16x2_to_float32,
+    decode_scale,
+    e2m1x8_to_float32,
+    e4m3_to_float32,
+)
 from .split_k import add_part, store_sum
 from .tiles import load_scale_range
 
@@ -49,9 +58,7 @@ E2M1_SCALE = 2.0**-6  # `word_values` gives E2M1 codes times this (exact); the k
 
 def word_values(words, ELEM, PTX):
     """int32 words -> float32 values: 8 per word for E2M1 (in `E2M1_WORD_ORDER`, times
-    E2M1_SCALE), 4 for E4M3, 2 for bf16 (in K order); all exact. One word per program row
-    and column stays one register from load to decode, also across the loop (uint8 tiles
-    unpack byte by byte)."""
+    E2M1_SCALE), 4 for E4M3, 2 for bf16 (in K order); all exact."""
     if ELEM == E2M1:
         if PTX:
             return hl.inline_asm_elementwise(
