@@ -103,7 +103,7 @@ def _parts(x, device, words=False) -> Operand:
     """`words`: the data as int32 words (what gemv reads: 8 fp4, 4 fp8 or 2 bf16 elements each)."""
     if isinstance(x, QTensor):
         g = x.kernel_global_scale if x.global_scale is not None else _one(device)
-        return Operand(x.data.view(torch.int32) if words else x.data, x.kernel_scale, g, x.fmt, x.layout)
+        return Operand(x.kernel_words if words else x.data, x.kernel_scale, g, x.fmt, x.layout)
     return Operand(x.view(torch.int32) if words else x, x, _one(device), None, "rowmajor")
 
 
