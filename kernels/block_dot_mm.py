@@ -6,7 +6,7 @@ not to the dot. This kernel keeps that work small:
 - K runs in pairs of scale blocks. fp4 weights in the "block_pairs" data layout hold a
   pair in one row of BLOCK bytes (low nibbles: first block, high: second), so one PTX
   sequence per 4 bytes decodes 8 codes into two K-contiguous blocks, with no interleave.
-- fp4 -> E4M3 (code * 2^-6, 5 integer ops per 8 codes) feeds fp8 dots when both operands
+- fp4 -> E4M3 (code * 2^-6, 9 integer ops per 8 codes) feeds fp8 dots when both operands
   are MX and A is fp8 or fp4; otherwise fp4 -> bf16 (exact, ~2.5 ops per code) feeds bf16
   dots. fp8 weights feed fp8 dots unchanged.
 - Block scales multiply each [BM, BN] dot result (BM / BLOCK multiplies per weight

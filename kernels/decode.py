@@ -70,12 +70,13 @@ def e2m1x8_to_float32(words: torch.Tensor) -> list[torch.Tensor]:
 # first output, high nibbles to the second.
 # E2M1 -> E4M3 bit patterns of code * 2^-6: the 3 magnitude bits land under the low
 # E4M3 exponent bits and the mantissa top bit (0.5 becomes the E4M3 subnormal 2^-7),
-# the sign moves to bit 7. 5 integer ops per 8 codes.
-E2M1X2_TO_E4M3_PTX = (
-    "{ .reg .b32 t, u; "
-    "shl.b32 t, $2, 2; shl.b32 u, $2, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 $0, t, u; "
-    "shr.b32 t, $2, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, $2, 0x80808080; or.b32 $1, t, u; }"
+# the sign moves to bit 7. 9 integer ops per 8 codes: {lo} gets the low nibbles of the 4
+# bytes of {x}, {hi} the high nibbles.
+_E4M3_BYTES = (
+    "shl.b32 t, {x}, 2; shl.b32 u, {x}, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 {lo}, t, u; "
+    "shr.b32 t, {x}, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, {x}, 0x80808080; or.b32 {hi}, t, u; "
 )
+E2M1X2_TO_E4M3_PTX = "{ .reg .b32 t, u; " + _E4M3_BYTES.format(x="$2", lo="$0", hi="$1") + "}"
 # E2M1 -> bf16, exact: prmt spreads bytes 0,1 (then 2,3) into the high bytes of the two
 # 16-bit halves, the `e2m1x8_to_float32` pair trick leaves bf16(code * 2^-126), and one
 # bf16x2 multiply by 2^126 (0x7E80, subnormals kept) gives the code's value.
@@ -95,11 +96,6 @@ def _e2m1x2_ptx(outputs: int, store) -> str:
 
 # Outputs $0,$1: low nibbles of bytes 0-1, 2-3 as bf16x2; $2,$3: high nibbles.
 E2M1X2_TO_BF16_PTX = _e2m1x2_ptx(4, lambda reg, i: f"mov.b32 ${i}, {reg}; ")
-# The same codes as float32 (a bf16 is the high half of the fp32 of equal value):
-# $0-$3 low nibbles of bytes 0-3, $4-$7 high nibbles.
-E2M1X2_TO_F32_PTX = _e2m1x2_ptx(
-    8, lambda reg, i: f"shl.b32 ${2 * i}, {reg}, 16; and.b32 ${2 * i + 1}, {reg}, 0xFFFF0000; "
-)
 
 
 def _e2m1x8_via_e4m3(word: str, per_pair) -> str:
@@ -109,8 +105,7 @@ def _e2m1x8_via_e4m3(word: str, per_pair) -> str:
     nibbles), then (1, 3), (5, 7) (high nibbles)."""
     return (
         "{ .reg .b32 t, u, lo, hi, p, s; .reg .b16 x, y; .reg .f32 f, g; "
-        f"shl.b32 t, {word}, 2; shl.b32 u, {word}, 4; and.b32 t, t, 0x1C1C1C1C; and.b32 u, u, 0x80808080; or.b32 lo, t, u; "
-        f"shr.b32 t, {word}, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, {word}, 0x80808080; or.b32 hi, t, u; "
+        + _E4M3_BYTES.format(x=word, lo="lo", hi="hi")
         + "".join(
             f"mov.b32 {{x, y}}, {src}; cvt.rn.f16x2.e4m3x2 p, {half}; " + per_pair("p", i)
             for i, (src, half) in enumerate((("lo", "x"), ("lo", "y"), ("hi", "x"), ("hi", "y")))
