@@ -154,7 +154,8 @@ def main(argv=None):
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
         if b.fmt.is_packed and args.backend == "block_dot":
             b = b.with_data_layout("block_pairs")
-        a_parts, b_parts = api._parts(a, b.device, words=args.backend == "gemv"), api._parts(b, b.device, words=args.backend == "gemv")  # as scaled_mm
+        words = args.backend == "gemv"  # as scaled_mm
+        a_parts, b_parts = api._parts(a, b.device, words), api._parts(b, b.device, words)
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")

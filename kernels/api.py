@@ -215,7 +215,8 @@ def scaled_mm(
             backend = "gemv"
     elif backend != "block_dot" and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
-    a_parts, b_parts = _parts(a, device, words=backend == "gemv"), _parts(b, device, words=backend == "gemv")
+    words = backend == "gemv"  # gemv reads every operand as int32 words
+    a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
     bias_t = bias if bias is not None else out
     if isinstance(config, dict):
         if backend not in configs.ENTRY_FIELDS:

@@ -80,22 +80,20 @@ E2M1X2_TO_E4M3_PTX = "{ .reg .b32 t, u; " + _E4M3_BYTES.format(x="$2", lo="$0", 
 # E2M1 -> bf16, exact: prmt spreads bytes 0,1 (then 2,3) into the high bytes of the two
 # 16-bit halves, the `e2m1x8_to_float32` pair trick leaves bf16(code * 2^-126), and one
 # bf16x2 multiply by 2^126 (0x7E80, subnormals kept) gives the code's value.
-_BF16_PAIR = "and.b32 v, {x}, 0x70007000; shr.b32 v, v, 6; and.b32 w, {x}, 0x80008000; or.b32 v, v, w; fma.rn.bf16x2 {out}, v, c, z; "
-
-
-def _e2m1x2_ptx(outputs: int, store) -> str:
-    """PTX decoding the 8 codes of input ${outputs}; `store(reg, i)` writes bf16x2 pair i
-    (0, 1: low nibbles of bytes 0-1, 2-3; 2, 3: high nibbles) to the outputs."""
-    pair = lambda x, i: _BF16_PAIR.format(x=x, out="p") + store("p", i)  # noqa: E731
-    return (
-        "{ .reg .b32 t, u, v, w, c, z, p; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; "
-        f"prmt.b32 t, ${outputs}, 0, 0x1404; prmt.b32 u, ${outputs}, 0, 0x3424; "
-        + pair("t", 2) + pair("u", 3) + "shl.b32 t, t, 4; shl.b32 u, u, 4; " + pair("t", 0) + pair("u", 1) + "}"
-    )
-
-
-# Outputs $0,$1: low nibbles of bytes 0-1, 2-3 as bf16x2; $2,$3: high nibbles.
-E2M1X2_TO_BF16_PTX = _e2m1x2_ptx(4, lambda reg, i: f"mov.b32 ${i}, {reg}; ")
+# One bf16x2 pair of the high nibbles at bits 12-15 and 28-31 of {x} into output ${i}.
+_BF16_PAIR = (
+    "and.b32 v, {x}, 0x70007000; shr.b32 v, v, 6; and.b32 w, {x}, 0x80008000; or.b32 v, v, w; "
+    "fma.rn.bf16x2 p, v, c, z; mov.b32 ${i}, p; "
+)
+# Input $4: 4 bytes of E2M1 pairs. Outputs $0,$1: low nibbles of bytes 0-1, 2-3 as bf16x2;
+# $2,$3: high nibbles.
+E2M1X2_TO_BF16_PTX = (
+    "{ .reg .b32 t, u, v, w, c, z, p; mov.b32 c, 0x7E807E80; mov.b32 z, 0x80008000; "
+    "prmt.b32 t, $4, 0, 0x1404; prmt.b32 u, $4, 0, 0x3424; "
+    + _BF16_PAIR.format(x="t", i=2) + _BF16_PAIR.format(x="u", i=3)
+    + "shl.b32 t, t, 4; shl.b32 u, u, 4; "
+    + _BF16_PAIR.format(x="t", i=0) + _BF16_PAIR.format(x="u", i=1) + "}"
+)
 
 
 def _e2m1x8_via_e4m3(word: str, per_pair) -> str:

@@ -17,8 +17,9 @@ activation row in registers instead:
   keeps them there (a CTA barrier; ptxas sinks them to the loop's end otherwise).
 - SPLIT programs share one output tile along K (`split_k`), so all SMs stream weights.
 
-sm_90 K loop (`python -m bench.sass --backend gemv`), instructions per weight: bf16 x
-mxfp4 4.6, mxfp4 x mxfp4 4.3 (5.4 and 6.5 with the bf16x2 decode of 044822e); H100, M = 1,
+sm_90 K loop (`python -m bench.sass --backend gemv`, default plans), instructions per
+weight: bf16 x mxfp4 5.0, mxfp4 x mxfp4 4.3 (5.4 and 6.5 with the bf16x2 decode and
+split 16 of 044822e; split 8 costs ~50 more per iteration than 16); H100, M = 1,
 the four Llama-3-70B shapes: 2.1x-2.7x of cuBLAS bf16 for fp4 weights
 (bench/results/h100.csv at 2a26452, h100_gemv_decode_probe_2026-11-22.log for ab58937).
 On CPU (the Triton interpreter) and AMD the decode uses integer ops (PTX == 0).
@@ -68,10 +69,15 @@ def word_values(words, ELEM, PTX):
         return [parts[k] * E2M1_SCALE for k in E2M1_WORD_ORDER]
     if ELEM == BF16:
         return bf16x2_to_float32(words)
-    codes = [(words >> (8 * i)) & 0xFF for i in range(4)]
+    return [e4m3_values(((words >> (8 * i)) & 0xFF).to(torch.uint8), PTX) for i in range(4)]
+
+
+def e4m3_values(codes, PTX):
+    """uint8 E4M3 codes (fp8 elements or nvfp4 scales) -> float32, exact: in hardware on the
+    GPU (2 instructions against ~12 integer ops and selects)."""
     if PTX:
-        return [c.to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32) for c in codes]
-    return [e4m3_to_float32(c) for c in codes]
+        return codes.view(torch.float8_e4m3fn).to(torch.float32)
+    return e4m3_to_float32(codes.to(torch.int32))
 
 
 def value_scale(ELEM):
@@ -131,10 +137,9 @@ def block_products(a_data, b_words, tile_m, tile_n, first_word, BLOCK, BLOCKS, A
 
 
 def scale_values(codes, SCALE, PTX):
-    """Raw scale codes -> float32. On the GPU an E4M3 scale converts in hardware (2
-    instructions against ~12 integer ops and selects)."""
-    if PTX and SCALE == SCALE_CODES["e4m3"]:
-        return codes.view(torch.float8_e4m3fn).to(torch.float32)
+    """Raw scale codes -> float32."""
+    if SCALE == SCALE_CODES["e4m3"]:
+        return e4m3_values(codes, PTX)
     return decode_scale(codes.to(torch.int32), SCALE)
 
 
