@@ -46,11 +46,13 @@ def make_operands(pair, m, n, k, device, seed):
 
 
 def weight_layouts(b, k):
-    """The data layouts of weights `b` that are validated and timed: k_order, and block_pairs
-    for packed fp4 whose K holds whole block pairs."""
+    """The data layouts of weights `b` that are validated and timed: k_order, and for packed
+    fp4 block_pairs (K holds whole block pairs) and mma_m16k16 (16-row groups, 64-K windows)."""
     weights = {"k_order": b}
     if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
         weights["block_pairs"] = b.with_data_layout("block_pairs")
+    if b.fmt.is_packed and k % 64 == 0 and b.rows % 16 == 0:
+        weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
     return weights
 
 
@@ -144,6 +146,16 @@ def blockscaled_pairs_fn(a, b, out_dtype):
     if not b.fmt.is_packed:
         raise Unsupported(f"{b.fmt.name} weights are not packed fp4; 'blockscaled' already reads them as they are")
     return blockscaled_fn(a, b.with_data_layout("block_pairs"), out_dtype)
+
+
+def blockscaled_mma_fn(a, b, out_dtype):
+    """This project with fp4 weights arranged once as "mma_m16k16": the tensor-core decode
+    kernel, for bf16 activations (other pairs would time the k_order path again)."""
+    from blockscaled.kernels.api import MMA_PAIRS
+
+    if a.dtype != torch.bfloat16 or not b.fmt.is_packed or f"bf16x{b.fmt.name}" not in MMA_PAIRS:
+        raise Unsupported(f"the mma kernel takes bf16 activations and fp4 weights {MMA_PAIRS}")
+    return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
 
 
 def copy_fn(b):

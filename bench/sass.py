@@ -38,7 +38,8 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
-TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32"}
+TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
+                torch.int16: "*i16", torch.int64: "*i64"}
 
 
 def parse_args(argv=None):

@@ -9,12 +9,16 @@ import torch
 
 from .formats import BlockFormat, get_format
 from blockscaled.layouts import (
+    arrange_mma_m16k16,
     check_data_layout,
+    factor_bytes,
     from_layout,
     pair_blocks,
     padded_scale_shape,
     stored_scale_shape,
+    signed_codes,
     to_layout,
+    unarrange_mma_m16k16,
     unpair_blocks,
 )
 
@@ -30,8 +34,9 @@ class QTensor:
     layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
     global_scale: float32 scalar tensor for nvfp4, None otherwise.
     shape:        the logical (rows, K).
-    data_layout:  fp4 element order, "k_order" (above) or "block_pairs" (the decode
-                  kernel's pre-arranged weights, see `blockscaled.layouts.data`).
+    data_layout:  fp4 element order, "k_order" (above), "block_pairs" (the block-dot
+                  kernel's pre-arranged weights) or "mma_m16k16" (the tensor-core decode
+                  kernel's), see `blockscaled.layouts.data`.
     """
 
     data: torch.Tensor
@@ -61,7 +66,7 @@ class QTensor:
             raise ValueError(f"data: shape {tuple(self.data.shape)} does not hold logical {self.shape} in {fmt.name}")
         if k % fmt.block_size:
             raise ValueError(f"data: K={k} must be a multiple of the {fmt.name} block size {fmt.block_size}")
-        check_data_layout(self.data_layout, k, fmt.block_size, fmt.is_packed)
+        check_data_layout(self.data_layout, k, fmt.block_size, fmt.is_packed, rows)
         if not isinstance(self.scale, torch.Tensor):
             raise TypeError(f"scale: expected a tensor, got {type(self.scale).__name__}")
         if self.scale.dtype != fmt.scale_dtype:
@@ -102,6 +107,27 @@ class QTensor:
         like `kernel_scale` (a view per call costs ~1 us of host time)."""
         return self.data.view(torch.int32)
 
+    @functools.cached_property
+    def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """"mma_m16k16" weights: (factor bytes as int16 words, float32 [1] post-scale =
+        2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
+        if self.data_layout != "mma_m16k16":
+            raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
+        block = self.fmt.block_size
+        codes = torch.stack([(d := self.data_k_order()) & 15, d >> 4], -1).reshape(self.rows, self.K)
+        zero = (codes.reshape(self.rows, -1, block) & 7 == 0).all(-1)
+        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, block, zero)
+        post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
+        if self.global_scale is not None:
+            post = post * self.global_scale.reshape(1)
+        return stored.view(torch.int16), post
+
+    @functools.cached_property
+    def k_order_copy(self) -> QTensor:
+        """This tensor with k_order data, made once: what kernels other than the mma decode
+        kernel read when the weights are stored "mma_m16k16" (prefill sizes, other pairs)."""
+        return self.with_data_layout("k_order")
+
     @property
     def rows(self) -> int:
         return self.shape[0]
@@ -129,19 +155,30 @@ class QTensor:
         """The element data in "k_order" regardless of the stored data layout."""
         if self.data_layout == "k_order":
             return self.data
+        if self.data_layout == "mma_m16k16":
+            return unarrange_mma_m16k16(self.data)
         return unpair_blocks(self.data, self.fmt.block_size)
 
     def with_data_layout(self, data_layout: str) -> QTensor:
         """The same tensor with its fp4 elements stored in `data_layout` (scales are shared).
 
-        "block_pairs" is the pre-arranged weight layout of the small-M decode kernel; do it
-        once per weight, not per call."""
+        "block_pairs" and "mma_m16k16" are pre-arranged weight layouts of the small-M
+        kernels; arrange once per weight, not per call. "mma_m16k16" keeps values, not
+        codes: nvfp4 blocks of zero scale get zero codes, those of negative scale flipped
+        signs (its factors hold |scale|); it raises ValueError for NaN scales."""
         if data_layout == self.data_layout:
             return self
-        check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed)
+        check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed, self.rows)
         data = self.data_k_order()
         if data_layout == "block_pairs":
             data = pair_blocks(data, self.fmt.block_size)
+        if data_layout == "mma_m16k16":
+            codes = torch.stack([data & 15, data >> 4], -1).reshape(self.rows, self.K)
+            codes, _ = signed_codes(codes, self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
+            data = arrange_mma_m16k16((codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8))
+            arranged = replace(self, data=data, data_layout=data_layout)
+            arranged.kernel_mma_factors  # noqa: B018 -- checks the scales now, and caches the factors
+            return arranged
         return replace(self, data=data, data_layout=data_layout)
 
     def to(self, device: torch.device | str) -> QTensor:

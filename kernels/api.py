@@ -7,6 +7,8 @@ from typing import NamedTuple
 
 import torch
 
+import helion
+
 from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
@@ -192,7 +194,7 @@ def scaled_mm(
     `out` (optional) receives the result; `config` overrides the default Helion config, or,
     for the block_dot and gemv backends, may be a dict of config-table fields laid over the
     default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
-    `backend` ("dequant", "block_dot", "gemv", "dot_scaled", "dot_scaled_cdna4") overrides
+    `backend` ("dequant", "block_dot", "gemv", "mma", "dot_scaled", "dot_scaled_cdna4") overrides
     the choice by device and shape.
     """
     pair, m, n, k = _check_args(a, b, out_dtype, bias)
@@ -201,6 +203,16 @@ def scaled_mm(
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
+    if b.data_layout == "mma_m16k16":
+        if backend in (None, "mma") and _mma_runs(pair, m, n, device):
+            backend = "mma"
+        elif backend == "mma":
+            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M}, N % 64 == 0 on NVIDIA sm_80+; "
+                             f"got {pair}, M={m}, N={n} on {device}")
+        else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
+            b = b.k_order_copy
+    elif backend == "mma":
+        raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r}")
     if backend is None:
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
@@ -213,8 +225,12 @@ def scaled_mm(
             # block_pairs; fp8 weights (044822e) 1.28x-1.35x, below dequant_mm / block_dot at
             # N >= 10240
             backend = "gemv"
-    elif backend != "block_dot" and b.data_layout != "k_order":
+    elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
+    if backend == "mma":
+        key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device)
+        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k)
+        return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
     bias_t = bias if bias is not None else out
@@ -362,6 +378,47 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
         dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold, m, m_pad,
     )
     return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
+
+
+# The tensor-core decode kernel (mma_gemv.py): bf16 activations, fp4 weights in the
+# "mma_m16k16" layout, M up to two column groups of 8.
+MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4")
+MMA_MAX_M = 16
+# H100, M = 1, bf16 x mxfp4, N = K = 8192 (bench/results/h100_mma_gemv_probe_2026-11-22.log):
+# split 8 / 16 / 32 ran 13.8 / 12.5 / 11.5 us; 32 also won at the other three shapes.
+MMA_MAX_SPLIT = 32
+
+
+def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
+    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % 64 == 0 and _ptx_decodes(device)
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int) -> SplitKPlan:
+    """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
+    windows, split = k // 64, 1
+    while split * 2 <= MMA_MAX_SPLIT and windows % (split * 2) == 0:
+        split *= 2
+    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, 1 if m <= 8 else 2, split)
+    workspace = None
+    if split > 1:
+        workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
+                     torch.zeros(n // 64, dtype=torch.int32, device=b.device))
+    return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
+
+
+def _mma_run(key, plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out):
+    from .mma_gemv import mma_gemv_kernel
+
+    factors, post = b.kernel_mma_factors
+    flat = out.view(-1)
+    ws, tickets = plan.workspace or (flat, flat)
+    args = (a.view(torch.int64).view(-1), b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
+            ws, tickets, *plan.consts)
+    if plan.launch is None:
+        plan = _LAUNCHES[key] = plan._replace(launch=mma_gemv_kernel.bind(args).compile_config(plan.cfg))
+    plan.launch(*args)
+    return out
 
 
 def _layout(x) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
+from blockscaled.layouts.mma import NVFP4_BIAS
 
 # Kernels take these small integers as `hl.constexpr` arguments (Helion kernels cannot
 # close over Python objects); the wrapper derives them from the format descriptor.
@@ -158,3 +159,52 @@ def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[in
     if fmt is None:
         return ELEMENT_CODES["bf16"], SCALE_CODES[None], 1, 0
     return ELEMENT_CODES[fmt.element], SCALE_CODES[fmt.scale_encoding], fmt.block_size or 1, LAYOUT_CODES[layout]
+
+
+# "mma_m16k16" weights (`blockscaled.layouts.mma`) -> mma.sync A fragments, exact.
+# Inputs $16-$19: a window's 4 words (one per mma step), $20: the 16-bit factor word
+# (R0 byte, R1 byte). Outputs $4s..$4s+3: step s's A registers (R0 j0/1, R1 j0/1, R0 j2/3,
+# R1 j2/3) as bf16x2 of code * scale * 2^-shift. 11 integer ops place the codes as
+# bf16(code * 2^-126) (register 0's bits are in place, 1 and 2 shift by 3 and 6, 3 takes
+# three shifts); one bf16x2 FMA with -0 (sm_80's exact multiply) per register applies the
+# row's factor f = scale * 2^(126 - shift), subnormals kept.
+def _mma_a_fragments(factor_shift: int, factor_bias: int) -> str:
+    def factor(reg: str, sel: str) -> str:
+        add = f"add.u32 {reg}, {reg}, {factor_bias * 0x10001:#x}; " if factor_bias else ""
+        return f"prmt.b32 {reg}, $20, 0, {sel}; shl.b32 {reg}, {reg}, {factor_shift}; " + add
+
+    steps = []
+    for s in range(4):
+        q, r = f"$${16 + s}", [f"r{4 * s + i}" for i in range(4)]
+        steps.append(
+            f"and.b32 {r[0]}, {q}, 0x81C081C0; shl.b32 t, {q}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
+            f"shl.b32 t, {q}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {q}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
+            f"shr.b32 t, {q}, 5; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
+            f"shl.b32 t, {q}, 1; and.b32 t, t, 0x80008000; or.b32 {r[3]}, {r[3]}, t; "
+            + "".join(f"fma.rn.bf16x2 {r[i]}, {r[i]}, {'f0' if i % 2 == 0 else 'f1'}, z; " for i in range(4))
+        )
+    regs = ", ".join(f"r{i}" for i in range(16))
+    return (
+        f"{{ .reg .b32 t, f0, f1, z, {regs}; mov.b32 z, 0x80008000; "
+        + factor("f0", "0x4040") + factor("f1", "0x4141") + "".join(steps)
+        + "".join(f"mov.b32 ${i}, r{i}; " for i in range(16)) + "}"
+    ).replace("$$", "$")
+
+
+# by SCALE_CODES value: E8M0 factor bytes are the bf16 exponent field; E4M3 (nvfp4) ones a
+# 5-bit exponent over layouts.mma.NVFP4_BIAS and 3 mantissa bits
+MMA_A_FRAGMENTS_PTX = {
+    SCALE_CODES["e8m0"]: _mma_a_fragments(7, 0),
+    SCALE_CODES["e4m3"]: _mma_a_fragments(4, NVFP4_BIAS << 7),
+}
+# $0-$3 = $24-$27 + the 4 mma steps: A registers $4-$19 (4 per step), B (the 4 bf16 of an
+# activation row at the lane's K) $20-$23 as int64.
+MMA_BF16_PTX = (
+    "{ .reg .b32 b0, b1; .reg .f32 c0, c1, c2, c3; mov.b32 c0, $24; mov.b32 c1, $25; mov.b32 c2, $26; mov.b32 c3, $27; "
+    + "".join(
+        f"mov.b64 {{b0, b1}}, ${20 + s}; mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{c0, c1, c2, c3}}, "
+        f"{{${4 + 4 * s}, ${5 + 4 * s}, ${6 + 4 * s}, ${7 + 4 * s}}}, {{b0, b1}}, {{c0, c1, c2, c3}}; "
+        for s in range(4)
+    )
+    + "mov.b32 $0, c0; mov.b32 $1, c1; mov.b32 $2, c2; mov.b32 $3, c3; }"
+)

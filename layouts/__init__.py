@@ -1,6 +1,7 @@
 """Scale layouts and fp4 data layouts (`blockscaled.layouts`)."""
 
 from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
+from .mma import arrange_mma_m16k16, factor_bytes, factor_value, signed_codes, unarrange_mma_m16k16
 from .scales import (
     cdna4_offset,
     cdna4_shuffle,
@@ -21,6 +22,11 @@ __all__ = [
     "check_data_layout",
     "pair_blocks",
     "unpair_blocks",
+    "arrange_mma_m16k16",
+    "unarrange_mma_m16k16",
+    "factor_bytes",
+    "factor_value",
+    "signed_codes",
     "cdna4_offset",
     "cdna4_shuffle",
     "cdna4_unshuffle",

@@ -7,19 +7,27 @@
                  second block (high nibble). One 4-byte decode then yields two K-contiguous
                  blocks with no interleave: the decode kernel's weight layout (Marlin-style
                  pre-arrangement of static weights, done once).
+- "mma_m16k16":  mma.sync A fragments with the bits placed for a bf16 decode, 16-row
+                 groups (`blockscaled.layouts.mma`): the tensor-core decode kernel's weights.
 """
 
 from __future__ import annotations
 
 import torch
 
-DATA_LAYOUTS = ("k_order", "block_pairs")
+from .mma import check_mma_shape
+
+DATA_LAYOUTS = ("k_order", "block_pairs", "mma_m16k16")
 
 
-def check_data_layout(layout: str, k: int, block: int, packed: bool) -> None:
-    """Raise a clear error if `layout` cannot hold K=`k` elements of this format."""
+def check_data_layout(layout: str, k: int, block: int, packed: bool, rows: int = 0) -> None:
+    """Raise a clear error if `layout` cannot hold [rows, K=`k`] elements of this format."""
     if layout not in DATA_LAYOUTS:
         raise ValueError(f"data_layout: expected one of {DATA_LAYOUTS}, got {layout!r}")
+    if layout == "mma_m16k16":
+        if not packed:
+            raise ValueError("data_layout: 'mma_m16k16' applies to packed fp4 formats only")
+        check_mma_shape(rows, k)
     if layout == "block_pairs":
         if not packed:
             raise ValueError("data_layout: 'block_pairs' applies to packed fp4 formats only")

@@ -118,3 +118,52 @@ def assert_split_k_workspaces_zero():
     for plan in plans:
         for t in plan.workspace:
             assert not t.any(), f"split-K {t.dtype} workspace left non-zero"
+
+
+def mma_weights(data, scale_codes, fmt):
+    """QTensor of k_order fp4 `data` and raw scale codes, arranged "mma_m16k16"."""
+    f = bs.FORMATS[fmt]
+    g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
+    return bs.QTensor(data, scale_codes.contiguous().view(f.scale_dtype), fmt, global_scale=g).with_data_layout("mma_m16k16")
+
+
+def mma_decodes_every_byte(fmt, device, backend=None):
+    """Row r of fp4 weights repeats byte r (256 rows); one-hot activations pick the low and
+    high nibble at K positions of every register and lane: each output is one code times
+    its scale, exact."""
+    f = bs.FORMATS[fmt]
+    k = 128
+    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
+    codes = torch.full((256, k // f.block_size), 0x38 if fmt == "nvfp4" else 126, dtype=torch.uint8, device=device)  # 1.0 / 0.5
+    b = mma_weights(data, codes, fmt)
+    for col in (0, 1, 2, 3, 5, 18, 39, 64, 127):
+        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
+        a[0, col] = 3.0
+        out = torch.full((1, 256), float("nan"), device=device)  # poison
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
+        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
+
+
+def mma_scale_code_sets(fmt):
+    """Scale codes one "mma_m16k16" tensor can hold, 256 rows each: every finite E4M3 code
+    (zero and negative scales included, NaN rows set to 1.0), or the E8M0 codes 2..128 and
+    128..254 (the bf16 factor holds a 2^126 span per tensor)."""
+    r = torch.arange(256, dtype=torch.int32)
+    if fmt == "nvfp4":
+        return [torch.where((r & 0x7F) == 0x7F, 0x38, r)]
+    return [2 + r * 126 // 255, 128 + r * 126 // 255]
+
+
+def mma_decodes_every_scale(fmt, device, backend=None):
+    """Row r of fp4 weights holds code 1.0 everywhere and scale code r; a one-hot
+    activation picks one element: each output is that scale, exact."""
+    f = bs.FORMATS[fmt]
+    k = 128
+    data = torch.full((256, k // 2), 0x22, dtype=torch.uint8, device=device)  # E2M1 1.0 in both nibbles
+    for codes in mma_scale_code_sets(fmt):
+        b = mma_weights(data, codes.to(torch.uint8).to(device).unsqueeze(1).expand(256, k // f.block_size), fmt)
+        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
+        a[0, 77] = 1.0
+        out = torch.full((1, 256), float("nan"), device=device)  # poison
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
+        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)

@@ -6,8 +6,9 @@ import torch
 import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, block_dot_folded, gemv_decodes_every_byte,
-                   gemv_decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, run_and_check)
+from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, gemv_decodes_every_byte,
+                   gemv_decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_every_byte,
+                   mma_decodes_every_scale, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -98,3 +99,38 @@ def test_gemv_decodes_every_scale(fmt):
 def test_gemv_multiplies_every_code_pair(fmt):
     """fp4 x fp4 multiplies in f16x2 on the GPU (E2M1X8_DOT_PTX): every code pair, exact."""
     gemv_multiplies_every_code_pair(fmt, "cuda")
+
+
+MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4")]
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+def test_mma_pairs(pair, m, gen):
+    """The tensor-core decode kernel ("mma_m16k16" weights, the default for them at M <= 16):
+    split-K 32 at the decode shape, one window without split, bias and bf16 out."""
+    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
+    assert backend_used(pair, m) == "mma"
+    assert_split_k_workspaces_zero()
+    run_and_check(pair, m, 64, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+    run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)
+    assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", [*MMA_PAIRS, ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 17, 64])
+def test_mma_layout_elsewhere(pair, m, gen):
+    """"mma_m16k16" weights past M = 16, at N % 64 != 0 and with other activations take the
+    k_order copy."""
+    run_and_check(pair, m, 1000 - 8 if m == 1 else 1024, 2048, "cuda", gen, data_layout="mma_m16k16")
+    if pair not in MMA_PAIRS or m > 16:
+        assert backend_used(pair, m) != "mma"
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_mma_decodes_every_byte_and_scale(fmt):
+    """Every code in every register slot and lane, and every scale code the layout holds
+    (zero, negative and subnormal E4M3 scales; E8M0 codes over both halves of their range):
+    exact."""
+    mma_decodes_every_byte(fmt, "cuda", backend="mma")
+    mma_decodes_every_scale(fmt, "cuda", backend="mma")

@@ -1,0 +1,169 @@
+"""M <= 16 (decode) on bf16 tensor cores: fp4 weights in the "mma_m16k16" layout, bf16 activations.
+
+Each warp multiplies one 16-row group of weights: per 64-K window a thread loads 4 int32
+words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
+each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 multiplies by its
+rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
+activation as the B operand: 8 activation rows per column group, so M = 1 uses one group
+(every column the same row) and M <= 16 two, both from one decode.
+
+The mma fragments tie values to lanes, which Triton's tensor layouts do not promise. So
+every tensor here holds one value per thread (`[THREADS]`, indexed by the thread's own
+%tid.x), and each thread computes its addresses from its lane: no value crosses threads
+outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 32
+weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
+
+Split-K: SPLIT programs share a 64-row group along K and add their fp32 sums into a
+workspace; the last one (by ticket, as `split_k`) scales, adds bias and stores.
+H100, M = 1, bf16 x mxfp4, CUDA-graph replay (bench/results/h100_mma_gemv_probe_2026-11-22.log):
+3.5x-4.1x of cuBLAS bf16 at the four Llama-3-70B shapes, 2.4-3.1 TB/s of weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import helion
+import helion.language as hl
+
+from .configs import KERNEL_SETTINGS
+from .decode import MMA_A_FRAGMENTS_PTX, MMA_BF16_PTX
+
+# One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (literals in the
+# kernel body: Helion passes module constants as extra arguments).
+THREADS = 128
+
+
+def thread_ids():
+    """%tid.x of each thread, as a [THREADS] tensor holding one value per thread."""
+    return hl.inline_asm_elementwise(
+        "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([128], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
+    )
+
+
+def a_fragments(w, f, base, factor_index, ENCODING):
+    """The 16 bf16x2 A registers of one window's 4 mma steps (words at `base` + 32 s)."""
+    words = [hl.load(w, [base + 32 * s]) for s in range(4)]
+    factors = hl.load(f, [factor_index]).to(torch.int32)
+    return hl.inline_asm_elementwise(
+        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), [*words, factors],
+        dtype=(torch.int32,) * 16, is_pure=True, pack=1,
+    )
+
+
+def mma_window(x64, frags, acc, act_index):
+    """acc (4 fp32 per thread) += the window's 4 mma steps with the activation words at
+    `act_index` + s (each int64: the 4 bf16 of one B fragment)."""
+    acts = [hl.load(x64, [act_index + s]) for s in range(4)]
+    return hl.inline_asm_elementwise(
+        MMA_BF16_PTX, ",".join(["=r"] * 4 + ["r"] * 16 + ["l"] * 4 + ["r"] * 4), [*frags, *acts, *acc],
+        dtype=(torch.float32,) * 4, is_pure=True, pack=1,
+    )
+
+
+def out_index(col_group, q, g, gr, i, M, N):
+    """(flat index into [M, N], valid) of accumulator i of a thread: c0/c1 are row R0 =
+    16 gr + g at columns 2q, 2q+1 of the column group, c2/c3 row R0 + 8. Invalid (col >= M)
+    indices point at column 0, where adding zero is harmless."""
+    col = 8 * col_group + 2 * q + (i & 1)
+    valid = col < M
+    return torch.where(valid, col, 0) * N + gr * 16 + g + 8 * (i >> 1), valid
+
+
+def store_out(out, bias, index, valid, total, N, HAS_BIAS):
+    if HAS_BIAS:
+        total = total + hl.load(bias, [index % N]).to(torch.float32)
+    hl.store(out, [index], total.to(out.dtype), extra_mask=valid)
+
+
+def store_group(out, bias, acc, group, q, g, gr, scale, M, N, HAS_BIAS):
+    """SPLIT == 1: a column group's 4 accumulators into `out`."""
+    for i in hl.static_range(4):
+        index, valid = out_index(group, q, g, gr, i, M, N)
+        store_out(out, bias, index, valid, acc[i] * scale, N, HAS_BIAS)
+
+
+def add_group(workspace, acc, group, q, g, gr, M, N):
+    """SPLIT > 1: add a column group's partial sums into the workspace (relaxed adds)."""
+    for i in hl.static_range(4):
+        index, valid = out_index(group, q, g, gr, i, M, N)
+        hl.atomic_add(workspace, [index], torch.where(valid, acc[i], 0.0))
+
+
+def store_sum(out, bias, workspace, group, q, g, gr, scale, M, N, HAS_BIAS):
+    """The last program of a row group: the workspace sums into `out`, zeros back."""
+    zeros = hl.zeros([128], dtype=torch.float32)
+    for i in hl.static_range(4):
+        index, valid = out_index(group, q, g, gr, i, M, N)
+        total = hl.atomic_add(workspace, [index], zeros)  # read at L2, after the ticket's acquire
+        store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
+        hl.store(workspace, [index], zeros, extra_mask=valid)
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def mma_gemv_kernel(
+    x64: torch.Tensor,
+    w: torch.Tensor,
+    f: torch.Tensor,
+    post: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    tickets: torch.Tensor,
+    M: hl.constexpr,
+    N: hl.constexpr,
+    K: hl.constexpr,
+    BLOCK: hl.constexpr,
+    ENCODING: hl.constexpr,
+    HAS_BIAS: hl.constexpr,
+    COL_GROUPS: hl.constexpr,
+    SPLIT: hl.constexpr,
+) -> torch.Tensor:
+    """out (flat [M * N]) = post * (x @ W^T) (+ bias); x64: the bf16 activation [M, K] as
+    int64 words; w, f: the weights' words and factor words ("mma_m16k16"), flat. SPLIT > 1:
+    workspace (float32 [M * N]) and tickets (int32, one per program row) are zero before and
+    after."""
+    windows = K // 64
+    steps = windows // SPLIT
+    blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
+    for tile_p, part in hl.tile([N // 64, SPLIT], block_size=[1, 1]):
+        tid = thread_ids()
+        lane = tid & 31
+        g = lane >> 2
+        q = lane & 3
+        gr = tile_p.begin * 4 + (tid >> 5)
+        # B column g of column group c is activation row 8c + g (the last row past M)
+        act_0 = torch.where(g < M, g, M - 1) * (K // 4) + 4 * q
+        act_1 = torch.where(g + 8 < M, g + 8, M - 1) * (K // 4) + 4 * q
+        a0 = hl.zeros([128], dtype=torch.float32)
+        a1 = hl.zeros([128], dtype=torch.float32)
+        a2 = hl.zeros([128], dtype=torch.float32)
+        a3 = hl.zeros([128], dtype=torch.float32)
+        b0 = hl.zeros([128], dtype=torch.float32)
+        b1 = hl.zeros([128], dtype=torch.float32)
+        b2 = hl.zeros([128], dtype=torch.float32)
+        b3 = hl.zeros([128], dtype=torch.float32)
+        for it in hl.tile(steps, block_size=1):
+            win = part.begin * steps + it.begin
+            frags = a_fragments(w, f, (gr * windows + win) * 128 + lane,
+                                ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, ENCODING)
+            a0, a1, a2, a3 = mma_window(x64, frags, (a0, a1, a2, a3), act_0 + win * 16)
+            if COL_GROUPS == 2:
+                b0, b1, b2, b3 = mma_window(x64, frags, (b0, b1, b2, b3), act_1 + win * 16)
+        scale = post[0]
+        if SPLIT == 1:
+            store_group(out, bias, (a0, a1, a2, a3), 0, q, g, gr, scale, M, N, HAS_BIAS)
+            if COL_GROUPS == 2:
+                store_group(out, bias, (b0, b1, b2, b3), 1, q, g, gr, scale, M, N, HAS_BIAS)
+        else:
+            add_group(workspace, (a0, a1, a2, a3), 0, q, g, gr, M, N)
+            if COL_GROUPS == 2:
+                add_group(workspace, (b0, b1, b2, b3), 1, q, g, gr, M, N)
+            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
+            ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
+            if ticket == SPLIT - 1:
+                store_sum(out, bias, workspace, 0, q, g, gr, scale, M, N, HAS_BIAS)
+                if COL_GROUPS == 2:
+                    store_sum(out, bias, workspace, 1, q, g, gr, scale, M, N, HAS_BIAS)
+                hl.store(tickets, [tile_p.begin], 0)
+    return out

@@ -1,0 +1,147 @@
+"""The "mma_m16k16" weight layout (CPU): round trip, scale factors, and the decode + mma
+fragment mapping the GPU kernel relies on, emulated bit for bit against the reference."""
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
+from blockscaled.layouts.mma import SLOTS
+
+from pairs import mma_decodes_every_byte, mma_decodes_every_scale, mma_weights, run_and_check
+
+U32 = 0xFFFFFFFF
+
+
+def ptx_registers(word: torch.Tensor) -> list[torch.Tensor]:
+    """The integer ops of `decode.MMA_A_FRAGMENTS_PTX` on uint32 words (int64 tensors):
+    the four bf16x2 bit patterns of code * 2^-126."""
+    return [
+        word & 0x81C081C0,
+        (word << 3) & 0x81C081C0 & U32,
+        (word << 6) & 0x81C081C0 & U32,
+        ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & 0x80008000 & U32),
+    ]
+
+
+def bf16_bits_value(bits: torch.Tensor) -> torch.Tensor:
+    return (bits.to(torch.int32) << 16).view(torch.float32).double()
+
+
+def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
+    """W [N, K] as the kernel's mma.sync m16n8k16 steps see it: each lane's word decoded
+    like the PTX, times its rows' factors, placed where the PTX ISA's A-fragment layout
+    puts it (a0,a1: row g, k 2q, 2q+1; a2,a3: row g+8; a4..a7: k + 8), with the mma's
+    logical k mapped to the activation K the lane loads (2q + i -> 16q + 4s + i,
+    2q + 8 + i -> 16q + 4s + 2 + i)."""
+    n, k = b.shape
+    factors, _ = b.kernel_mma_factors
+    f = factor_value(factors.view(torch.uint8), b.fmt.scale_encoding)
+    blocks = 64 // b.fmt.block_size
+    f = f.double().reshape(n // 16, k // 64, blocks, 8, 2)
+    word = b.data.contiguous().view(torch.int32).to(torch.int64).reshape(n // 16, k // 64, 4, 32) & U32
+    regs = ptx_registers(word)
+    w = torch.full((n, k), float("nan"), dtype=torch.float64)
+    for gr in range(n // 16):
+        for win in range(k // 64):
+            for s in range(4):
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    for reg, (row, kk) in enumerate([(g, 0), (g + 8, 0), (g, 2), (g + 8, 2)]):
+                        bits = int(regs[reg][gr, win, s, lane])
+                        factor = f[gr, win, q * blocks // 4, g, row // 8]
+                        for half in range(2):
+                            value = bf16_bits_value(torch.tensor((bits >> (16 * half)) & 0xFFFF)) * factor
+                            w[16 * gr + row, 64 * win + 16 * q + 4 * s + kk + half] = value
+    return w
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fragments_decode_to_the_reference(fmt, gen):
+    """Every weight the kernel's decode gives equals the reference dequantization times
+    2^-shift, bit for bit (zero, negative and subnormal nvfp4 scales included)."""
+    w = torch.randn(32, 128, generator=gen) * torch.exp2(torch.randint(-6, 7, (32, 1), generator=gen))
+    q = bs.quantize(w, fmt)
+    scale = q.scale.view(torch.uint8).clone()
+    if fmt == "nvfp4":
+        scale[0, :4] = torch.tensor([0x00, 0x80 | 0x30, 0x03, 0x85], dtype=torch.uint8)  # 0, -1.0, subnormal, -subnormal
+    q = bs.QTensor(q.data, scale.view(q.scale.dtype), fmt, global_scale=q.global_scale)
+    b = q.with_data_layout("mma_m16k16")
+    _, post = b.kernel_mma_factors
+    shift = 7 if fmt == "nvfp4" else max(0, int(q.scale.view(torch.uint8).max()) - 128)
+    assert shift > 0  # rows up to 2^6 reach E8M0 codes above 128
+    assert post.item() == 2.0**shift * (1.0 if q.global_scale is None else q.global_scale.item())
+    ref = bs.reference.codecs.decode_elements(q.data, "e2m1").double() * bs.reference.codecs.decode_scales(
+        q.scale_rowmajor(), q.fmt.scale_encoding).double().repeat_interleave(q.fmt.block_size, 1)
+    torch.testing.assert_close(emulate_fragments(b), ref * 2.0**-shift, rtol=0, atol=0)
+
+
+def test_register_slots_tile_the_word():
+    """The four registers' bit slots use each of the 16 bits of a half exactly once."""
+    bits = sorted(p for slots in SLOTS for p in slots)
+    assert bits == list(range(16))
+
+
+def test_round_trip(gen):
+    data = torch.randint(0, 256, (48, 96), generator=gen, dtype=torch.uint8)  # K = 192
+    arranged = arrange_mma_m16k16(data)
+    assert arranged.shape == data.shape and not torch.equal(arranged, data)
+    assert torch.equal(unarrange_mma_m16k16(arranged), data)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_values_kept(fmt, gen):
+    q = bs.quantize(torch.randn(64, 256, generator=gen), fmt)
+    m = q.with_data_layout("mma_m16k16")
+    assert torch.equal(m.dequantize(), q.dequantize())
+    assert torch.equal(m.k_order_copy.data, q.data) and m.k_order_copy.data_layout == "k_order"
+
+
+def test_bad_shapes_and_formats():
+    with pytest.raises(ValueError, match="rows % 16"):
+        bs.quantize(torch.randn(24, 128), "mxfp4", data_layout="mma_m16k16")
+    with pytest.raises(ValueError, match="K % 64"):
+        bs.quantize(torch.randn(32, 96), "mxfp4", data_layout="mma_m16k16")
+    with pytest.raises(ValueError, match="packed fp4"):
+        bs.quantize(torch.randn(32, 128), "mxfp8", data_layout="mma_m16k16")
+
+
+@pytest.mark.parametrize("fmt,nan", [("mxfp4", 255), ("nvfp4", 0x7F)])
+def test_nan_scales_refused(fmt, nan):
+    data = torch.full((16, 32), 0x22, dtype=torch.uint8)
+    codes = torch.full((16, 64 // bs.FORMATS[fmt].block_size), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8)
+    codes[3, 1] = nan
+    with pytest.raises(ValueError, match="NaN"):
+        mma_weights(data, codes, fmt)
+    data[3] = 0  # an all-zero block may carry any scale code
+    mma_weights(data, codes, fmt)
+
+
+def test_mx_scale_span_refused():
+    data = torch.full((16, 32), 0x22, dtype=torch.uint8)
+    codes = torch.full((16, 2), 200, dtype=torch.uint8)
+    codes[0, 0] = 70  # shift 72: codes below 74 would leave bf16's normal range
+    with pytest.raises(ValueError, match="E8M0 codes below 74"):
+        mma_weights(data, codes, "mxfp4")
+
+
+def test_mma_backend_needs_the_layout(gen):
+    a, b = torch.randn(1, 128).to(torch.bfloat16), bs.quantize(torch.randn(64, 128), "mxfp4")
+    with pytest.raises(ValueError, match="mma_m16k16"):
+        bs.scaled_mm(a, b, backend="mma")
+    with pytest.raises(ValueError, match="backend: 'mma' runs"):  # no mma kernel on CPU
+        bs.scaled_mm(a, b.with_data_layout("mma_m16k16"), backend="mma")
+
+
+@pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
+                         ids=lambda p: f"{p[0]}x{p[1]}")
+def test_other_kernels_read_the_k_order_copy(pair, gen):
+    """On CPU (and for pairs or sizes the mma kernel does not run) "mma_m16k16" weights
+    take the k_order path."""
+    run_and_check(pair, 3, 64, 128, "cpu", gen, data_layout="mma_m16k16", bias=True)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_every_byte_and_scale_cpu(fmt):
+    mma_decodes_every_byte(fmt, "cpu")
+    mma_decodes_every_scale(fmt, "cpu")
