@@ -16,7 +16,7 @@ from blockscaled.layouts import (
     pair_blocks,
     padded_scale_shape,
     stored_scale_shape,
-    signed_codes,
+    zero_scale_codes,
     to_layout,
     unarrange_mma_m16k16,
     unpair_blocks,
@@ -164,8 +164,8 @@ class QTensor:
 
         "block_pairs" and "mma_m16k16" are pre-arranged weight layouts of the small-M
         kernels; arrange once per weight, not per call. "mma_m16k16" keeps values, not
-        codes: nvfp4 blocks of zero scale get zero codes, those of negative scale flipped
-        signs (its factors hold |scale|); it raises ValueError for NaN scales."""
+        codes: nvfp4 blocks of scale 0 get zero codes; it raises ValueError for scales its
+        bf16 factors cannot hold (NaN, negative, E8M0 sets spanning over 2^126)."""
         if data_layout == self.data_layout:
             return self
         check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed, self.rows)
@@ -174,7 +174,7 @@ class QTensor:
             data = pair_blocks(data, self.fmt.block_size)
         if data_layout == "mma_m16k16":
             codes = torch.stack([data & 15, data >> 4], -1).reshape(self.rows, self.K)
-            codes, _ = signed_codes(codes, self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
+            codes = zero_scale_codes(codes, self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
             data = arrange_mma_m16k16((codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8))
             arranged = replace(self, data=data, data_layout=data_layout)
             arranged.kernel_mma_factors  # noqa: B018 -- checks the scales now, and caches the factors

@@ -84,10 +84,13 @@ def store_group(out, bias, acc, group, q, g, gr, scale, M, N, HAS_BIAS):
 
 
 def add_group(workspace, acc, group, q, g, gr, M, N):
-    """SPLIT > 1: add a column group's partial sums into the workspace (relaxed adds)."""
+    """SPLIT > 1: add a column group's partial sums into the workspace (relaxed adds, masked:
+    at M = 1 only 2 of a thread's 4 sums are outputs, and unmasked adds of zeros for the
+    rest all hit column 0)."""
     for i in hl.static_range(4):
         index, valid = out_index(group, q, g, gr, i, M, N)
-        hl.atomic_add(workspace, [index], torch.where(valid, acc[i], 0.0))
+        hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, acc[i], valid),
+                         output_like=None)
 
 
 def store_sum(out, bias, workspace, group, q, g, gr, scale, M, N, HAS_BIAS):

@@ -1,7 +1,7 @@
 """Scale layouts and fp4 data layouts (`blockscaled.layouts`)."""
 
 from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
-from .mma import arrange_mma_m16k16, factor_bytes, factor_value, signed_codes, unarrange_mma_m16k16
+from .mma import arrange_mma_m16k16, factor_bytes, factor_value, zero_scale_codes, unarrange_mma_m16k16
 from .scales import (
     cdna4_offset,
     cdna4_shuffle,
@@ -26,7 +26,7 @@ __all__ = [
     "unarrange_mma_m16k16",
     "factor_bytes",
     "factor_value",
-    "signed_codes",
+    "zero_scale_codes",
     "cdna4_offset",
     "cdna4_shuffle",
     "cdna4_unshuffle",

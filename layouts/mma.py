@@ -136,14 +136,15 @@ def factor_value(stored: torch.Tensor, encoding: str) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def signed_codes(codes: torch.Tensor, scales: torch.Tensor, encoding: str, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Codes [rows, K] with blocks of zero scale zeroed and, for negative E4M3 scales, the
-    signs flipped (f holds |scale|): (codes, all-zero mask [rows, K/block])."""
+def zero_scale_codes(codes: torch.Tensor, scales: torch.Tensor, encoding: str, block: int) -> torch.Tensor:
+    """Codes [rows, K] with the codes of E4M3 blocks of scale +-0 set to 0 (their values are 0
+    either way; the factor byte has no zero). Raises ValueError for negative E4M3 scales of
+    blocks with nonzero codes (the factor byte has no sign)."""
     rows, k = codes.shape
-    b = scales.view(torch.uint8).to(torch.int32)
-    c = codes.reshape(rows, k // block, block)
-    if encoding == "e4m3":
-        c = torch.where(((b & 0x7F) == 0)[..., None], 0, c)
-        c = torch.where(((b & 0x80) != 0)[..., None] & ((c & 7) != 0), c ^ 8, c)
-    zero = (c & 7 == 0).all(-1)
-    return c.reshape(rows, k), zero
+    if encoding != "e4m3":
+        return codes
+    b = scales.view(torch.uint8).to(torch.int32)[..., None]
+    c = torch.where((b & 0x7F) == 0, 0, codes.reshape(rows, k // block, block))
+    if bool((((b & 0x80) != 0) & ((c & 7) != 0)).any()):
+        raise ValueError("scale: negative E4M3 scales cannot be arranged as 'mma_m16k16' (its factors are unsigned); keep k_order")
+    return c.reshape(rows, k)

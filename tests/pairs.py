@@ -145,12 +145,12 @@ def mma_decodes_every_byte(fmt, device, backend=None):
 
 
 def mma_scale_code_sets(fmt):
-    """Scale codes one "mma_m16k16" tensor can hold, 256 rows each: every finite E4M3 code
-    (zero and negative scales included, NaN rows set to 1.0), or the E8M0 codes 2..128 and
+    """Scale codes one "mma_m16k16" tensor can hold, 256 rows each: every finite
+    non-negative E4M3 code (zero and subnormals included) twice, or the E8M0 codes 2..128 and
     128..254 (the bf16 factor holds a 2^126 span per tensor)."""
     r = torch.arange(256, dtype=torch.int32)
     if fmt == "nvfp4":
-        return [torch.where((r & 0x7F) == 0x7F, 0x38, r)]
+        return [torch.where((r & 0x7F) == 0x7F, 0x38, r & 0x7F)]
     return [2 + r * 126 // 255, 128 + r * 126 // 255]
 
 

@@ -59,12 +59,12 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_fragments_decode_to_the_reference(fmt, gen):
     """Every weight the kernel's decode gives equals the reference dequantization times
-    2^-shift, bit for bit (zero, negative and subnormal nvfp4 scales included)."""
+    2^-shift, bit for bit (zero and subnormal nvfp4 scales included)."""
     w = torch.randn(32, 128, generator=gen) * torch.exp2(torch.randint(-6, 7, (32, 1), generator=gen))
     q = bs.quantize(w, fmt)
     scale = q.scale.view(torch.uint8).clone()
     if fmt == "nvfp4":
-        scale[0, :4] = torch.tensor([0x00, 0x80 | 0x30, 0x03, 0x85], dtype=torch.uint8)  # 0, -1.0, subnormal, -subnormal
+        scale[0, :4] = torch.tensor([0x00, 0x80, 0x03, 0x05], dtype=torch.uint8)  # +0, -0, subnormals
     q = bs.QTensor(q.data, scale.view(q.scale.dtype), fmt, global_scale=q.global_scale)
     b = q.with_data_layout("mma_m16k16")
     _, post = b.kernel_mma_factors
@@ -115,6 +115,14 @@ def test_nan_scales_refused(fmt, nan):
         mma_weights(data, codes, fmt)
     data[3] = 0  # an all-zero block may carry any scale code
     mma_weights(data, codes, fmt)
+
+
+def test_negative_nvfp4_scales_refused():
+    data = torch.full((16, 32), 0x22, dtype=torch.uint8)
+    codes = torch.full((16, 4), 0x38, dtype=torch.uint8)
+    codes[5, 2] = 0xB8  # -1.0
+    with pytest.raises(ValueError, match="negative E4M3"):
+        mma_weights(data, codes, "nvfp4")
 
 
 def test_mx_scale_span_refused():
