@@ -2,7 +2,8 @@
 
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
-(block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), has
+(block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16 activations; variants: {"max_split": n}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -48,7 +49,7 @@ def parse_args(argv=None):
     p.add_argument("-M", type=int, default=1)
     p.add_argument("-N", type=int, default=8192)
     p.add_argument("-K", type=int, default=8192)
-    p.add_argument("--backend", default="block_dot", choices=["block_dot", "gemv"])
+    p.add_argument("--backend", default="block_dot", choices=["block_dot", "gemv", "mma"])
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
     p.add_argument("--keep", type=Path, default=None, help="folder for the .py, .ptx and .sass files")
     return p.parse_args(argv)
@@ -123,6 +124,8 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     """(Triton code, kernel function, arguments, plan, weight elements per thread and loop
     iteration) of the H100 plan of one pair and config variant."""
     name = bs.SUPPORTED_PAIRS[pair]
+    if args.backend == "mma":
+        return mma_kernel_code(args, b_parts, variant)
     fields = configs.freeze_entry(variant, args.backend)
     with planned_as_h100():
         if args.backend == "gemv":
@@ -140,6 +143,21 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     return code, kernel_fn.fn, kargs, plan, block_n * k_step / (32 * plan.cfg.config.get("num_warps", 4))
 
 
+def mma_kernel_code(args, b, variant):
+    """kernel_code of the mma backend: `b` is the "mma_m16k16" QTensor, `variant` may set
+    max_split; 32 weights per thread and window."""
+    from blockscaled.kernels.mma_gemv import mma_gemv_kernel
+
+    plan = api._mma_plan(b, False, args.M, args.N, args.K, api._mma_max_split(variant or None, args.M))
+    factors, post = b.kernel_mma_factors
+    out = torch.empty(args.M * args.N, dtype=torch.bfloat16)
+    ws, tickets = plan.workspace or (out, out)
+    a = torch.zeros(args.M * args.K // 4, dtype=torch.int64)
+    kargs = (a, b.kernel_words.view(-1), factors, post, out, out, ws, tickets, *plan.consts)
+    code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
+    return code, mma_gemv_kernel.fn, kargs, plan, 32
+
+
 def main(argv=None):
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the interpreter's @triton.jit cannot compile
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -153,10 +171,10 @@ def main(argv=None):
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
-        if b.fmt.is_packed and args.backend == "block_dot":
-            b = b.with_data_layout("block_pairs")
+        if b.fmt.is_packed and args.backend in ("block_dot", "mma"):
+            b = b.with_data_layout("block_pairs" if args.backend == "block_dot" else "mma_m16k16")
         words = args.backend == "gemv"  # as scaled_mm
-        a_parts, b_parts = api._parts(a, b.device, words), api._parts(b, b.device, words)
+        a_parts, b_parts = api._parts(a, b.device, words), b if args.backend == "mma" else api._parts(b, b.device, words)
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")

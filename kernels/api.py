@@ -228,8 +228,9 @@ def scaled_mm(
     elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device)
-        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k)
+        max_split = _mma_max_split(config, m)
+        key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device, max_split)
+        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
@@ -384,9 +385,11 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 # "mma_m16k16" layout, M up to two column groups of 8.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4")
 MMA_MAX_M = 16
-# H100, M = 1, bf16 x mxfp4, N = K = 8192 (bench/results/h100_mma_gemv_probe_2026-11-22.log):
-# split 8 / 16 / 32 ran 13.8 / 12.5 / 11.5 us; 32 also won at the other three shapes.
-MMA_MAX_SPLIT = 32
+# Split-K cap by column groups (M <= 8, M <= 16). H100, bf16 x fp4, the four Llama-3-70B
+# shapes, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
+# M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
+# (21 / 17 / 18 / 18 us); M = 16: 8 fastest at all four (8192^2 28 / 37 / 35 / 40 us).
+MMA_MAX_SPLIT = {1: 32, 2: 8}
 
 
 def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
@@ -394,10 +397,19 @@ def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
-def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int) -> SplitKPlan:
+def _mma_max_split(config, m: int) -> int:
+    """The split-K cap: `config` may be {"max_split": n} (None: `MMA_MAX_SPLIT`)."""
+    if config is None:
+        return MMA_MAX_SPLIT[1 if m <= 8 else 2]
+    if not isinstance(config, dict) or set(config) != {"max_split"} or int(config["max_split"]) < 1:
+        raise ValueError(f"config: the mma backend takes {{'max_split': n >= 1}} or None, got {config!r}")
+    return int(config["max_split"])
+
+
+def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
     windows, split = k // 64, 1
-    while split * 2 <= MMA_MAX_SPLIT and windows % (split * 2) == 0:
+    while split * 2 <= max_split and windows % (split * 2) == 0:
         split *= 2
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, 1 if m <= 8 else 2, split)
     workspace = None

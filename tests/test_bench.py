@@ -138,6 +138,22 @@ def test_sass_counts_the_gemv_k_loop(capfd, tmp_path):
     assert 0 < counts["regs"] <= 255 and counts["spill"] == 0
 
 
+def test_sass_counts_the_mma_k_loop(capfd, tmp_path):
+    """bench.sass --backend mma: per 64-K window a thread runs 4 HMMA on its own registers,
+    with no shared memory (every value stays in the thread that loaded it), unspilled."""
+    from bench import sass
+
+    argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-N", "256", "-K", "8192", "--variants", '[{"max_split": 1}]',
+            "--keep", str(tmp_path)]
+    assert sass.main(argv) == 0
+    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")]
+    assert len(row) == 1, row
+    counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[0][3:]), strict=True))
+    assert counts["HMMA"] == 4 and counts["HMUL2/HFMA2"] == 16 and counts["LDG"] >= 9
+    assert counts["BAR"] == counts["STS"] == counts["LDS"] == 0
+    assert counts["per_w"] < 3.5 and 0 < counts["regs"] <= 64 and counts["spill"] == 0
+
+
 def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():
     """pad_m runs M = 1 as a whole config tile: a 64-row tile must not get fp8 dots (Hopper's
     fp8 wgmma failed the fp32 bound), a 16-row one keeps them."""
