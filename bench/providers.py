@@ -153,7 +153,7 @@ def blockscaled_mma_fn(a, b, out_dtype):
     kernel, for bf16 activations (other pairs would time the k_order path again)."""
     from blockscaled.kernels.api import MMA_PAIRS
 
-    if a.dtype != torch.bfloat16 or not b.fmt.is_packed or f"bf16x{b.fmt.name}" not in MMA_PAIRS:
+    if not isinstance(a, torch.Tensor) or not b.fmt.is_packed or f"bf16x{b.fmt.name}" not in MMA_PAIRS:
         raise Unsupported(f"the mma kernel takes bf16 activations and fp4 weights {MMA_PAIRS}")
     return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
 
