@@ -3,7 +3,9 @@
 Each variant is a dict of config-table fields (`blockscaled.kernels.configs.ENTRY_FIELDS`)
 laid over the default entry of its backend ("backend": "block_dot", the default, or
 "gemv"), e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
-"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. For
+"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. The
+mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
+"max_split": n}. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
 bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
@@ -43,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
     p.add_argument("--llama", action="store_true", help="the four Llama-3-70B (N, K) shapes instead of -N/-K (GPU only)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
-    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order"],
+    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order", "mma_m16k16"],
                    help="layout of fp4 weights (fp8 weights are always k_order)")
     p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
     p.add_argument("--log", type=Path, default=None, help="append every line to this file too")

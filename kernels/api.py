@@ -399,7 +399,7 @@ def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
 
 def _mma_max_split(config, m: int) -> int:
     """The split-K cap: `config` may be {"max_split": n} (None: `MMA_MAX_SPLIT`)."""
-    if config is None:
+    if not config:
         return MMA_MAX_SPLIT[1 if m <= 8 else 2]
     if not isinstance(config, dict) or set(config) != {"max_split"} or int(config["max_split"]) < 1:
         raise ValueError(f"config: the mma backend takes {{'max_split': n >= 1}} or None, got {config!r}")

@@ -14,9 +14,9 @@ outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 
 weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
 
 Split-K: SPLIT programs share a 64-row group along K and add their fp32 sums into a
-workspace; the last one (by ticket, as `split_k`) scales, adds bias and stores.
-H100, M = 1, bf16 x mxfp4, CUDA-graph replay (bench/results/h100_mma_gemv_probe_2026-11-22.log):
-3.5x-4.1x of cuBLAS bf16 at the four Llama-3-70B shapes, 2.4-3.1 TB/s of weights.
+workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and stores.
+H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 3f9f2fc):
+M = 1 2.52x-3.40x of cuBLAS bf16 (1.96-2.59 TB/s of weights), M = 16 1.75x-2.21x.
 """
 
 from __future__ import annotations
