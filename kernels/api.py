@@ -230,7 +230,7 @@ def scaled_mm(
     if backend == "mma":
         max_split = _mma_max_split(config, m)
         key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device, max_split)
-        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split)
+        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split, fill_waves=not config and m <= 8)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
@@ -390,6 +390,10 @@ MMA_MAX_M = 16
 # M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
 # (21 / 17 / 18 / 18 us); M = 16: 8 fastest at all four (8192^2 28 / 37 / 35 / 40 us).
 MMA_MAX_SPLIT = {1: 32, 2: 8}
+# M <= 8 takes the smallest split whose last wave is >= 90% full, at 16 resident programs per
+# SM (32 registers, 4 warps): in that probe the slow cells were the ones with a short last
+# wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves, 2.57x against 2.98x at 32).
+MMA_PROGRAMS_PER_SM = 16
 
 
 def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
@@ -398,7 +402,8 @@ def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
 
 
 def _mma_max_split(config, m: int) -> int:
-    """The split-K cap: `config` may be {"max_split": n} (None: `MMA_MAX_SPLIT`)."""
+    """The split-K cap: `config` may be {"max_split": n}, which then takes the largest split
+    up to n (None: `MMA_MAX_SPLIT` and, at M <= 8, `_mma_split`'s wave rule)."""
     if not config:
         return MMA_MAX_SPLIT[1 if m <= 8 else 2]
     if not isinstance(config, dict) or set(config) != {"max_split"} or int(config["max_split"]) < 1:
@@ -406,11 +411,25 @@ def _mma_max_split(config, m: int) -> int:
     return int(config["max_split"])
 
 
-def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int) -> SplitKPlan:
+def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool, device: torch.device) -> int:
+    """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
+    with `fill_waves` the smallest whose last wave of programs is >= 90% full (else the
+    fullest)."""
+    splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
+    if not fill_waves:
+        return splits[-1]
+    resident = MMA_PROGRAMS_PER_SM * _sm_count(device)
+
+    def fill(s):
+        waves = row_programs * s / resident
+        return waves / -(-waves // 1)
+
+    return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
+
+
+def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
-    windows, split = k // 64, 1
-    while split * 2 <= max_split and windows % (split * 2) == 0:
-        split *= 2
+    split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, 1 if m <= 8 else 2, split)
     workspace = None
     if split > 1:

@@ -153,3 +153,18 @@ def test_other_kernels_read_the_k_order_copy(pair, gen):
 def test_every_byte_and_scale_cpu(fmt):
     mma_decodes_every_byte(fmt, "cpu")
     mma_decodes_every_scale(fmt, "cpu")
+
+
+def test_split_fills_the_last_wave(monkeypatch):
+    """M <= 8: the smallest split whose last wave is >= 90% full at 16 programs per SM (132
+    SMs: 2112 resident programs), else the fullest; `max_split` alone takes the largest."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    picks = {(n, k): api._mma_split(k // 64, n // 64, 32, True, cpu)
+             for n, k in [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]}
+    assert picks == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
+    assert api._mma_split(128, 128, 32, False, cpu) == 32 and api._mma_split(128, 128, 8, False, cpu) == 8
+    with pytest.raises(ValueError, match="max_split"):
+        api._mma_max_split({"split": 4}, 1)
