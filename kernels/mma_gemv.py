@@ -15,8 +15,8 @@ weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend
 
 Split-K: SPLIT programs share a 64-row group along K and add their fp32 sums into a
 workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and stores.
-H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 3f9f2fc):
-M = 1 2.52x-3.40x of cuBLAS bf16 (1.96-2.59 TB/s of weights), M = 16 1.75x-2.21x.
+H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv): M = 1
+2.73x-3.37x of cuBLAS bf16 (2d624e1, 2.05-2.57 TB/s of weights), M = 16 1.75x-2.21x (3f9f2fc).
 """
 
 from __future__ import annotations
