@@ -96,6 +96,16 @@ class Operator(BenchmarkOperator):
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 
+    @register_benchmark()
+    def blockscaled_mma(self, pair_name, x, w):
+        """fp4 weights arranged once as "mma_m16k16", the W4A16 decode kernel's layout (bf16 x
+        fp4 at M <= 16; other pairs and sizes read its k_order copy); fp8 weights as they are."""
+        a, b = self._operands(pair_name, x, w)
+        if b.fmt.is_packed and b.rows % 16 == 0 and b.K % 64 == 0:
+            b = b.with_data_layout("mma_m16k16")
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
+        return lambda: bs.scaled_mm(a, b, out=out)
+
     @register_metric()
     def flops(self, fn_name, example_inputs, metrics):
         _, m, n, k = self.get_x_val(example_inputs)
@@ -107,7 +117,7 @@ class Operator(BenchmarkOperator):
         benchmark callable, named by its `_name`."""
         provider = getattr(fn, "_name", fn)
         pair_name, m, n, k = self.get_x_val(example_inputs)
-        if provider in ("blockscaled", "blockscaled_pairs"):
+        if provider in ("blockscaled", "blockscaled_pairs", "blockscaled_mma"):
             nbytes = operand_bytes(PAIRS[pair_name][0], m, k) + operand_bytes(PAIRS[pair_name][1], n, k)
         else:
             nbytes = 2 * (m * k + n * k)
