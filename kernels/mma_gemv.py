@@ -2,8 +2,8 @@
 
 Each warp multiplies one 16-row group of weights: per 64-K window a thread loads 4 int32
 words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
-each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 multiplies by its
-rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
+each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 FMAs (with -0: exact
+products) by its rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
 activation as the B operand: 8 activation rows per column group, so M = 1 uses one group
 (every column the same row) and M <= 16 two, both from one decode.
 
@@ -64,7 +64,7 @@ def mma_window(x64, frags, acc, act_index):
 def out_index(col_group, q, g, gr, i, M, N):
     """(flat index into [M, N], valid) of accumulator i of a thread: c0/c1 are row R0 =
     16 gr + g at columns 2q, 2q+1 of the column group, c2/c3 row R0 + 8. Invalid (col >= M)
-    indices point at column 0, where adding zero is harmless."""
+    indices point at column 0; every store and add is masked by `valid`."""
     col = 8 * col_group + 2 * q + (i & 1)
     valid = col < M
     return torch.where(valid, col, 0) * N + gr * 16 + g + 8 * (i >> 1), valid
