@@ -14,11 +14,13 @@ from blockscaled.layouts import (
     factor_bytes,
     from_layout,
     pair_blocks,
+    pack_codes,
     padded_scale_shape,
     stored_scale_shape,
     zero_scale_codes,
     to_layout,
     unarrange_mma_m16k16,
+    unpack_codes,
     unpair_blocks,
 )
 
@@ -113,10 +115,12 @@ class QTensor:
         2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
         if self.data_layout != "mma_m16k16":
             raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
-        block = self.fmt.block_size
-        codes = torch.stack([(d := self.data_k_order()) & 15, d >> 4], -1).reshape(self.rows, self.K)
-        zero = (codes.reshape(self.rows, -1, block) & 7 == 0).all(-1)
-        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, block, zero)
+        return self._mma_factors(unpack_codes(self.data_k_order()))
+
+    def _mma_factors(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`kernel_mma_factors` from this tensor's codes [rows, K]."""
+        zero = (codes.reshape(self.rows, -1, self.fmt.block_size) & 7 == 0).all(-1)
+        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size, zero)
         post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
         if self.global_scale is not None:
             post = post * self.global_scale.reshape(1)
@@ -173,11 +177,11 @@ class QTensor:
         if data_layout == "block_pairs":
             data = pair_blocks(data, self.fmt.block_size)
         if data_layout == "mma_m16k16":
-            codes = torch.stack([data & 15, data >> 4], -1).reshape(self.rows, self.K)
-            codes = zero_scale_codes(codes, self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
-            data = arrange_mma_m16k16((codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8))
-            arranged = replace(self, data=data, data_layout=data_layout)
-            arranged.kernel_mma_factors  # noqa: B018 -- checks the scales now, and caches the factors
+            codes = zero_scale_codes(unpack_codes(data), self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
+            arranged = replace(self, data=arrange_mma_m16k16(pack_codes(codes)), data_layout=data_layout)
+            # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
+            # keeps it) from the codes at hand rather than un-arranging the data again
+            arranged.__dict__["kernel_mma_factors"] = arranged._mma_factors(codes)
             return arranged
         return replace(self, data=data, data_layout=data_layout)
 

@@ -175,7 +175,7 @@ def _mma_a_fragments(factor_shift: int, factor_bias: int) -> str:
 
     steps = []
     for s in range(4):
-        q, r = f"$${16 + s}", [f"r{4 * s + i}" for i in range(4)]
+        q, r = f"${16 + s}", [f"r{4 * s + i}" for i in range(4)]
         steps.append(
             f"and.b32 {r[0]}, {q}, 0x81C081C0; shl.b32 t, {q}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
             f"shl.b32 t, {q}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {q}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
@@ -188,7 +188,7 @@ def _mma_a_fragments(factor_shift: int, factor_bias: int) -> str:
         f"{{ .reg .b32 t, f0, f1, z, {regs}; mov.b32 z, 0x80008000; "
         + factor("f0", "0x4040") + factor("f1", "0x4141") + "".join(steps)
         + "".join(f"mov.b32 ${i}, r{i}; " for i in range(16)) + "}"
-    ).replace("$$", "$")
+    )
 
 
 # by SCALE_CODES value: E8M0 factor bytes are the bf16 exponent field; E4M3 (nvfp4) ones a

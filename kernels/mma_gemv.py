@@ -8,7 +8,7 @@ activation as the B operand: 8 activation rows per column group, so M = 1 uses o
 (every column the same row) and M <= 16 two, both from one decode.
 
 The mma fragments tie values to lanes, which Triton's tensor layouts do not promise. So
-every tensor here holds one value per thread (`[THREADS]`, indexed by the thread's own
+every tensor here holds one value per thread (`[128]`, indexed by the thread's own
 %tid.x), and each thread computes its addresses from its lane: no value crosses threads
 outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 32
 weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
@@ -29,13 +29,12 @@ import helion.language as hl
 from .configs import KERNEL_SETTINGS
 from .decode import MMA_A_FRAGMENTS_PTX, MMA_BF16_PTX
 
-# One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (literals in the
-# kernel body: Helion passes module constants as extra arguments).
-THREADS = 128
+# One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (written as
+# literals in the kernel and its helpers: Helion passes module constants as extra arguments).
 
 
 def thread_ids():
-    """%tid.x of each thread, as a [THREADS] tensor holding one value per thread."""
+    """%tid.x of each thread, as a [128] tensor holding one value per thread."""
     return hl.inline_asm_elementwise(
         "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([128], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
     )

@@ -1,5 +1,6 @@
 """Scale layouts and fp4 data layouts (`blockscaled.layouts`)."""
 
+from .fp4 import pack_codes, unpack_codes
 from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
 from .mma import arrange_mma_m16k16, factor_bytes, factor_value, zero_scale_codes, unarrange_mma_m16k16
 from .scales import (
@@ -27,6 +28,8 @@ __all__ = [
     "factor_bytes",
     "factor_value",
     "zero_scale_codes",
+    "pack_codes",
+    "unpack_codes",
     "cdna4_offset",
     "cdna4_shuffle",
     "cdna4_unshuffle",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .fp4 import unpack_codes
 from .mma import check_mma_shape
 
 DATA_LAYOUTS = ("k_order", "block_pairs", "mma_m16k16")
@@ -37,7 +38,7 @@ def check_data_layout(layout: str, k: int, block: int, packed: bool, rows: int =
 
 def _codes(data: torch.Tensor) -> torch.Tensor:
     """[rows, K/2] bytes -> [rows, K/2, 2] nibbles (low, high)."""
-    return torch.stack([data & 15, data >> 4], dim=-1)
+    return unpack_codes(data).reshape(*data.shape, 2)
 
 
 def pair_blocks(data: torch.Tensor, block: int) -> torch.Tensor:

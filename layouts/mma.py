@@ -15,7 +15,7 @@ the bits already where the decode wants them:
   `SLOTS[reg]`; register 0's slots are bf16's sign and the lowest exponent and highest
   mantissa bits, so `word & 0x81C081C0` is bf16(code * 2^-126) (the E2M1 subnormal lands on
   the bf16 subnormal). Registers 1 and 2 are the same after a shift left by 3 and 6,
-  register 3 takes three shifts: 11 integer ops per 8 codes (`decode.E2M1X8_TO_MMA_BF16`).
+  register 3 takes three shifts: 11 integer ops per 8 codes (`decode.MMA_A_FRAGMENTS_PTX`).
 
 The scales become one byte per (row, block), `factor_bytes`: the exponent field (mx) or a
 normalized 5-bit exponent and 3 mantissa bits (nvfp4) of the bf16 factor
@@ -28,6 +28,8 @@ bytes as one 16-bit word.
 from __future__ import annotations
 
 import torch
+
+from .fp4 import pack_codes, unpack_codes
 
 GROUP_ROWS = 16
 WINDOW_K = 64
@@ -46,11 +48,6 @@ def check_mma_shape(rows: int, k: int) -> None:
         )
 
 
-def _codes(data: torch.Tensor) -> torch.Tensor:
-    """k_order bytes [rows, K/2] -> codes int32 [rows, K]."""
-    return torch.stack([data & 15, data >> 4], dim=-1).reshape(data.shape[0], -1).to(torch.int32)
-
-
 def _fragments(codes: torch.Tensor) -> torch.Tensor:
     """codes [rows, K] -> [gr, w, s, g, q, half R0/R1, j] (a view in the layout's order)."""
     rows, k = codes.shape
@@ -62,7 +59,7 @@ def arrange_mma_m16k16(data: torch.Tensor) -> torch.Tensor:
     """k_order fp4 bytes [rows, K/2] -> "mma_m16k16" bytes [rows, K/2] (same size)."""
     rows, half = data.shape
     check_mma_shape(rows, 2 * half)
-    frag = _fragments(_codes(data))
+    frag = _fragments(unpack_codes(data))
     word = torch.zeros(frag.shape[:5], dtype=torch.int64, device=data.device)
     for reg, (row_half, j0) in enumerate(_REGS):
         for part in range(2):
@@ -86,7 +83,7 @@ def unarrange_mma_m16k16(data: torch.Tensor) -> torch.Tensor:
                 code |= ((word >> (pos + 16 * part)) & 1) << bit
             frag[..., row_half, j0 + part] = code
     codes = frag.permute(0, 5, 3, 1, 4, 2, 6).reshape(rows, k)  # back to gr, half, g, w, q, s, j
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    return pack_codes(codes)
 
 
 def factor_bytes(scales: torch.Tensor, encoding: str, block: int, codes_zero: torch.Tensor) -> tuple[torch.Tensor, int]:
