@@ -58,19 +58,21 @@ def block_dot_folded(pair, m):
     return [plan.fold for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]
 
 
-def gemv_decodes_every_byte(fmt, device):
+def decodes_every_byte(fmt, device, backend, data_layout="k_order"):
     """Row r of fp4 weights repeats byte r; one-hot activations pick the low (even K) and
-    high (odd K) nibble of every byte: each gemv output is one code times its scale, exact."""
+    high (odd K) nibble of every byte at K positions of every word, register slot and lane
+    (both layouts): each output is one code times its scale, exact."""
     f = bs.FORMATS[fmt]
     k = 4 * f.block_size
     data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
     scales = torch.full((256, k // f.block_size), 0.5, device=device).to(f.scale_dtype)
     b = bs.QTensor(data, scales, fmt, global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
-    for col in (0, 1, k - 2, k - 1):
+    b = b.with_data_layout(data_layout)
+    for col in (0, 1, 2, 3, 5, 18, 39, k - 2, k - 1):
         a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
         a[0, col] = 3.0
         out = torch.full((1, 256), float("nan"), device=device)  # poison
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
@@ -91,21 +93,29 @@ def gemv_multiplies_every_code_pair(fmt, device):
     torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
-def gemv_decodes_every_scale(fmt, device):
-    """Row r of fp4 weights holds code 1.0 everywhere and scale byte r in every block (all
-    256, NaN codes included); a one-hot activation picks one element: each gemv output is
-    that scale, exact (NaN where the scale is NaN)."""
+def fp4_weights(data, scale_codes, fmt, data_layout):
+    """QTensor of k_order fp4 `data` and raw scale codes (global scale 1 for nvfp4), stored
+    in `data_layout`."""
+    f = bs.FORMATS[fmt]
+    g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
+    return bs.QTensor(data, scale_codes.contiguous().view(f.scale_dtype), fmt, global_scale=g).with_data_layout(data_layout)
+
+
+def decodes_every_scale(fmt, device, backend, code_sets=(range(256),), data_layout="k_order"):
+    """Row r of fp4 weights holds code 1.0 everywhere and scale code r of a set in every
+    block (default: all 256, NaN codes included); a one-hot activation picks one element:
+    each output is that scale, exact (NaN where the scale is NaN)."""
     f = bs.FORMATS[fmt]
     k = 4 * f.block_size
     data = torch.full((256, k // 2), 0x22, dtype=torch.uint8, device=device)  # E2M1 1.0 in both nibbles
-    codes = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // f.block_size)
-    b = bs.QTensor(data, codes.contiguous().view(f.scale_dtype), fmt,
-                   global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
-    a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
-    a[0, k - 1] = 1.0
-    out = torch.zeros((1, 256), device=device)
-    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
-    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)
+    for codes in code_sets:
+        codes = torch.as_tensor(codes, dtype=torch.int32).to(torch.uint8).to(device).unsqueeze(1).expand(256, k // f.block_size)
+        b = fp4_weights(data, codes, fmt, data_layout)
+        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
+        a[0, k - 1] = 1.0
+        out = torch.full((1, 256), 12345.5, device=device)  # poison: neither NaN nor any scale
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
+        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)
 
 
 def assert_split_k_workspaces_zero():
@@ -120,30 +130,6 @@ def assert_split_k_workspaces_zero():
             assert not t.any(), f"split-K {t.dtype} workspace left non-zero"
 
 
-def mma_weights(data, scale_codes, fmt):
-    """QTensor of k_order fp4 `data` and raw scale codes, arranged "mma_m16k16"."""
-    f = bs.FORMATS[fmt]
-    g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
-    return bs.QTensor(data, scale_codes.contiguous().view(f.scale_dtype), fmt, global_scale=g).with_data_layout("mma_m16k16")
-
-
-def mma_decodes_every_byte(fmt, device, backend=None):
-    """Row r of fp4 weights repeats byte r (256 rows); one-hot activations pick the low and
-    high nibble at K positions of every register and lane: each output is one code times
-    its scale, exact."""
-    f = bs.FORMATS[fmt]
-    k = 128
-    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
-    codes = torch.full((256, k // f.block_size), 0x38 if fmt == "nvfp4" else 126, dtype=torch.uint8, device=device)  # 1.0 / 0.5
-    b = mma_weights(data, codes, fmt)
-    for col in (0, 1, 2, 3, 5, 18, 39, 64, 127):
-        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
-        a[0, col] = 3.0
-        out = torch.full((1, 256), float("nan"), device=device)  # poison
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
-        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
-
-
 def mma_scale_code_sets(fmt):
     """Scale codes one "mma_m16k16" tensor can hold, 256 rows each: every finite
     non-negative E4M3 code (zero and subnormals included) twice, or the E8M0 codes 2..128 and
@@ -152,18 +138,3 @@ def mma_scale_code_sets(fmt):
     if fmt == "nvfp4":
         return [torch.where((r & 0x7F) == 0x7F, 0x38, r & 0x7F)]
     return [2 + r * 126 // 255, 128 + r * 126 // 255]
-
-
-def mma_decodes_every_scale(fmt, device, backend=None):
-    """Row r of fp4 weights holds code 1.0 everywhere and scale code r; a one-hot
-    activation picks one element: each output is that scale, exact."""
-    f = bs.FORMATS[fmt]
-    k = 128
-    data = torch.full((256, k // 2), 0x22, dtype=torch.uint8, device=device)  # E2M1 1.0 in both nibbles
-    for codes in mma_scale_code_sets(fmt):
-        b = mma_weights(data, codes.to(torch.uint8).to(device).unsqueeze(1).expand(256, k // f.block_size), fmt)
-        a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
-        a[0, 77] = 1.0
-        out = torch.full((1, 256), float("nan"), device=device)  # poison
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
-        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)

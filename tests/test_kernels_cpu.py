@@ -8,7 +8,7 @@ from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to
 from blockscaled.reference import codecs
 
 from pairs import (CPU_TOLERANCE, PAIRS, assert_split_k_workspaces_zero, backend_used, block_dot_folded,
-                   gemv_decodes_every_byte, gemv_decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, run_and_check)
+                   decodes_every_byte, decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, run_and_check)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter suite; the GPU runs test_kernels_gpu.py")
 
@@ -278,12 +278,12 @@ def test_block_dot_argument_errors(gen):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gemv_decodes_every_byte(fmt):
-    gemv_decodes_every_byte(fmt, "cpu")
+    decodes_every_byte(fmt, "cpu", "gemv")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gemv_decodes_every_scale(fmt):
-    gemv_decodes_every_scale(fmt, "cpu")
+    decodes_every_scale(fmt, "cpu", "gemv")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

@@ -6,9 +6,8 @@ import torch
 import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, gemv_decodes_every_byte,
-                   gemv_decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_every_byte,
-                   mma_decodes_every_scale, run_and_check)
+from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
+                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_scale_code_sets, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -86,13 +85,13 @@ def test_gemv_pairs(pair, gen):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gemv_ptx_decodes_every_byte(fmt):
-    gemv_decodes_every_byte(fmt, "cuda")
+    decodes_every_byte(fmt, "cuda", "gemv")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_gemv_decodes_every_scale(fmt):
     """E4M3 scales take the hardware fp8 -> fp32 conversion on the GPU: every code."""
-    gemv_decodes_every_scale(fmt, "cuda")
+    decodes_every_scale(fmt, "cuda", "gemv")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -132,5 +131,5 @@ def test_mma_decodes_every_byte_and_scale(fmt):
     """Every code in every register slot and lane, and every scale code the layout holds
     (zero, negative and subnormal E4M3 scales; E8M0 codes over both halves of their range):
     exact."""
-    mma_decodes_every_byte(fmt, "cuda", backend="mma")
-    mma_decodes_every_scale(fmt, "cuda", backend="mma")
+    decodes_every_byte(fmt, "cuda", "mma", data_layout="mma_m16k16")
+    decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout="mma_m16k16")

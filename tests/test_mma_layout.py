@@ -8,7 +8,7 @@ import blockscaled as bs
 from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
 from blockscaled.layouts.mma import SLOTS
 
-from pairs import mma_decodes_every_byte, mma_decodes_every_scale, mma_weights, run_and_check
+from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scale_code_sets, run_and_check
 
 U32 = 0xFFFFFFFF
 
@@ -112,9 +112,9 @@ def test_nan_scales_refused(fmt, nan):
     codes = torch.full((16, 64 // bs.FORMATS[fmt].block_size), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8)
     codes[3, 1] = nan
     with pytest.raises(ValueError, match="NaN"):
-        mma_weights(data, codes, fmt)
+        fp4_weights(data, codes, fmt, "mma_m16k16")
     data[3] = 0  # an all-zero block may carry any scale code
-    mma_weights(data, codes, fmt)
+    fp4_weights(data, codes, fmt, "mma_m16k16")
 
 
 def test_negative_nvfp4_scales_refused():
@@ -122,7 +122,7 @@ def test_negative_nvfp4_scales_refused():
     codes = torch.full((16, 4), 0x38, dtype=torch.uint8)
     codes[5, 2] = 0xB8  # -1.0
     with pytest.raises(ValueError, match="negative E4M3"):
-        mma_weights(data, codes, "nvfp4")
+        fp4_weights(data, codes, "nvfp4", "mma_m16k16")
 
 
 def test_mx_scale_span_refused():
@@ -130,7 +130,7 @@ def test_mx_scale_span_refused():
     codes = torch.full((16, 2), 200, dtype=torch.uint8)
     codes[0, 0] = 70  # shift 72: codes below 74 would leave bf16's normal range
     with pytest.raises(ValueError, match="E8M0 codes below 74"):
-        mma_weights(data, codes, "mxfp4")
+        fp4_weights(data, codes, "mxfp4", "mma_m16k16")
 
 
 def test_mma_backend_needs_the_layout(gen):
@@ -151,8 +151,8 @@ def test_other_kernels_read_the_k_order_copy(pair, gen):
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
 def test_every_byte_and_scale_cpu(fmt):
-    mma_decodes_every_byte(fmt, "cpu")
-    mma_decodes_every_scale(fmt, "cpu")
+    decodes_every_byte(fmt, "cpu", None, data_layout="mma_m16k16")
+    decodes_every_scale(fmt, "cpu", None, mma_scale_code_sets(fmt), data_layout="mma_m16k16")
 
 
 def test_split_fills_the_last_wave(monkeypatch):
