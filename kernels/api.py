@@ -230,7 +230,7 @@ def scaled_mm(
     if backend == "mma":
         max_split = _mma_max_split(config, m)
         key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device, max_split)
-        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split, fill_waves=not config and m <= 8)
+        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split, fill_waves=not config and _mma_column_groups(m) == 1)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
@@ -401,11 +401,16 @@ def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
+def _mma_column_groups(m: int) -> int:
+    """B operands of 8 activation rows each (the kernel's COL_GROUPS)."""
+    return -(-m // 8)
+
+
 def _mma_max_split(config, m: int) -> int:
     """The split-K cap: `config` may be {"max_split": n}, which then takes the largest split
     up to n (None: `MMA_MAX_SPLIT` and, at M <= 8, `_mma_split`'s wave rule)."""
     if not config:
-        return MMA_MAX_SPLIT[1 if m <= 8 else 2]
+        return MMA_MAX_SPLIT[_mma_column_groups(m)]
     if not isinstance(config, dict) or set(config) != {"max_split"} or int(config["max_split"]) < 1:
         raise ValueError(f"config: the mma backend takes {{'max_split': n >= 1}} or None, got {config!r}")
     return int(config["max_split"])
@@ -430,7 +435,7 @@ def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool
 def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
     split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
-    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, 1 if m <= 8 else 2, split)
+    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, _mma_column_groups(m), split)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
