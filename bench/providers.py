@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 import blockscaled as bs
+from blockscaled.layouts import mma
 
 # --format choices -> pairs (a format, b format)
 FORMAT_PAIRS = {
@@ -51,7 +52,7 @@ def weight_layouts(b, k):
     weights = {"k_order": b}
     if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
         weights["block_pairs"] = b.with_data_layout("block_pairs")
-    if b.fmt.is_packed and k % 64 == 0 and b.rows % 16 == 0:
+    if b.fmt.is_packed and mma.holds_shape(b.rows, k):
         weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
     return weights
 

@@ -149,11 +149,8 @@ def mma_kernel_code(args, b, variant):
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 
     plan = api._mma_plan(b, False, args.M, args.N, args.K, api._mma_max_split(variant or None, args.M))
-    factors, post = b.kernel_mma_factors
-    out = torch.empty(args.M * args.N, dtype=torch.bfloat16)
-    ws, tickets = plan.workspace or (out, out)
-    a = torch.zeros(args.M * args.K // 4, dtype=torch.int64)
-    kargs = (a, b.kernel_words.view(-1), factors, post, out, out, ws, tickets, *plan.consts)
+    a = torch.zeros(args.M, args.K, dtype=torch.bfloat16)
+    kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
     return code, mma_gemv_kernel.fn, kargs, plan, 32
 

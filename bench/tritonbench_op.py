@@ -18,6 +18,7 @@ import torch
 from tritonbench.utils.triton_op import BenchmarkOperator, register_benchmark, register_metric
 
 import blockscaled as bs
+from blockscaled.layouts import mma
 from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes, quantize_pair
 
 PAIRS = {bs.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
@@ -101,7 +102,7 @@ class Operator(BenchmarkOperator):
         """fp4 weights arranged once as "mma_m16k16", the W4A16 decode kernel's layout (bf16 x
         fp4 at M <= 16; other pairs and sizes read its k_order copy); fp8 weights as they are."""
         a, b = self._operands(pair_name, x, w)
-        if b.fmt.is_packed and b.rows % 16 == 0 and b.K % 64 == 0:
+        if b.fmt.is_packed and mma.holds_shape(b.rows, b.K):
             b = b.with_data_layout("mma_m16k16")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)

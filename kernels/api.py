@@ -443,14 +443,20 @@ def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int
     return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
 
 
-def _mma_run(key, plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out):
-    from .mma_gemv import mma_gemv_kernel
-
+def _mma_args(plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out) -> tuple:
+    """mma_gemv_kernel's arguments: the activation as int64 words, the weights as int32 words,
+    factors, post-scale, bias (or `out`), `out`, workspace and tickets (or `out`), all flat."""
     factors, post = b.kernel_mma_factors
     flat = out.view(-1)
     ws, tickets = plan.workspace or (flat, flat)
-    args = (a.view(torch.int64).view(-1), b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
+    return (a.view(torch.int64).view(-1), b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
             ws, tickets, *plan.consts)
+
+
+def _mma_run(key, plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out):
+    from .mma_gemv import mma_gemv_kernel
+
+    args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=mma_gemv_kernel.bind(args).compile_config(plan.cfg))
     plan.launch(*args)

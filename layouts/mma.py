@@ -41,8 +41,13 @@ NVFP4_SHIFT = 7  # nvfp4: f = scale * 2^119 in bf16 for every finite E4M3 scale
 NVFP4_BIAS = 237  # bf16 exponent field of a stored nvfp4 factor byte's exponent 0
 
 
+def holds_shape(rows: int, k: int) -> bool:
+    """Whether [rows, K] cuts into whole 16-row groups and 64-K windows."""
+    return rows % GROUP_ROWS == 0 and k % WINDOW_K == 0
+
+
 def check_mma_shape(rows: int, k: int) -> None:
-    if rows % GROUP_ROWS or k % WINDOW_K:
+    if not holds_shape(rows, k):
         raise ValueError(
             f"data_layout: 'mma_m16k16' needs rows % {GROUP_ROWS} == 0 and K % {WINDOW_K} == 0, got [{rows}, {k}]"
         )
