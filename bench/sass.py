@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16 activations; variants: {"max_split": n}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16 or fp4 activations; variants: {"max_split": n}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -125,7 +125,7 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     iteration) of the H100 plan of one pair and config variant."""
     name = bs.SUPPORTED_PAIRS[pair]
     if args.backend == "mma":
-        return mma_kernel_code(args, b_parts, variant)
+        return mma_kernel_code(args, a_parts, b_parts, variant)
     fields = configs.freeze_entry(variant, args.backend)
     with planned_as_h100():
         if args.backend == "gemv":
@@ -143,13 +143,12 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
     return code, kernel_fn.fn, kargs, plan, block_n * k_step / (32 * plan.cfg.config.get("num_warps", 4))
 
 
-def mma_kernel_code(args, b, variant):
-    """kernel_code of the mma backend: `b` is the "mma_m16k16" QTensor, `variant` may set
-    max_split; 32 weights per thread and window."""
+def mma_kernel_code(args, a, b, variant):
+    """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
+    "mma_m16k16" QTensor, `variant` may set max_split; 32 weights per thread and window."""
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 
-    plan = api._mma_plan(b, False, args.M, args.N, args.K, api._mma_max_split(variant or None, args.M))
-    a = torch.zeros(args.M, args.K, dtype=torch.bfloat16)
+    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, api._mma_max_split(variant or None, args.M))
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
     return code, mma_gemv_kernel.fn, kargs, plan, 32
@@ -171,7 +170,10 @@ def main(argv=None):
         if b.fmt.is_packed and args.backend in ("block_dot", "mma"):
             b = b.with_data_layout("block_pairs" if args.backend == "block_dot" else "mma_m16k16")
         words = args.backend == "gemv"  # as scaled_mm
-        a_parts, b_parts = api._parts(a, b.device, words), b if args.backend == "mma" else api._parts(b, b.device, words)
+        if args.backend == "mma":  # the mma kernel takes the tensors themselves
+            a_parts, b_parts = a, b
+        else:
+            a_parts, b_parts = api._parts(a, b.device, words), api._parts(b, b.device, words)
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")

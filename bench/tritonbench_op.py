@@ -99,8 +99,9 @@ class Operator(BenchmarkOperator):
 
     @register_benchmark()
     def blockscaled_mma(self, pair_name, x, w):
-        """fp4 weights arranged once as "mma_m16k16", the W4A16 decode kernel's layout (bf16 x
-        fp4 at M <= 16; other pairs and sizes read its k_order copy); fp8 weights as they are."""
+        """fp4 weights arranged once as "mma_m16k16", the tensor-core decode kernel's layout
+        (bf16 x fp4 and fp4 x fp4 at M <= 16; other pairs and sizes read its k_order copy);
+        fp8 weights as they are."""
         a, b = self._operands(pair_name, x, w)
         if b.fmt.is_packed and mma.holds_shape(b.rows, b.K):
             b = b.with_data_layout("mma_m16k16")

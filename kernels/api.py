@@ -204,11 +204,12 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
-        if backend in (None, "mma") and _mma_runs(pair, m, n, device):
+        if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
             backend = "mma"
         elif backend == "mma":
-            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M}, N % 64 == 0 on NVIDIA sm_80+; "
-                             f"got {pair}, M={m}, N={n} on {device}")
+            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M}, N % 64 == 0 on NVIDIA sm_80+, "
+                             f"fp4 activations with rowmajor scales; got {pair}, M={m}, N={n}, "
+                             f"a's scale layout {_layout(a)} on {device}")
         else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
@@ -230,7 +231,8 @@ def scaled_mm(
     if backend == "mma":
         max_split = _mma_max_split(config, m)
         key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device, max_split)
-        plan = _LAUNCHES.get(key) or _mma_plan(b, bias is not None, m, n, k, max_split, fill_waves=not config and _mma_column_groups(m) == 1)
+        plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, max_split,
+                                               fill_waves=not config and _mma_column_groups(m) == 1)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
@@ -381,9 +383,9 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
 
 
-# The tensor-core decode kernel (mma_gemv.py): bf16 activations, fp4 weights in the
-# "mma_m16k16" layout, M up to two column groups of 8.
-MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4")
+# The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16
+# or fp4 activations (fp4: k_order data, rowmajor scales), M up to two column groups of 8.
+MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4")
 MMA_MAX_M = 16
 # Split-K cap by column groups (M <= 8, M <= 16). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
@@ -396,9 +398,14 @@ MMA_MAX_SPLIT = {1: 32, 2: 8}
 MMA_PROGRAMS_PER_SM = 16
 
 
-def _mma_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
-    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % 64 == 0 and _ptx_decodes(device)
+def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
+    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % 64 == 0 and _mma_activation(a) and _ptx_decodes(device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def _mma_activation(a) -> bool:
+    """Whether the mma kernel reads this activation: bf16, or fp4 with k_order data and rowmajor scales."""
+    return not isinstance(a, QTensor) or (a.data_layout == "k_order" and a.layout == "rowmajor")
 
 
 def _mma_column_groups(m: int) -> int:
@@ -432,10 +439,11 @@ def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool
     return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
 
 
-def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
+def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
     split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
-    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], has_bias, _mma_column_groups(m), split)
+    _, act, block_a, _ = operand_codes(a.fmt if isinstance(a, QTensor) else None)
+    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act, block_a, has_bias, _mma_column_groups(m), split)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
@@ -443,17 +451,23 @@ def _mma_plan(b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int
     return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
 
 
-def _mma_args(plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out) -> tuple:
-    """mma_gemv_kernel's arguments: the activation as int64 words, the weights as int32 words,
-    factors, post-scale, bias (or `out`), `out`, workspace and tickets (or `out`), all flat."""
+def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
+    """mma_gemv_kernel's arguments: the activation as int64 words, its scale codes and post-scale
+    (bf16: `out` and 1), the weights as int32 words, factors, post-scale, bias (or `out`),
+    `out`, workspace and tickets (or `out`), all flat."""
     factors, post = b.kernel_mma_factors
     flat = out.view(-1)
     ws, tickets = plan.workspace or (flat, flat)
-    return (a.view(torch.int64).view(-1), b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
+    if isinstance(a, QTensor):
+        x64, xs = a.data.view(torch.int64).view(-1), a.kernel_scale.view(-1)
+        x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
+    else:
+        x64, xs, x_post = a.view(torch.int64).view(-1), flat, _one(b.device)
+    return (x64, xs, x_post, b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
             ws, tickets, *plan.consts)
 
 
-def _mma_run(key, plan: SplitKPlan, a: torch.Tensor, b: QTensor, bias, out):
+def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     from .mma_gemv import mma_gemv_kernel
 
     args = _mma_args(plan, a, b, bias, out)

@@ -197,14 +197,71 @@ MMA_A_FRAGMENTS_PTX = {
     SCALE_CODES["e8m0"]: _mma_a_fragments(7, 0),
     SCALE_CODES["e4m3"]: _mma_a_fragments(4, NVFP4_BIAS << 7),
 }
-# $0-$3 = $24-$27 + the 4 mma steps: A registers $4-$19 (4 per step), B (the 4 bf16 of an
-# activation row at the lane's K) $20-$23 as int64.
-MMA_BF16_PTX = (
-    "{ .reg .b32 b0, b1; .reg .f32 c0, c1, c2, c3; mov.b32 c0, $24; mov.b32 c1, $25; mov.b32 c2, $26; mov.b32 c3, $27; "
-    + "".join(
-        f"mov.b64 {{b0, b1}}, ${20 + s}; mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{c0, c1, c2, c3}}, "
-        f"{{${4 + 4 * s}, ${5 + 4 * s}, ${6 + 4 * s}, ${7 + 4 * s}}}, {{b0, b1}}, {{c0, c1, c2, c3}}; "
-        for s in range(4)
+# fp4 activations (nvfp4, mxfp4; rowmajor scales) -> mma.sync B fragments, exact. A lane's 16
+# K of a window (its int64 input, codes 0..15) are its B column's k pairs: step s takes the
+# two bytes 2s, 2s+1 (low nibble in the low half). Per int32 word: e / o = the words' low /
+# high nibbles as bytes (3 ops); per register prmt puts byte k of e and o under the two
+# halves, two shifts and masks leave bf16(code * 2^-126) (5 ops, 23 per 8 codes). Then
+# bf16x2 FMAs with -0 (exact) apply the block's factor `mma_b_factor`: E4M3 scales one FMA
+# by scale * 2^117 (the kernel multiplies its sums by 2^9); E8M0 two, by 2^126 and by the
+# scale (no single bf16 factor spans E8M0's range).
+MMA_B_E4M3_SHIFT = 9
+
+
+def _mma_b_fragments(scale_code: int) -> str:
+    regs = []
+    for wi, word in enumerate(("w0", "w1")):
+        regs.append(f"and.b32 e, {word}, 0x0F0F0F0F; shr.b32 o, {word}, 4; and.b32 o, o, 0x0F0F0F0F; ")
+        for k in range(4):
+            sel = k | k << 4 | (4 + k) << 8 | (4 + k) << 12
+            regs.append(
+                f"prmt.b32 t, e, o, {sel:#06x}; shl.b32 u, t, 6; and.b32 u, u, 0x01C001C0; shl.b32 t, t, 12; "
+                "and.b32 t, t, 0x80008000; or.b32 t, t, u; "
+                + ("fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else "")
+                + f"fma.rn.bf16x2 ${4 * wi + k}, t, $9, z; "
+            )
+    return ("{ .reg .b32 w0, w1, e, o, t, u, c, z; mov.b64 {w0, w1}, $8; mov.b32 z, 0x80008000; mov.b32 c, 0x7E807E80; "
+            + "".join(regs) + "}")
+
+
+# by SCALE_CODES value of the activation. Inputs $8: the lane's int64 of 16 codes, $9: the
+# bf16x2 factor; outputs $2s, $2s+1: step s's B registers.
+MMA_B_FRAGMENTS_PTX = {code: _mma_b_fragments(code) for code in (SCALE_CODES["e8m0"], SCALE_CODES["e4m3"])}
+
+
+def mma_b_factor(code: torch.Tensor, scale_code: int) -> torch.Tensor:
+    """Activation scale codes -> the bf16x2 factor (both halves) of `MMA_B_FRAGMENTS_PTX`:
+    E4M3 scale * 2^(126 - MMA_B_E4M3_SHIFT), E8M0 scale (2^-127 a bf16 subnormal), exact;
+    NaN codes give NaN. A bf16 is the high half of the equal fp32."""
+    value = decode_scale(code, scale_code)
+    if scale_code == SCALE_CODES["e4m3"]:
+        value = value * 2.0 ** (126 - MMA_B_E4M3_SHIFT)
+    bits = (value.view(torch.int32) >> 16) & 0xFFFF
+    return bits | (bits << 16)
+
+
+def _mma_steps(b_words: int) -> str:
+    """$0-$3 = accumulators + the 4 mma steps: A registers $4-$19 (4 per step); B at $20:
+    4 int64 (the 4 bf16 of a step) or 8 int32 (2 per step); accumulators after B."""
+    acc = 20 + b_words
+    steps = []
+    for s in range(4):
+        if b_words == 4:
+            b = "b0, b1"
+            steps.append(f"mov.b64 {{b0, b1}}, ${20 + s}; ")
+        else:
+            b = f"${20 + 2 * s}, ${21 + 2 * s}"
+        steps.append(
+            f"mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{c0, c1, c2, c3}}, "
+            f"{{${4 + 4 * s}, ${5 + 4 * s}, ${6 + 4 * s}, ${7 + 4 * s}}}, {{{b}}}, {{c0, c1, c2, c3}}; "
+        )
+    return (
+        "{ .reg .b32 b0, b1; .reg .f32 c0, c1, c2, c3; "
+        + "".join(f"mov.b32 c{i}, ${acc + i}; " for i in range(4))
+        + "".join(steps)
+        + "mov.b32 $0, c0; mov.b32 $1, c1; mov.b32 $2, c2; mov.b32 $3, c3; }"
     )
-    + "mov.b32 $0, c0; mov.b32 $1, c1; mov.b32 $2, c2; mov.b32 $3, c3; }"
-)
+
+
+# by B form: bf16 activations (4 int64 words) or decoded fp4 ones (8 int32 registers)
+MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}

@@ -27,7 +27,7 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
-from .decode import MMA_A_FRAGMENTS_PTX, MMA_BF16_PTX
+from .decode import MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES, mma_b_factor
 
 # One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (written as
 # literals in the kernel and its helpers: Helion passes module constants as extra arguments).
@@ -50,14 +50,45 @@ def a_fragments(w, f, base, factor_index, ENCODING):
     )
 
 
-def mma_window(x64, frags, acc, act_index):
-    """acc (4 fp32 per thread) += the window's 4 mma steps with the activation words at
-    `act_index` + s (each int64: the 4 bf16 of one B fragment)."""
-    acts = [hl.load(x64, [act_index + s]) for s in range(4)]
+def bf16_b_words(x64, act_index):
+    """The 4 int64 B words of a window (each: the 4 bf16 of one step) at `act_index` + s."""
+    return [hl.load(x64, [act_index + s]) for s in range(4)]
+
+
+def fp4_b_registers(x64, xs, act_index, scale_index, ACT):
+    """The 8 bf16x2 B registers of a window, decoded from the lane's int64 of 16 fp4 codes at
+    `act_index` and its block's scale code (`decode.MMA_B_FRAGMENTS_PTX`)."""
+    factor = mma_b_factor(hl.load(xs, [scale_index]).to(torch.int32), ACT)
     return hl.inline_asm_elementwise(
-        MMA_BF16_PTX, ",".join(["=r"] * 4 + ["r"] * 16 + ["l"] * 4 + ["r"] * 4), [*frags, *acts, *acc],
+        MMA_B_FRAGMENTS_PTX[ACT], ",".join(["=r"] * 8 + ["l", "r"]), [hl.load(x64, [act_index]), factor],
+        dtype=(torch.int32,) * 8, is_pure=True, pack=1,
+    )
+
+
+def activation_post(x_scale, ACT):
+    """What the sums are multiplied by for the activation: its global scale (nvfp4: times
+    2^MMA_B_E4M3_SHIFT, which its B factors left out)."""
+    if ACT == SCALE_CODES["e4m3"]:
+        return x_scale * 2.0**MMA_B_E4M3_SHIFT
+    return x_scale
+
+
+def mma_window(frags, b, acc):
+    """acc (4 fp32 per thread) += the window's 4 mma steps with B `b` (4 int64 bf16 words or
+    8 decoded int32 registers)."""
+    kind = "l" if len(b) == 4 else "r"
+    return hl.inline_asm_elementwise(
+        MMA_STEPS_PTX[len(b)], ",".join(["=r"] * 4 + ["r"] * 16 + [kind] * len(b) + ["r"] * 4), [*frags, *b, *acc],
         dtype=(torch.float32,) * 4, is_pure=True, pack=1,
     )
+
+
+def window_b(x64, xs, row, win, q, K, ACT, BLOCK_A):
+    """B of one column group's window: activation row `row` at the lane's 16 K."""
+    if ACT == 0:
+        return bf16_b_words(x64, row * (K // 4) + win * 16 + 4 * q)
+    return fp4_b_registers(x64, xs, row * (K // 16) + win * 4 + q,
+                           row * (K // BLOCK_A) + win * (64 // BLOCK_A) + (16 * q) // BLOCK_A, ACT)
 
 
 def out_index(col_group, q, g, gr, i, M, N):
@@ -105,6 +136,8 @@ def store_sum(out, bias, workspace, group, q, g, gr, scale, M, N, HAS_BIAS):
 @helion.kernel(**KERNEL_SETTINGS)
 def mma_gemv_kernel(
     x64: torch.Tensor,
+    xs: torch.Tensor,
+    x_post: torch.Tensor,
     w: torch.Tensor,
     f: torch.Tensor,
     post: torch.Tensor,
@@ -117,14 +150,17 @@ def mma_gemv_kernel(
     K: hl.constexpr,
     BLOCK: hl.constexpr,
     ENCODING: hl.constexpr,
+    ACT: hl.constexpr,
+    BLOCK_A: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
 ) -> torch.Tensor:
-    """out (flat [M * N]) = post * (x @ W^T) (+ bias); x64: the bf16 activation [M, K] as
-    int64 words; w, f: the weights' words and factor words ("mma_m16k16"), flat. SPLIT > 1:
-    workspace (float32 [M * N]) and tickets (int32, one per program row) are zero before and
-    after."""
+    """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
+    int64 words, flat (ACT 0: bf16; else fp4 codes, with flat rowmajor scale codes xs of
+    SCALE_CODES value ACT, blocks of BLOCK_A); w, f: the weights' words and factor words
+    ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
+    program row) are zero before and after."""
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
@@ -135,8 +171,8 @@ def mma_gemv_kernel(
         q = lane & 3
         gr = tile_p.begin * 4 + (tid >> 5)
         # B column g of column group c is activation row 8c + g (the last row past M)
-        act_0 = torch.where(g < M, g, M - 1) * (K // 4) + 4 * q
-        act_1 = torch.where(g + 8 < M, g + 8, M - 1) * (K // 4) + 4 * q
+        row_0 = torch.where(g < M, g, M - 1)
+        row_1 = torch.where(g + 8 < M, g + 8, M - 1)
         a0 = hl.zeros([128], dtype=torch.float32)
         a1 = hl.zeros([128], dtype=torch.float32)
         a2 = hl.zeros([128], dtype=torch.float32)
@@ -149,10 +185,11 @@ def mma_gemv_kernel(
             win = part.begin * steps + it.begin
             frags = a_fragments(w, f, (gr * windows + win) * 128 + lane,
                                 ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, ENCODING)
-            a0, a1, a2, a3 = mma_window(x64, frags, (a0, a1, a2, a3), act_0 + win * 16)
+            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT, BLOCK_A), (a0, a1, a2, a3))
             if COL_GROUPS == 2:
-                b0, b1, b2, b3 = mma_window(x64, frags, (b0, b1, b2, b3), act_1 + win * 16)
-        scale = post[0]
+                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT, BLOCK_A), (b0, b1, b2, b3))
+        x_scale = x_post[0]
+        scale = post[0] * activation_post(x_scale, ACT)
         if SPLIT == 1:
             store_group(out, bias, (a0, a1, a2, a3), 0, q, g, gr, scale, M, N, HAS_BIAS)
             if COL_GROUPS == 2:

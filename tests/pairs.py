@@ -138,3 +138,51 @@ def mma_scale_code_sets(fmt):
     if fmt == "nvfp4":
         return [torch.where((r & 0x7F) == 0x7F, 0x38, r & 0x7F)]
     return [2 + r * 126 // 255, 128 + r * 126 // 255]
+
+
+def picking_weights(fmt, n, k, stride, device):
+    """fp4 "mma_m16k16" weights [n, K] with E2M1 1.0 at (r, stride * r) and zeros elsewhere,
+    scales 1: output column r of a product is the activation element at K = stride * r."""
+    f = bs.FORMATS[fmt]
+    codes = torch.zeros(n, k, dtype=torch.uint8, device=device)
+    codes[torch.arange(n, device=device), stride * torch.arange(n, device=device)] = 2
+    data = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    ones = torch.full((n, k // f.block_size), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8, device=device)
+    return fp4_weights(data.contiguous(), ones, fmt, "mma_m16k16")
+
+
+def fp4_activation(data, scale_codes, fmt):
+    f = bs.FORMATS[fmt]
+    g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
+    return bs.QTensor(data, scale_codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
+
+
+def mma_decodes_every_activation_code(fmt, device):
+    """fp4 activations on the mma kernel: 16 rows over K = 512 put every code at every
+    position of a 64-K window (both nibbles, every lane, step and register) and in both
+    column groups; picking weights return each element, exact."""
+    r = torch.arange(16, device=device).unsqueeze(1)
+    j = torch.arange(256, device=device).unsqueeze(0)
+    low = ((j >> 5) + 8 * (r % 2)) % 16
+    high = (low + 5 + r // 2) % 16
+    scales = torch.full((16, 512 // bs.FORMATS[fmt].block_size), 0x38 if fmt == "nvfp4" else 127, device=device)
+    b = picking_weights(fmt, 512, 512, 1, device)
+    for m in (1, 16):
+        a = fp4_activation((low | (high << 4)).to(torch.uint8)[:m].contiguous(), scales[:m].contiguous(), fmt)
+        out = torch.full((m, 512), float("nan"), device=device)  # poison
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
+        torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
+
+
+def mma_decodes_every_activation_scale(fmt, device):
+    """fp4 activations of E2M1 1.0 on the mma kernel with scale code 128 r + i in block i
+    of row r (all 256, NaN and negative codes included); picking weights return each block's
+    scale: exact (NaN where it is NaN)."""
+    f = bs.FORMATS[fmt]
+    k = 128 * f.block_size
+    a = fp4_activation(torch.full((2, k // 2), 0x22, dtype=torch.uint8, device=device),
+                       torch.arange(256, device=device).reshape(2, 128), fmt)
+    b = picking_weights(fmt, 128, k, f.block_size, device)
+    out = torch.full((2, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
+    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
+    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)

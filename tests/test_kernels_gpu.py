@@ -7,7 +7,8 @@ import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
-                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_scale_code_sets, run_and_check)
+                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_every_activation_code,
+                   mma_decodes_every_activation_scale, mma_scale_code_sets, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -100,7 +101,7 @@ def test_gemv_multiplies_every_code_pair(fmt):
     gemv_multiplies_every_code_pair(fmt, "cuda")
 
 
-MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4")]
+MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4")]
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
@@ -116,13 +117,16 @@ def test_mma_pairs(pair, m, gen):
     assert backend_used(pair, m) == "mma"
 
 
-@pytest.mark.parametrize("pair", [*MMA_PAIRS, ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("pair", [*MMA_PAIRS, ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 17, 64])
 def test_mma_layout_elsewhere(pair, m, gen):
-    """"mma_m16k16" weights past M = 16, at N % 64 != 0 and with other activations take the
-    k_order copy."""
+    """"mma_m16k16" weights past M = 16, at N % 64 != 0, with fp8 activations or with
+    swizzled activation scales take the k_order copy."""
     run_and_check(pair, m, 1000 - 8 if m == 1 else 1024, 2048, "cuda", gen, data_layout="mma_m16k16")
     if pair not in MMA_PAIRS or m > 16:
+        assert backend_used(pair, m) != "mma"
+    if pair[0] != "bf16":
+        run_and_check(pair, m, 1024, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout="mma_m16k16")
         assert backend_used(pair, m) != "mma"
 
 
@@ -133,3 +137,11 @@ def test_mma_decodes_every_byte_and_scale(fmt):
     exact."""
     decodes_every_byte(fmt, "cuda", "mma", data_layout="mma_m16k16")
     decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout="mma_m16k16")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_mma_decodes_every_activation_code_and_scale(fmt):
+    """fp4 activations' B decode: every code at every window position in both column groups,
+    every scale code (NaN, negative, zero, subnormal E4M3; E8M0 0..255): exact."""
+    mma_decodes_every_activation_code(fmt, "cuda")
+    mma_decodes_every_activation_scale(fmt, "cuda")

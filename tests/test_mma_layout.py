@@ -76,6 +76,68 @@ def test_fragments_decode_to_the_reference(fmt, gen):
     torch.testing.assert_close(emulate_fragments(b), ref * 2.0**-shift, rtol=0, atol=0)
 
 
+def prmt(a: torch.Tensor, b: torch.Tensor, sel: int) -> torch.Tensor:
+    """PTX prmt.b32 (default mode) on uint32 words held in int64 tensors."""
+    out = torch.zeros_like(a)
+    for i in range(4):
+        src = (sel >> (4 * i)) & 7
+        byte = ((a if src < 4 else b) >> (8 * (src & 3))) & 0xFF
+        out |= byte << (8 * i)
+    return out
+
+
+def emulate_b_registers(a: bs.QTensor) -> torch.Tensor:
+    """fp4 activations [M, K] as the kernel's B fragments hold them: each lane's int64 of
+    16 codes decoded with the integer ops of `decode.MMA_B_FRAGMENTS_PTX`, times the factors
+    of `decode.mma_b_factor` (the function the kernel calls), at the K the mma pairs them
+    with (step s, register r, half h: K = 16 q + 4 s + 2 r + h of the window)."""
+    from blockscaled.kernels.decode import SCALE_CODES, mma_b_factor
+
+    m, k = a.shape
+    scale_code = SCALE_CODES[a.fmt.scale_encoding]
+    factor = mma_b_factor(a.scale.view(torch.uint8).to(torch.int32), scale_code) & 0xFFFF
+    factor = bf16_bits_value(factor).repeat_interleave(a.fmt.block_size, 1)
+    if scale_code == SCALE_CODES["e8m0"]:
+        factor = factor * 2.0**126  # the first of its two FMAs
+    words = a.data.view(torch.int32).to(torch.int64) & U32  # [M, K / 8]
+    out = torch.full((m, k), float("nan"), dtype=torch.float64)
+    for wi in range(k // 8):
+        w = words[:, wi]
+        e, o = w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
+        for byte in range(4):
+            t = prmt(e, o, byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12)
+            r = ((t << 6) & 0x01C001C0) | ((t << 12) & 0x80008000)
+            for half in range(2):
+                col = 8 * wi + 2 * byte + half
+                out[:, col] = bf16_bits_value((r >> (16 * half)) & 0xFFFF) * factor[:, col]
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_b_registers_decode_to_the_reference(fmt, gen):
+    """Every activation value the kernel's B decode gives equals the reference dequantization
+    (without the global scale, nvfp4 times 2^-9), bit for bit: every code at every nibble
+    position, scales across their range (nvfp4: zero, negative, subnormal and NaN codes;
+    E8M0: 0, 1 and 254)."""
+    from blockscaled.kernels.decode import MMA_B_E4M3_SHIFT
+
+    f = bs.FORMATS[fmt]
+    data = torch.randint(0, 256, (4, 256), generator=gen, dtype=torch.uint8)
+    data[0] = torch.arange(256, dtype=torch.uint8)  # every code pair once
+    if fmt == "nvfp4":
+        codes = torch.randint(0, 256, (4, 32), generator=gen)
+        codes[0, :6] = torch.tensor([0x00, 0x80, 0x03, 0x85, 0x7F, 0xFF])  # +-0, subnormals, NaN
+    else:
+        codes = torch.randint(0, 255, (4, 16), generator=gen)
+        codes[0, :4] = torch.tensor([0, 1, 254, 255])
+    g = torch.ones(()) if fmt == "nvfp4" else None
+    a = bs.QTensor(data, codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
+    ref = bs.reference.codecs.decode_elements(a.data, "e2m1").double() * bs.reference.codecs.decode_scales(
+        a.scale, f.scale_encoding).double().repeat_interleave(f.block_size, 1)
+    shift = MMA_B_E4M3_SHIFT if fmt == "nvfp4" else 0
+    torch.testing.assert_close(emulate_b_registers(a), ref * 2.0**-shift, rtol=0, atol=0, equal_nan=True)
+
+
 def test_register_slots_tile_the_word():
     """The four registers' bit slots use each of the 16 bits of a half exactly once."""
     bits = sorted(p for slots in SLOTS for p in slots)
