@@ -208,8 +208,7 @@ def scaled_mm(
             backend = "mma"
         elif backend == "mma":
             raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M}, N % 64 == 0 on NVIDIA sm_80+, "
-                             f"fp4 activations with rowmajor scales; got {pair}, M={m}, N={n}, "
-                             f"a's scale layout {_layout(a)} on {device}")
+                             f"k_order activations; got {pair}, M={m}, N={n} on {device}")
         else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
@@ -230,7 +229,7 @@ def scaled_mm(
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
         max_split = _mma_max_split(config, m)
-        key = (backend, pair, m, n, k, out_dtype, None if bias is None else bias.dtype, device, max_split)
+        key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, max_split)
         plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, max_split,
                                                fill_waves=not config and _mma_column_groups(m) == 1)
         return _mma_run(key, plan, a, b, bias, out)
@@ -384,7 +383,7 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 
 
 # The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16
-# or fp4 activations (fp4: k_order data, rowmajor scales), M up to two column groups of 8.
+# or fp4 activations (k_order data, any scale layout), M up to two column groups of 8.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4")
 MMA_MAX_M = 16
 # Split-K cap by column groups (M <= 8, M <= 16). H100, bf16 x fp4, the four Llama-3-70B
@@ -404,8 +403,8 @@ def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
 
 
 def _mma_activation(a) -> bool:
-    """Whether the mma kernel reads this activation: bf16, or fp4 with k_order data and rowmajor scales."""
-    return not isinstance(a, QTensor) or (a.data_layout == "k_order" and a.layout == "rowmajor")
+    """Whether the mma kernel reads this activation: bf16, or fp4 with k_order data."""
+    return not isinstance(a, QTensor) or a.data_layout == "k_order"
 
 
 def _mma_column_groups(m: int) -> int:
@@ -442,8 +441,8 @@ def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
     split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
-    _, act, block_a, _ = operand_codes(a.fmt if isinstance(a, QTensor) else None)
-    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act, block_a, has_bias, _mma_column_groups(m), split)
+    _, act, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
+    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act, block_a, a_layout, has_bias, _mma_column_groups(m), split)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

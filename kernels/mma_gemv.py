@@ -1,4 +1,4 @@
-"""M <= 16 (decode) on bf16 tensor cores: fp4 weights in the "mma_m16k16" layout, bf16 activations.
+"""M <= 16 (decode) on bf16 tensor cores: fp4 weights in the "mma_m16k16" layout, bf16 or fp4 activations.
 
 Each warp multiplies one 16-row group of weights: per 64-K window a thread loads 4 int32
 words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
@@ -13,6 +13,13 @@ every tensor here holds one value per thread (`[128]`, indexed by the thread's o
 outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 32
 weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
 
+fp4 activations (nvfp4, mxfp4; any scale layout) are decoded into the B registers in the
+same way (`decode.MMA_B_FRAGMENTS_PTX`: the lane's 16 codes of a window are one int64 and
+one scale block), exact: every E2M1 x E4M3 product and every E2M1 x E8M0 value from 2^-126
+up is a bf16. mma.sync flushes bf16 subnormals, so activation values below 2^-126 (E8M0
+blocks of scale 2^-127, and 0.5 at 2^-126, i.e. blocks whose largest |x| < 2^-123) count
+as zero here; the other backends keep them. sm_90: 160 instructions per window instead of 91.
+
 Split-K: SPLIT programs share a 64-row group along K and add their fp32 sums into a
 workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and stores.
 H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv): M = 1
@@ -25,6 +32,9 @@ import torch
 
 import helion
 import helion.language as hl
+
+from blockscaled.formats import SCALE_LAYOUTS
+from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES, mma_b_factor
@@ -83,12 +93,13 @@ def mma_window(frags, b, acc):
     )
 
 
-def window_b(x64, xs, row, win, q, K, ACT, BLOCK_A):
+def window_b(x64, xs, row, win, q, K, ACT, BLOCK_A, A_LAYOUT):
     """B of one column group's window: activation row `row` at the lane's 16 K."""
     if ACT == 0:
         return bf16_b_words(x64, row * (K // 4) + win * 16 + 4 * q)
+    block = win * (64 // BLOCK_A) + (16 * q) // BLOCK_A
     return fp4_b_registers(x64, xs, row * (K // 16) + win * 4 + q,
-                           row * (K // BLOCK_A) + win * (64 // BLOCK_A) + (16 * q) // BLOCK_A, ACT)
+                           scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A), ACT)
 
 
 def out_index(col_group, q, g, gr, i, M, N):
@@ -152,13 +163,14 @@ def mma_gemv_kernel(
     ENCODING: hl.constexpr,
     ACT: hl.constexpr,
     BLOCK_A: hl.constexpr,
+    A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
-    int64 words, flat (ACT 0: bf16; else fp4 codes, with flat rowmajor scale codes xs of
-    SCALE_CODES value ACT, blocks of BLOCK_A); w, f: the weights' words and factor words
+    int64 words, flat (ACT 0: bf16; else fp4 codes, with scale codes xs of SCALE_CODES value
+    ACT, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words and factor words
     ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
     program row) are zero before and after."""
     windows = K // 64
@@ -185,9 +197,9 @@ def mma_gemv_kernel(
             win = part.begin * steps + it.begin
             frags = a_fragments(w, f, (gr * windows + win) * 128 + lane,
                                 ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, ENCODING)
-            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT, BLOCK_A), (a0, a1, a2, a3))
+            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT, BLOCK_A, A_LAYOUT), (a0, a1, a2, a3))
             if COL_GROUPS == 2:
-                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT, BLOCK_A), (b0, b1, b2, b3))
+                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT, BLOCK_A, A_LAYOUT), (b0, b1, b2, b3))
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT)
         if SPLIT == 1:

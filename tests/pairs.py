@@ -176,12 +176,15 @@ def mma_decodes_every_activation_code(fmt, device):
 
 def mma_decodes_every_activation_scale(fmt, device):
     """fp4 activations of E2M1 1.0 on the mma kernel with scale code 128 r + i in block i
-    of row r (all 256, NaN and negative codes included); picking weights return each block's
-    scale: exact (NaN where it is NaN)."""
+    of row r (all 256, NaN and negative codes included; E8M0 codes 0 and 1 read as 2 and 3:
+    mma.sync flushes values below 2^-126, see `kernels/mma_gemv.py`); picking weights return
+    each block's scale: exact (NaN where it is NaN)."""
     f = bs.FORMATS[fmt]
     k = 128 * f.block_size
-    a = fp4_activation(torch.full((2, k // 2), 0x22, dtype=torch.uint8, device=device),
-                       torch.arange(256, device=device).reshape(2, 128), fmt)
+    codes = torch.arange(256, device=device)
+    if fmt == "mxfp4":
+        codes = torch.where(codes < 2, codes + 2, codes)
+    a = fp4_activation(torch.full((2, k // 2), 0x22, dtype=torch.uint8, device=device), codes.reshape(2, 128), fmt)
     b = picking_weights(fmt, 128, k, f.block_size, device)
     out = torch.full((2, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
     bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
