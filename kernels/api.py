@@ -383,8 +383,8 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 
 
 # The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16
-# or fp4 activations (k_order data, any scale layout), M up to two column groups of 8.
-MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4")
+# fp4 or fp8 activations (k_order data, any scale layout), M up to two column groups of 8.
+MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
 MMA_MAX_M = 16
 # Split-K cap by column groups (M <= 8, M <= 16). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
@@ -441,8 +441,9 @@ def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
     split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
-    _, act, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act, block_a, a_layout, has_bias, _mma_column_groups(m), split)
+    act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
+    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
+              _mma_column_groups(m), split)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

@@ -197,36 +197,60 @@ MMA_A_FRAGMENTS_PTX = {
     SCALE_CODES["e8m0"]: _mma_a_fragments(7, 0),
     SCALE_CODES["e4m3"]: _mma_a_fragments(4, NVFP4_BIAS << 7),
 }
-# fp4 activations (nvfp4, mxfp4; rowmajor scales) -> mma.sync B fragments, exact. A lane's 16
-# K of a window (its int64 input, codes 0..15) are its B column's k pairs: step s takes the
-# two bytes 2s, 2s+1 (low nibble in the low half). Per int32 word: e / o = the words' low /
-# high nibbles as bytes (3 ops); per register prmt puts byte k of e and o under the two
-# halves, two shifts and masks leave bf16(code * 2^-126) (5 ops, 23 per 8 codes). Then
-# bf16x2 FMAs with -0 (exact) apply the block's factor `mma_b_factor`: E4M3 scales one FMA
-# by scale * 2^117 (the kernel multiplies its sums by 2^9); E8M0 two, by 2^126 and by the
-# scale (no single bf16 factor spans E8M0's range).
+# fp4 and fp8 activations -> mma.sync B fragments, exact. A lane's 16 K of a window (one
+# int64 of fp4 codes, two of fp8 bytes) are its B column's k pairs: step s takes K 4s, 4s+1
+# (first register, low half first) and 4s+2, 4s+3. Each register gets its two elements'
+# bits under the bf16 fields in 5 integer ops (prmt, two shifts, two masks) and then
+# bf16x2 FMAs with -0 (exact) apply the factor `mma_b_factor`:
+# - E2M1: per int32 word, e / o = the low / high nibbles as bytes (3 ops); prmt puts byte
+#   k of e and o under the two halves: bf16(code * 2^-126).
+# - E4M3: prmt puts bytes 2r, 2r+1 under the halves: bf16(value * 2^-120).
+#   E4M3 has NaN codes (S.1111.111) where this gives 480: if any of the lane's 16 bytes is
+#   one (bit 7 of (byte & 0x7F) + 1, 4 words OR-ed: 11 ops), its factor becomes NaN, so its
+#   whole B column is NaN, as NaN * w spreads through the reference's row anyway.
+# E4M3 scales (nvfp4): one FMA by scale * 2^117 (the kernel multiplies its sums by 2^9).
+# E8M0 scales: two, by 2^126 (2^120 for E4M3 elements) and by the scale (no single bf16
+# factor spans E8M0's range).
 MMA_B_E4M3_SHIFT = 9
 
 
-def _mma_b_fragments(scale_code: int) -> str:
+def _mma_b_fragments(element: int, scale_code: int) -> str:
+    fp4 = element == ELEMENT_CODES["e2m1"]
+    words = ("w0", "w1") if fp4 else ("w0", "w1", "w2", "w3")
+    scale = "fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else ""
     regs = []
-    for wi, word in enumerate(("w0", "w1")):
-        regs.append(f"and.b32 e, {word}, 0x0F0F0F0F; shr.b32 o, {word}, 4; and.b32 o, o, 0x0F0F0F0F; ")
-        for k in range(4):
-            sel = k | k << 4 | (4 + k) << 8 | (4 + k) << 12
-            regs.append(
-                f"prmt.b32 t, e, o, {sel:#06x}; shl.b32 u, t, 6; and.b32 u, u, 0x01C001C0; shl.b32 t, t, 12; "
-                "and.b32 t, t, 0x80008000; or.b32 t, t, u; "
-                + ("fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else "")
-                + f"fma.rn.bf16x2 ${4 * wi + k}, t, $9, z; "
-            )
-    return ("{ .reg .b32 w0, w1, e, o, t, u, c, z; mov.b64 {w0, w1}, $8; mov.b32 z, 0x80008000; mov.b32 c, 0x7E807E80; "
-            + "".join(regs) + "}")
+    for wi, word in enumerate(words):
+        if fp4:
+            regs.append(f"and.b32 e, {word}, 0x0F0F0F0F; shr.b32 o, {word}, 4; and.b32 o, o, 0x0F0F0F0F; ")
+        for k in range(4 if fp4 else 2):
+            if fp4:  # byte k of e under the low half, of o under the high half
+                place = (f"prmt.b32 t, e, o, {k | k << 4 | (4 + k) << 8 | (4 + k) << 12:#06x}; shl.b32 u, t, 6; "
+                         "and.b32 u, u, 0x01C001C0; shl.b32 t, t, 12; and.b32 t, t, 0x80008000; ")
+            else:  # bytes 2k, 2k+1 under the two halves
+                place = (f"prmt.b32 t, {word}, 0, {2 * k * 0x11 | (2 * k + 1) * 0x1100:#06x}; shl.b32 u, t, 4; "
+                         "and.b32 u, u, 0x07F007F0; shl.b32 t, t, 8; and.b32 t, t, 0x80008000; ")
+            out = (4 if fp4 else 2) * wi + k
+            regs.append(place + "or.b32 t, t, u; " + scale + f"fma.rn.bf16x2 ${out}, t, $F, z; ")
+    first = 0x7E80 if fp4 else 0x7B80  # bf16 2^126, 2^120
+    factor = f"${8 + len(words) // 2}"
+    if fp4:
+        loads = "mov.b64 {w0, w1}, $8; "
+    else:  # f = NaN if a byte is an E4M3 NaN
+        loads = ("mov.b64 {w0, w1}, $8; mov.b64 {w2, w3}, $9; mov.b32 e, 0; "
+                 + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
+                 + f"and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, {factor}, p; ")
+        factor = "f"
+    regs = [r.replace("$F", factor) for r in regs]
+    return (f"{{ .reg .b32 {', '.join(words)}, e, o, t, u, c, z, f; .reg .pred p; " + loads
+            + f"mov.b32 z, 0x80008000; mov.b32 c, {first * 0x10001:#x}; " + "".join(regs) + "}")
 
 
-# by SCALE_CODES value of the activation. Inputs $8: the lane's int64 of 16 codes, $9: the
-# bf16x2 factor; outputs $2s, $2s+1: step s's B registers.
-MMA_B_FRAGMENTS_PTX = {code: _mma_b_fragments(code) for code in (SCALE_CODES["e8m0"], SCALE_CODES["e4m3"])}
+# by (ELEMENT_CODES, SCALE_CODES) of the activation. Inputs $8 (fp8: $8, $9): the lane's 16
+# elements as int64, then the bf16x2 factor; outputs $2s, $2s+1: step s's B registers.
+MMA_B_FRAGMENTS_PTX = {
+    (ELEMENT_CODES[e], SCALE_CODES[c]): _mma_b_fragments(ELEMENT_CODES[e], SCALE_CODES[c])
+    for e, c in (("e2m1", "e8m0"), ("e2m1", "e4m3"), ("e4m3", "e8m0"))
+}
 
 
 def mma_b_factor(code: torch.Tensor, scale_code: int) -> torch.Tensor:

@@ -37,7 +37,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES, mma_b_factor
+from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES,
+                     mma_b_factor)
 
 # One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (written as
 # literals in the kernel and its helpers: Helion passes module constants as extra arguments).
@@ -65,20 +66,24 @@ def bf16_b_words(x64, act_index):
     return [hl.load(x64, [act_index + s]) for s in range(4)]
 
 
-def fp4_b_registers(x64, xs, act_index, scale_index, ACT):
-    """The 8 bf16x2 B registers of a window, decoded from the lane's int64 of 16 fp4 codes at
-    `act_index` and its block's scale code (`decode.MMA_B_FRAGMENTS_PTX`)."""
-    factor = mma_b_factor(hl.load(xs, [scale_index]).to(torch.int32), ACT)
+def narrow_b_registers(x64, xs, act_index, scale_index, ACT_ELEM, ACT_SCALE):
+    """The 8 bf16x2 B registers of a window, decoded from the lane's 16 fp4 or fp8 elements
+    (1 or 2 int64 at `act_index`) and its block's scale code (`decode.MMA_B_FRAGMENTS_PTX`)."""
+    factor = mma_b_factor(hl.load(xs, [scale_index]).to(torch.int32), ACT_SCALE)
+    if ACT_ELEM == ELEMENT_CODES["e2m1"]:
+        words = [hl.load(x64, [act_index])]
+    else:
+        words = [hl.load(x64, [act_index]), hl.load(x64, [act_index + 1])]
     return hl.inline_asm_elementwise(
-        MMA_B_FRAGMENTS_PTX[ACT], ",".join(["=r"] * 8 + ["l", "r"]), [hl.load(x64, [act_index]), factor],
+        MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE], ",".join(["=r"] * 8 + ["l"] * len(words) + ["r"]), [*words, factor],
         dtype=(torch.int32,) * 8, is_pure=True, pack=1,
     )
 
 
-def activation_post(x_scale, ACT):
+def activation_post(x_scale, ACT_SCALE):
     """What the sums are multiplied by for the activation: its global scale (nvfp4: times
     2^MMA_B_E4M3_SHIFT, which its B factors left out)."""
-    if ACT == SCALE_CODES["e4m3"]:
+    if ACT_SCALE == SCALE_CODES["e4m3"]:
         return x_scale * 2.0**MMA_B_E4M3_SHIFT
     return x_scale
 
@@ -93,13 +98,17 @@ def mma_window(frags, b, acc):
     )
 
 
-def window_b(x64, xs, row, win, q, K, ACT, BLOCK_A, A_LAYOUT):
-    """B of one column group's window: activation row `row` at the lane's 16 K."""
-    if ACT == 0:
-        return bf16_b_words(x64, row * (K // 4) + win * 16 + 4 * q)
-    block = win * (64 // BLOCK_A) + (16 * q) // BLOCK_A
-    return fp4_b_registers(x64, xs, row * (K // 16) + win * 4 + q,
-                           scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A), ACT)
+def window_b(x64, xs, row, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT):
+    """B of one column group's window: activation row `row` at the lane's 16 K (int64 words
+    of 4 bf16, 16 fp4 or 8 fp8 elements)."""
+    per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
+    # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
+    index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        return bf16_b_words(x64, index)
+    block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
+    return narrow_b_registers(x64, xs, index, scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A), ACT_ELEM,
+                              ACT_SCALE)
 
 
 def out_index(col_group, q, g, gr, i, M, N):
@@ -161,7 +170,8 @@ def mma_gemv_kernel(
     K: hl.constexpr,
     BLOCK: hl.constexpr,
     ENCODING: hl.constexpr,
-    ACT: hl.constexpr,
+    ACT_ELEM: hl.constexpr,
+    ACT_SCALE: hl.constexpr,
     BLOCK_A: hl.constexpr,
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
@@ -169,8 +179,8 @@ def mma_gemv_kernel(
     SPLIT: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
-    int64 words, flat (ACT 0: bf16; else fp4 codes, with scale codes xs of SCALE_CODES value
-    ACT, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words and factor words
+    int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
+    of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words and factor words
     ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
     program row) are zero before and after."""
     windows = K // 64
@@ -197,11 +207,11 @@ def mma_gemv_kernel(
             win = part.begin * steps + it.begin
             frags = a_fragments(w, f, (gr * windows + win) * 128 + lane,
                                 ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, ENCODING)
-            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT, BLOCK_A, A_LAYOUT), (a0, a1, a2, a3))
+            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT), (a0, a1, a2, a3))
             if COL_GROUPS == 2:
-                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT, BLOCK_A, A_LAYOUT), (b0, b1, b2, b3))
+                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT), (b0, b1, b2, b3))
         x_scale = x_post[0]
-        scale = post[0] * activation_post(x_scale, ACT)
+        scale = post[0] * activation_post(x_scale, ACT_SCALE)
         if SPLIT == 1:
             store_group(out, bias, (a0, a1, a2, a3), 0, q, g, gr, scale, M, N, HAS_BIAS)
             if COL_GROUPS == 2:

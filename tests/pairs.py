@@ -147,45 +147,80 @@ def picking_weights(fmt, n, k, stride, device):
     codes = torch.zeros(n, k, dtype=torch.uint8, device=device)
     codes[torch.arange(n, device=device), stride * torch.arange(n, device=device)] = 2
     data = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    ones = torch.full((n, k // f.block_size), 0x38 if fmt == "nvfp4" else 127, dtype=torch.uint8, device=device)
-    return fp4_weights(data.contiguous(), ones, fmt, "mma_m16k16")
+    return fp4_weights(data.contiguous(), unit_scales(f, n, k, device), fmt, "mma_m16k16")
 
 
-def fp4_activation(data, scale_codes, fmt):
+def unit_scales(f, rows, k, device):
+    """Scale codes of 1.0 for [rows, K] of format `f`."""
+    return torch.full((rows, k // f.block_size), 0x38 if f.scale_encoding == "e4m3" else 127, dtype=torch.uint8, device=device)
+
+
+def narrow_activation(data, scale_codes, fmt):
     f = bs.FORMATS[fmt]
     g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
-    return bs.QTensor(data, scale_codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
+    return bs.QTensor(data.view(f.storage_dtype), scale_codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
 
 
-def mma_decodes_every_activation_code(fmt, device):
-    """fp4 activations on the mma kernel: 16 rows over K = 512 put every code at every
-    position of a 64-K window (both nibbles, every lane, step and register) and in both
-    column groups; picking weights return each element, exact."""
+def mma_decodes_every_activation_code(pair, device):
+    """fp4 / fp8 activations on the mma kernel: 16 rows over K = 512 (fp4) or 1024 (fp8) put
+    every code at every position of a 64-K window (every nibble or byte, lane, step and
+    register) and in both column groups; picking weights return each element, exact. fp8 NaN
+    bytes (which turn their whole output row NaN) are left to `..._activation_nan`."""
+    fa, fb = pair
+    f = bs.FORMATS[fa]
     r = torch.arange(16, device=device).unsqueeze(1)
-    j = torch.arange(256, device=device).unsqueeze(0)
-    low = ((j >> 5) + 8 * (r % 2)) % 16
-    high = (low + 5 + r // 2) % 16
-    scales = torch.full((16, 512 // bs.FORMATS[fmt].block_size), 0x38 if fmt == "nvfp4" else 127, device=device)
-    b = picking_weights(fmt, 512, 512, 1, device)
+    if f.is_packed:
+        k = 512
+        j = torch.arange(256, device=device).unsqueeze(0)
+        low = ((j >> 5) + 8 * (r % 2)) % 16
+        data = low | ((low + 5 + r // 2) % 16) << 4
+    else:
+        k = 1024
+        data = (torch.arange(k, device=device).unsqueeze(0) // 64 + 16 * r) % 256
+        data = torch.where(data & 0x7F == 0x7F, 0x38, data)
+    b = picking_weights(fb, k, k, 1, device)
     for m in (1, 16):
-        a = fp4_activation((low | (high << 4)).to(torch.uint8)[:m].contiguous(), scales[:m].contiguous(), fmt)
-        out = torch.full((m, 512), float("nan"), device=device)  # poison
+        a = narrow_activation(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
+        out = torch.full((m, k), float("nan"), device=device)  # poison
         bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
-def mma_decodes_every_activation_scale(fmt, device):
-    """fp4 activations of E2M1 1.0 on the mma kernel with scale code 128 r + i in block i
-    of row r (all 256, NaN and negative codes included; E8M0 codes 0 and 1 read as 2 and 3:
-    mma.sync flushes values below 2^-126, see `kernels/mma_gemv.py`); picking weights return
-    each block's scale: exact (NaN where it is NaN)."""
-    f = bs.FORMATS[fmt]
+def mma_decodes_every_activation_scale(pair, device):
+    """Activations of value 1.0 on the mma kernel with scale code 128 r + i in block i of row
+    r (all finite codes; E8M0 codes 0 and 1 read as 2 and 3: mma.sync flushes values below
+    2^-126, see `kernels/mma_gemv.py`); picking weights return each block's scale, exact. Two
+    more rows hold one NaN scale code each (E8M0: one row): the reference's rows are NaN
+    throughout, and so must the kernel's be."""
+    fa, fb = pair
+    f = bs.FORMATS[fa]
     k = 128 * f.block_size
     codes = torch.arange(256, device=device)
-    if fmt == "mxfp4":
-        codes = torch.where(codes < 2, codes + 2, codes)
-    a = fp4_activation(torch.full((2, k // 2), 0x22, dtype=torch.uint8, device=device), codes.reshape(2, 128), fmt)
-    b = picking_weights(fmt, 128, k, f.block_size, device)
-    out = torch.full((2, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
+    nan = torch.tensor([0x7F, 0xFF] if f.scale_encoding == "e4m3" else [255], device=device)
+    unit = unit_scales(f, 1, f.block_size, device).item()
+    codes = torch.where(torch.isin(codes, nan) | (codes < (2 if f.scale_encoding == "e8m0" else 0)), unit, codes)
+    nan_rows = unit_scales(f, len(nan), k, device).to(codes.dtype)
+    nan_rows[:, 5] = nan
+    one = 0x22 if f.is_packed else 0x38
+    rows = 2 + len(nan)
+    a = narrow_activation(torch.full((rows, k // 2 if f.is_packed else k), one, dtype=torch.uint8, device=device),
+                          torch.cat([codes.reshape(2, 128), nan_rows]), fa)
+    b = picking_weights(fb, 128, k, f.block_size, device)
+    out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
     bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
-    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)
+    ref = ref_scaled_mm(a, b).float()
+    assert ref[2:].isnan().all() and not ref[:2].isnan().any()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def mma_decodes_activation_nan(device):
+    """An fp8 NaN byte in one activation row: that output row is NaN, the others exact."""
+    a_data = torch.full((3, 256), 0x38, dtype=torch.uint8, device=device)
+    a_data[1, 77] = 0xFF
+    a = narrow_activation(a_data, unit_scales(bs.FORMATS["mxfp8"], 3, 256, device), "mxfp8")
+    b = picking_weights("mxfp4", 256, 256, 1, device)
+    out = torch.full((3, 256), 12345.5, device=device)
+    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
+    ref = ref_scaled_mm(a, b).float()
+    assert ref[1].isnan().all() and not ref[[0, 2]].isnan().any()
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)

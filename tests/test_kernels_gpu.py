@@ -7,8 +7,8 @@ import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
-                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_every_activation_code,
-                   mma_decodes_every_activation_scale, mma_scale_code_sets, run_and_check)
+                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
+                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_scale_code_sets, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -101,7 +101,7 @@ def test_gemv_multiplies_every_code_pair(fmt):
     gemv_multiplies_every_code_pair(fmt, "cuda")
 
 
-MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4")]
+MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")]
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
@@ -109,27 +109,25 @@ MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4",
 def test_mma_pairs(pair, m, gen):
     """The tensor-core decode kernel ("mma_m16k16" weights, the default for them at M <= 16):
     split-K 32 at the decode shape, one window without split, bias and bf16 out, fp4
-    activations' scales in three layouts."""
+    narrow activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 64, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)
     assert backend_used(pair, m) == "mma"
-    if pair[0] != "bf16":  # fp4 activations' scales in place in every layout
+    if pair[0] != "bf16":  # narrow activations' scales in place in every layout
         for layout in ("swizzle_32_4_4", "cdna4_16"):
             run_and_check(pair, m, 1024, 2048, "cuda", gen, layout=layout, data_layout="mma_m16k16")
             assert backend_used(pair, m) == "mma"
 
 
-@pytest.mark.parametrize("pair", [*MMA_PAIRS, ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 17, 64])
 def test_mma_layout_elsewhere(pair, m, gen):
-    """"mma_m16k16" weights past M = 16, at N % 64 != 0 and with fp8 activations take the
-    k_order copy."""
+    """"mma_m16k16" weights past M = 16 and at N % 64 != 0 take the k_order copy."""
     run_and_check(pair, m, 1000 - 8 if m == 1 else 1024, 2048, "cuda", gen, data_layout="mma_m16k16")
-    if pair not in MMA_PAIRS or m > 16:
-        assert backend_used(pair, m) != "mma"
+    assert backend_used(pair, m) != "mma"
 
 
 
@@ -142,9 +140,11 @@ def test_mma_decodes_every_byte_and_scale(fmt):
     decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout="mma_m16k16")
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_mma_decodes_every_activation_code_and_scale(fmt):
-    """fp4 activations' B decode: every code at every window position in both column groups,
-    every scale code (NaN, negative, zero, subnormal E4M3; E8M0 2..255): exact."""
-    mma_decodes_every_activation_code(fmt, "cuda")
-    mma_decodes_every_activation_scale(fmt, "cuda")
+@pytest.mark.parametrize("pair", MMA_PAIRS[2:], ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_decodes_every_activation_code_and_scale(pair):
+    """Narrow activations' B decode: every code at every window position in both column
+    groups, every scale code (NaN, negative, zero, subnormal E4M3; E8M0 2..255): exact."""
+    mma_decodes_every_activation_code(pair, "cuda")
+    mma_decodes_every_activation_scale(pair, "cuda")
+    if pair[0] == "mxfp8":
+        mma_decodes_activation_nan("cuda")

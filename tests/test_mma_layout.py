@@ -87,54 +87,71 @@ def prmt(a: torch.Tensor, b: torch.Tensor, sel: int) -> torch.Tensor:
 
 
 def emulate_b_registers(a: bs.QTensor) -> torch.Tensor:
-    """fp4 activations [M, K] as the kernel's B fragments hold them: each lane's int64 of
-    16 codes decoded with the integer ops of `decode.MMA_B_FRAGMENTS_PTX`, times the factors
-    of `decode.mma_b_factor` (the function the kernel calls), at the K the mma pairs them
-    with (step s, register r, half h: K = 16 q + 4 s + 2 r + h of the window)."""
+    """fp4 / fp8 activations [M, K] as the kernel's B fragments hold them: each lane's 16
+    elements decoded with the integer ops of `decode.MMA_B_FRAGMENTS_PTX`, times the factors
+    of `decode.mma_b_factor` (the function the kernel calls; NaN for a lane whose fp8 bytes
+    hold a NaN), at the K the mma pairs them with (step s, register r, half h: K = 16 q +
+    4 s + 2 r + h of the window)."""
     from blockscaled.kernels.decode import SCALE_CODES, mma_b_factor
 
     m, k = a.shape
+    fp4 = a.fmt.is_packed
     scale_code = SCALE_CODES[a.fmt.scale_encoding]
-    factor = mma_b_factor(a.scale.view(torch.uint8).to(torch.int32), scale_code) & 0xFFFF
+    factor = mma_b_factor(a.scale_rowmajor().view(torch.uint8).to(torch.int32), scale_code) & 0xFFFF
     factor = bf16_bits_value(factor).repeat_interleave(a.fmt.block_size, 1)
     if scale_code == SCALE_CODES["e8m0"]:
-        factor = factor * 2.0**126  # the first of its two FMAs
-    words = a.data.view(torch.int32).to(torch.int64) & U32  # [M, K / 8]
+        factor = factor * 2.0 ** (126 if fp4 else 120)  # the first of its two FMAs
+    words = a.data.contiguous().view(torch.int32).to(torch.int64) & U32  # [M, K / 8 or K / 4]
+    if not fp4:  # a NaN byte anywhere in a lane's 16 makes its factor NaN
+        nan = ((((words & 0x7F7F7F7F) + 0x01010101) & 0x80808080) != 0).reshape(m, k // 16, 4).any(-1)
+        factor = torch.where(nan.repeat_interleave(16, 1), float("nan"), factor)
     out = torch.full((m, k), float("nan"), dtype=torch.float64)
-    for wi in range(k // 8):
+    for wi in range(words.shape[1]):
         w = words[:, wi]
-        e, o = w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
-        for byte in range(4):
-            t = prmt(e, o, byte | byte << 4 | (4 + byte) << 8 | (4 + byte) << 12)
-            r = ((t << 6) & 0x01C001C0) | ((t << 12) & 0x80008000)
+        if fp4:
+            e, o = w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F
+            regs = [prmt(e, o, j | j << 4 | (4 + j) << 8 | (4 + j) << 12) for j in range(4)]
+            regs = [((t << 6) & 0x01C001C0) | ((t << 12) & 0x80008000) for t in regs]
+        else:
+            regs = [prmt(w, w, 2 * j * 0x11 | (2 * j + 1) * 0x1100) for j in range(2)]
+            regs = [((t << 4) & 0x07F007F0) | ((t << 8) & 0x80008000) for t in regs]
+        for j, r in enumerate(regs):
             for half in range(2):
-                col = 8 * wi + 2 * byte + half
+                col = 2 * len(regs) * wi + 2 * j + half
                 out[:, col] = bf16_bits_value((r >> (16 * half)) & 0xFFFF) * factor[:, col]
     return out
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
 def test_b_registers_decode_to_the_reference(fmt, gen):
     """Every activation value the kernel's B decode gives equals the reference dequantization
-    (without the global scale, nvfp4 times 2^-9), bit for bit: every code at every nibble
-    position, scales across their range (nvfp4: zero, negative, subnormal and NaN codes;
-    E8M0: 0, 1 and 254)."""
+    (without the global scale, nvfp4 times 2^-9), bit for bit: every code at every position,
+    scales across their range (nvfp4: zero, negative, subnormal and NaN codes; E8M0: 0, 1,
+    254 and 255; products in exact arithmetic, the GPU flushes values below 2^-126); fp8: a
+    NaN byte turns its lane's 16 values NaN."""
     from blockscaled.kernels.decode import MMA_B_E4M3_SHIFT
 
     f = bs.FORMATS[fmt]
-    data = torch.randint(0, 256, (4, 256), generator=gen, dtype=torch.uint8)
-    data[0] = torch.arange(256, dtype=torch.uint8)  # every code pair once
+    k = 512
+    cols = k // 2 if f.is_packed else k
+    data = torch.randint(0, 256, (4, cols), generator=gen, dtype=torch.uint8)
+    data[0, :256] = torch.arange(256, dtype=torch.uint8)  # every byte once
+    if not f.is_packed:
+        data[1:] = torch.where(data[1:] & 0x7F == 0x7F, 0x38, data[1:])  # NaN only in row 0
     if fmt == "nvfp4":
-        codes = torch.randint(0, 256, (4, 32), generator=gen)
+        codes = torch.randint(0, 256, (4, k // 16), generator=gen)
         codes[0, :6] = torch.tensor([0x00, 0x80, 0x03, 0x85, 0x7F, 0xFF])  # +-0, subnormals, NaN
     else:
-        codes = torch.randint(0, 255, (4, 16), generator=gen)
+        codes = torch.randint(100, 155, (4, k // 32), generator=gen)
         codes[0, :4] = torch.tensor([0, 1, 254, 255])
     g = torch.ones(()) if fmt == "nvfp4" else None
-    a = bs.QTensor(data, codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
-    ref = bs.reference.codecs.decode_elements(a.data, "e2m1").double() * bs.reference.codecs.decode_scales(
+    a = bs.QTensor(data.view(f.storage_dtype), codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
+    ref = bs.reference.codecs.decode_elements(a.data, f.element).double() * bs.reference.codecs.decode_scales(
         a.scale, f.scale_encoding).double().repeat_interleave(f.block_size, 1)
     shift = MMA_B_E4M3_SHIFT if fmt == "nvfp4" else 0
+    if not f.is_packed:  # the lanes whose bytes hold a NaN
+        ref = torch.where(ref.isnan().reshape(4, k // 16, 16).any(-1).repeat_interleave(16, 1), float("nan"), ref)
+        assert ref[0].isnan().any() and not ref[1:].isnan().any()
     torch.testing.assert_close(emulate_b_registers(a), ref * 2.0**-shift, rtol=0, atol=0, equal_nan=True)
 
 
