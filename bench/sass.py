@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16 or fp4 activations; variants: {"max_split": n}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; variants: {"max_split": n, "row_groups": r}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -145,13 +145,14 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
 
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
-    "mma_m16k16" QTensor, `variant` may set max_split; 32 weights per thread and window."""
+    "mma_m16k16" QTensor, `variant` may set max_split and row_groups; 32 weights per thread,
+    row group and window."""
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 
-    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, api._mma_max_split(variant or None, args.M))
+    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, api._mma_options(variant or None, args.M, args.N))
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
-    return code, mma_gemv_kernel.fn, kargs, plan, 32
+    return code, mma_gemv_kernel.fn, kargs, plan, 32 * plan.consts[-2]
 
 
 def main(argv=None):

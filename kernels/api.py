@@ -228,10 +228,9 @@ def scaled_mm(
     elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        max_split = _mma_max_split(config, m)
-        key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, max_split)
-        plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, max_split,
-                                               fill_waves=not config and _mma_column_groups(m) == 1)
+        options = _mma_options(config, m, n)
+        key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
+        plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
     a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
@@ -395,6 +394,7 @@ MMA_MAX_SPLIT = {1: 32, 2: 8}
 # SM (32 registers, 4 warps): in that probe the slow cells were the ones with a short last
 # wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves, 2.57x against 2.98x at 32).
 MMA_PROGRAMS_PER_SM = 16
+MMA_ROW_GROUPS = 1
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -412,14 +412,26 @@ def _mma_column_groups(m: int) -> int:
     return -(-m // 8)
 
 
-def _mma_max_split(config, m: int) -> int:
-    """The split-K cap: `config` may be {"max_split": n}, which then takes the largest split
-    up to n (None: `MMA_MAX_SPLIT` and, at M <= 8, `_mma_split`'s wave rule)."""
-    if not config:
-        return MMA_MAX_SPLIT[_mma_column_groups(m)]
-    if not isinstance(config, dict) or set(config) != {"max_split"} or int(config["max_split"]) < 1:
-        raise ValueError(f"config: the mma backend takes {{'max_split': n >= 1}} or None, got {config!r}")
-    return int(config["max_split"])
+class MmaOptions(NamedTuple):
+    max_split: int  # split-K cap
+    fill_waves: bool  # take the smallest split whose last wave is full (`_mma_split`)
+    row_groups: int  # 16-row groups per warp (ROW_GROUPS)
+
+
+def _mma_options(config, m: int, n: int) -> MmaOptions:
+    """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
+    `MMA_MAX_SPLIT` and, at M <= 8, the wave rule) and "row_groups": 1 or 2 (default
+    `MMA_ROW_GROUPS`; 2 needs N % 128 == 0)."""
+    config = config or {}
+    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
+        raise ValueError(f"config: the mma backend takes a dict of 'max_split' and 'row_groups', or None, got {config!r}")
+    max_split = int(config.get("max_split", MMA_MAX_SPLIT[_mma_column_groups(m)]))
+    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS if n % 128 == 0 else 1))
+    if max_split < 1:
+        raise ValueError(f"config: max_split must be >= 1, got {max_split}")
+    if row_groups not in (1, 2) or n % (64 * row_groups):
+        raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
+    return MmaOptions(max_split, "max_split" not in config and _mma_column_groups(m) == 1, row_groups)
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool, device: torch.device) -> int:
@@ -438,16 +450,18 @@ def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool
     return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
 
 
-def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, max_split: int, fill_waves: bool = False) -> SplitKPlan:
-    """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per 64 rows."""
-    split = _mma_split(k // 64, n // 64, max_split, fill_waves, b.device)
+def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
+    """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
+    64 * row_groups rows."""
+    row_programs = n // (64 * options.row_groups)
+    split = _mma_split(k // 64, row_programs, options.max_split, options.fill_waves, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
-              _mma_column_groups(m), split)
+              _mma_column_groups(m), options.row_groups, split)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
-                     torch.zeros(n // 64, dtype=torch.int32, device=b.device))
+                     torch.zeros(row_programs, dtype=torch.int32, device=b.device))
     return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
 
 

@@ -51,10 +51,16 @@ def thread_ids():
     )
 
 
-def a_fragments(w, f, base, factor_index, ENCODING):
-    """The 16 bf16x2 A registers of one window's 4 mma steps (words at `base` + 32 s)."""
+def zero_sums():
+    """The 4 fp32 accumulators per thread of one row group x column group."""
+    return tuple(hl.zeros([128], dtype=torch.float32) for _ in range(4))
+
+
+def a_fragments(w, f, gr, win, lane, q, g, windows, blocks, ENCODING):
+    """The 16 bf16x2 A registers of row group `gr`'s window `win`: 4 mma steps, one word each."""
+    base = (gr * windows + win) * 128 + lane
     words = [hl.load(w, [base + 32 * s]) for s in range(4)]
-    factors = hl.load(f, [factor_index]).to(torch.int32)
+    factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
     return hl.inline_asm_elementwise(
         MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), [*words, factors],
         dtype=(torch.int32,) * 16, is_pure=True, pack=1,
@@ -126,31 +132,40 @@ def store_out(out, bias, index, valid, total, N, HAS_BIAS):
     hl.store(out, [index], total.to(out.dtype), extra_mask=valid)
 
 
-def store_group(out, bias, acc, group, q, g, gr, scale, M, N, HAS_BIAS):
-    """SPLIT == 1: a column group's 4 accumulators into `out`."""
-    for i in hl.static_range(4):
-        index, valid = out_index(group, q, g, gr, i, M, N)
-        store_out(out, bias, index, valid, acc[i] * scale, N, HAS_BIAS)
+def live_groups(sums, gr, ROW_GROUPS, COL_GROUPS):
+    """(accumulators, row group, column group) of the warp's live row x column groups, from
+    the accumulators of (0, 0), (0, 1), (1, 0), (1, 1)."""
+    return [(acc, gr + i // 2, i % 2) for i, acc in enumerate(sums) if i // 2 < ROW_GROUPS and i % 2 < COL_GROUPS]
 
 
-def add_group(workspace, acc, group, q, g, gr, M, N):
-    """SPLIT > 1: add a column group's partial sums into the workspace (relaxed adds, masked:
-    at M = 1 only 2 of a thread's 4 sums are outputs, and unmasked adds of zeros for the
-    rest all hit column 0)."""
-    for i in hl.static_range(4):
-        index, valid = out_index(group, q, g, gr, i, M, N)
-        hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, acc[i], valid),
-                         output_like=None)
+def store_groups(out, bias, groups, q, g, scale, M, N, HAS_BIAS):
+    """SPLIT == 1: the accumulators into `out`."""
+    for acc, gr, col_group in groups:
+        for i in range(4):
+            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            store_out(out, bias, index, valid, acc[i] * scale, N, HAS_BIAS)
 
 
-def store_sum(out, bias, workspace, group, q, g, gr, scale, M, N, HAS_BIAS):
-    """The last program of a row group: the workspace sums into `out`, zeros back."""
+def add_groups(workspace, groups, q, g, M, N):
+    """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
+    only 2 of a thread's 4 sums are outputs, and unmasked adds of zeros for the rest all hit
+    column 0)."""
+    for acc, gr, col_group in groups:
+        for i in range(4):
+            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, acc[i], valid),
+                             output_like=None)
+
+
+def store_sums(out, bias, workspace, groups, q, g, scale, M, N, HAS_BIAS):
+    """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = hl.zeros([128], dtype=torch.float32)
-    for i in hl.static_range(4):
-        index, valid = out_index(group, q, g, gr, i, M, N)
-        total = hl.atomic_add(workspace, [index], zeros)  # read at L2, after the ticket's acquire
-        store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
-        hl.store(workspace, [index], zeros, extra_mask=valid)
+    for _, gr, col_group in groups:
+        for i in range(4):
+            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            total = hl.atomic_add(workspace, [index], zeros)  # read at L2, after the ticket's acquire
+            store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
+            hl.store(workspace, [index], zeros, extra_mask=valid)
 
 
 @helion.kernel(**KERNEL_SETTINGS)
@@ -176,6 +191,7 @@ def mma_gemv_kernel(
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
+    ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
@@ -186,45 +202,45 @@ def mma_gemv_kernel(
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // 64, SPLIT], block_size=[1, 1]):
+    for tile_p, part in hl.tile([N // (64 * ROW_GROUPS), SPLIT], block_size=[1, 1]):
         tid = thread_ids()
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = tile_p.begin * 4 + (tid >> 5)
+        gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS  # the warp's first row group
         # B column g of column group c is activation row 8c + g (the last row past M)
         row_0 = torch.where(g < M, g, M - 1)
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)
-        a0 = hl.zeros([128], dtype=torch.float32)
-        a1 = hl.zeros([128], dtype=torch.float32)
-        a2 = hl.zeros([128], dtype=torch.float32)
-        a3 = hl.zeros([128], dtype=torch.float32)
-        b0 = hl.zeros([128], dtype=torch.float32)
-        b1 = hl.zeros([128], dtype=torch.float32)
-        b2 = hl.zeros([128], dtype=torch.float32)
-        b3 = hl.zeros([128], dtype=torch.float32)
+        # accumulators (Helion carries tensors, not tuples, through loops): a row group 0 x
+        # column group 0, b 0 x 1, c 1 x 0, d 1 x 1
+        a0, a1, a2, a3 = zero_sums()
+        b0, b1, b2, b3 = zero_sums()
+        c0, c1, c2, c3 = zero_sums()
+        d0, d1, d2, d3 = zero_sums()
         for it in hl.tile(steps, block_size=1):
             win = part.begin * steps + it.begin
-            frags = a_fragments(w, f, (gr * windows + win) * 128 + lane,
-                                ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, ENCODING)
-            a0, a1, a2, a3 = mma_window(frags, window_b(x64, xs, row_0, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT), (a0, a1, a2, a3))
+            b_0 = window_b(x64, xs, row_0, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT)
+            b_1 = window_b(x64, xs, row_1, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else b_0
+            frags = a_fragments(w, f, gr, win, lane, q, g, windows, blocks, ENCODING)
+            a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
             if COL_GROUPS == 2:
-                b0, b1, b2, b3 = mma_window(frags, window_b(x64, xs, row_1, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT), (b0, b1, b2, b3))
+                b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
+            if ROW_GROUPS == 2:
+                frags = a_fragments(w, f, gr + 1, win, lane, q, g, windows, blocks, ENCODING)
+                c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
+                if COL_GROUPS == 2:
+                    d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
+        groups = live_groups(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3)), gr, ROW_GROUPS,
+                             COL_GROUPS)
         if SPLIT == 1:
-            store_group(out, bias, (a0, a1, a2, a3), 0, q, g, gr, scale, M, N, HAS_BIAS)
-            if COL_GROUPS == 2:
-                store_group(out, bias, (b0, b1, b2, b3), 1, q, g, gr, scale, M, N, HAS_BIAS)
+            store_groups(out, bias, groups, q, g, scale, M, N, HAS_BIAS)
         else:
-            add_group(workspace, (a0, a1, a2, a3), 0, q, g, gr, M, N)
-            if COL_GROUPS == 2:
-                add_group(workspace, (b0, b1, b2, b3), 1, q, g, gr, M, N)
+            add_groups(workspace, groups, q, g, M, N)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
             ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
-                store_sum(out, bias, workspace, 0, q, g, gr, scale, M, N, HAS_BIAS)
-                if COL_GROUPS == 2:
-                    store_sum(out, bias, workspace, 1, q, g, gr, scale, M, N, HAS_BIAS)
+                store_sums(out, bias, workspace, groups, q, g, scale, M, N, HAS_BIAS)
                 hl.store(tickets, [tile_p.begin], 0)
     return out

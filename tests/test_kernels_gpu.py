@@ -108,10 +108,13 @@ MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4",
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 def test_mma_pairs(pair, m, gen):
     """The tensor-core decode kernel ("mma_m16k16" weights, the default for them at M <= 16):
-    split-K 32 at the decode shape, one window without split, bias and bf16 out, fp4
-    narrow activations' scales in three layouts."""
+    split-K at the decode shape, one window without split, bias and bf16 out, one and two
+    row groups per warp, narrow activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
+    for row_groups in (1, 2):  # each warp one or two 16-row groups, split and not
+        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"row_groups": row_groups})
+        run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"row_groups": row_groups, "max_split": 1})
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 64, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)

@@ -246,4 +246,8 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert picks == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
     assert api._mma_split(128, 128, 32, False, cpu) == 32 and api._mma_split(128, 128, 8, False, cpu) == 8
     with pytest.raises(ValueError, match="max_split"):
-        api._mma_max_split({"split": 4}, 1)
+        api._mma_options({"split": 4}, 1, 8192)
+    with pytest.raises(ValueError, match="row_groups"):
+        api._mma_options({"row_groups": 2}, 1, 64)
+    assert api._mma_options({"max_split": 8}, 1, 8192) == (8, False, api.MMA_ROW_GROUPS)
+    assert api._mma_options(None, 16, 8192) == (api.MMA_MAX_SPLIT[2], False, api.MMA_ROW_GROUPS)
