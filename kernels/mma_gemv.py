@@ -132,37 +132,42 @@ def store_out(out, bias, index, valid, total, N, HAS_BIAS):
     hl.store(out, [index], total.to(out.dtype), extra_mask=valid)
 
 
-def live_groups(sums, gr, ROW_GROUPS, COL_GROUPS):
-    """(accumulators, row group, column group) of the warp's live row x column groups, from
-    the accumulators of (0, 0), (0, 1), (1, 0), (1, 1)."""
-    return [(acc, gr + i // 2, i % 2) for i, acc in enumerate(sums) if i // 2 < ROW_GROUPS and i % 2 < COL_GROUPS]
+def group_slots(ROW_GROUPS, COL_GROUPS):
+    """(row group offset, column group) of the warp's live accumulator sets, in the order
+    (0, 0), (0, 1), (1, 0), (1, 1)."""
+    return [(r, c) for r in range(2) for c in range(2) if r < ROW_GROUPS and c < COL_GROUPS]
 
 
-def store_groups(out, bias, groups, q, g, scale, M, N, HAS_BIAS):
+def live_sums(sums, ROW_GROUPS, COL_GROUPS):
+    """The accumulator sets of `group_slots`, from those of (0, 0), (0, 1), (1, 0), (1, 1)."""
+    return [sums[2 * r + c] for r, c in group_slots(ROW_GROUPS, COL_GROUPS)]
+
+
+def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """SPLIT == 1: the accumulators into `out`."""
-    for acc, gr, col_group in groups:
+    for acc, (r, c) in zip(sums, group_slots(ROW_GROUPS, COL_GROUPS), strict=True):
         for i in range(4):
-            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            index, valid = out_index(c, q, g, gr + r, i, M, N)
             store_out(out, bias, index, valid, acc[i] * scale, N, HAS_BIAS)
 
 
-def add_groups(workspace, groups, q, g, M, N):
+def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
     """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
     only 2 of a thread's 4 sums are outputs, and unmasked adds of zeros for the rest all hit
     column 0)."""
-    for acc, gr, col_group in groups:
+    for acc, (r, c) in zip(sums, group_slots(ROW_GROUPS, COL_GROUPS), strict=True):
         for i in range(4):
-            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            index, valid = out_index(c, q, g, gr + r, i, M, N)
             hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, acc[i], valid),
                              output_like=None)
 
 
-def store_sums(out, bias, workspace, groups, q, g, scale, M, N, HAS_BIAS):
+def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = hl.zeros([128], dtype=torch.float32)
-    for _, gr, col_group in groups:
+    for r, c in group_slots(ROW_GROUPS, COL_GROUPS):
         for i in range(4):
-            index, valid = out_index(col_group, q, g, gr, i, M, N)
+            index, valid = out_index(c, q, g, gr + r, i, M, N)
             total = hl.atomic_add(workspace, [index], zeros)  # read at L2, after the ticket's acquire
             store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
             hl.store(workspace, [index], zeros, extra_mask=valid)
@@ -232,15 +237,14 @@ def mma_gemv_kernel(
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
-        groups = live_groups(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3)), gr, ROW_GROUPS,
-                             COL_GROUPS)
+        sums = live_sums(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3)), ROW_GROUPS, COL_GROUPS)
         if SPLIT == 1:
-            store_groups(out, bias, groups, q, g, scale, M, N, HAS_BIAS)
+            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:
-            add_groups(workspace, groups, q, g, M, N)
+            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
             ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
-                store_sums(out, bias, workspace, groups, q, g, scale, M, N, HAS_BIAS)
+                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
                 hl.store(tickets, [tile_p.begin], 0)
     return out
