@@ -385,16 +385,22 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 # fp4 or fp8 activations (k_order data, any scale layout), M up to two column groups of 8.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
 MMA_MAX_M = 16
-# Split-K cap by column groups (M <= 8, M <= 16). H100, bf16 x fp4, the four Llama-3-70B
-# shapes, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
+# Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
+# shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
 # M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
 # (21 / 17 / 18 / 18 us); M = 16: 8 fastest at all four (8192^2 28 / 37 / 35 / 40 us).
-MMA_MAX_SPLIT = {1: 32, 2: 8}
-# M <= 8 takes the smallest split whose last wave is >= 90% full, at 16 resident programs per
-# SM (32 registers, 4 warps): in that probe the slow cells were the ones with a short last
-# wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves, 2.57x against 2.98x at 32).
+MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 8}
+# One row group per warp at M <= 8 takes the smallest split whose last wave is >= 90% full,
+# at 16 resident programs per SM (32 registers, 4 warps): in that probe the slow cells were
+# the ones with a short last wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves,
+# 2.57x against 2.98x at 32).
 MMA_PROGRAMS_PER_SM = 16
-MMA_ROW_GROUPS = 1
+# Row groups per warp by column groups: two groups share one B decode. H100, nvfp4 x nvfp4
+# (bench/results/h100_mma_row_groups_probe_11d9604_2026-11-22.log), one group with the wave
+# rule against two with split up to 64, the four Llama-3-70B shapes: M = 1 2.46 / 2.81 /
+# 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x of cuBLAS bf16; M = 16 (split 8) 1.81 /
+# 2.02 / 1.56 / 1.50x against 1.63 / 2.11 / 1.43 / 1.65x.
+MMA_ROW_GROUPS = {1: 2, 2: 1}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -420,18 +426,19 @@ class MmaOptions(NamedTuple):
 
 def _mma_options(config, m: int, n: int) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
-    `MMA_MAX_SPLIT` and, at M <= 8, the wave rule) and "row_groups": 1 or 2 (default
-    `MMA_ROW_GROUPS`; 2 needs N % 128 == 0)."""
+    `MMA_MAX_SPLIT` and, for one row group at M <= 8, the wave rule) and "row_groups": 1 or
+    2 (default `MMA_ROW_GROUPS`; 2 needs N % 128 == 0)."""
     config = config or {}
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
         raise ValueError(f"config: the mma backend takes a dict of 'max_split' and 'row_groups', or None, got {config!r}")
-    max_split = int(config.get("max_split", MMA_MAX_SPLIT[_mma_column_groups(m)]))
-    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS if n % 128 == 0 else 1))
-    if max_split < 1:
-        raise ValueError(f"config: max_split must be >= 1, got {max_split}")
+    col_groups = _mma_column_groups(m)
+    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[col_groups] if n % 128 == 0 else 1))
     if row_groups not in (1, 2) or n % (64 * row_groups):
         raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
-    return MmaOptions(max_split, "max_split" not in config and _mma_column_groups(m) == 1, row_groups)
+    max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))
+    if max_split < 1:
+        raise ValueError(f"config: max_split must be >= 1, got {max_split}")
+    return MmaOptions(max_split, "max_split" not in config and col_groups == 1 and row_groups == 1, row_groups)
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool, device: torch.device) -> int:

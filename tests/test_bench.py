@@ -139,19 +139,22 @@ def test_sass_counts_the_gemv_k_loop(capfd, tmp_path):
 
 
 def test_sass_counts_the_mma_k_loop(capfd, tmp_path):
-    """bench.sass --backend mma: per 64-K window a thread runs 4 HMMA on its own registers,
-    with no shared memory (every value stays in the thread that loaded it), unspilled."""
+    """bench.sass --backend mma: per 64-K window and row group a thread runs 4 HMMA on its own
+    registers, with no shared memory (every value stays in the thread that loaded it),
+    unspilled; two row groups per warp share the activation loads."""
     from bench import sass
 
-    argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-N", "256", "-K", "8192", "--variants", '[{"max_split": 1}]',
-            "--keep", str(tmp_path)]
+    argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-N", "256", "-K", "8192", "--variants",
+            '[{"max_split": 1, "row_groups": 1}, {"max_split": 1, "row_groups": 2}]', "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
-    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")]
-    assert len(row) == 1, row
-    counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[0][3:]), strict=True))
-    assert counts["HMMA"] == 4 and counts["HMUL2/HFMA2"] == 16 and counts["LDG"] >= 9
-    assert counts["BAR"] == counts["STS"] == counts["LDS"] == 0
-    assert counts["per_w"] < 3.5 and 0 < counts["regs"] <= 64 and counts["spill"] == 0
+    rows = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")]
+    assert len(rows) == 2, rows
+    for row_groups, row in zip((1, 2), rows, strict=True):
+        counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[-14:]), strict=True))
+        assert counts["HMMA"] == 4 * row_groups and counts["HMUL2/HFMA2"] == 16 * row_groups
+        assert counts["LDG"] >= 5 * row_groups + 4  # weight words and factors per group, 4 activation words
+        assert counts["BAR"] == counts["STS"] == counts["LDS"] == 0
+        assert counts["per_w"] < 3.5 and 0 < counts["regs"] <= 64 and counts["spill"] == 0
 
 
 def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():

@@ -249,5 +249,7 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"split": 4}, 1, 8192)
     with pytest.raises(ValueError, match="row_groups"):
         api._mma_options({"row_groups": 2}, 1, 64)
-    assert api._mma_options({"max_split": 8}, 1, 8192) == (8, False, api.MMA_ROW_GROUPS)
-    assert api._mma_options(None, 16, 8192) == (api.MMA_MAX_SPLIT[2], False, api.MMA_ROW_GROUPS)
+    assert api._mma_options({"max_split": 8}, 1, 8192) == (8, False, 2)
+    assert api._mma_options(None, 1, 8192) == (64, False, 2)  # two row groups, the largest split
+    assert api._mma_options(None, 1, 8192 + 64) == (32, True, 1)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 16, 8192) == (8, False, 1)
