@@ -149,7 +149,8 @@ def mma_kernel_code(args, a, b, variant):
     row group and window."""
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 
-    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, api._mma_options(variant or None, args.M, args.N))
+    options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor))
+    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
     return code, mma_gemv_kernel.fn, kargs, plan, 32 * plan.consts[-2]

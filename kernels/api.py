@@ -228,7 +228,7 @@ def scaled_mm(
     elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        options = _mma_options(config, m, n)
+        options = _mma_options(config, m, n, isinstance(a, QTensor))
         key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
         plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
         return _mma_run(key, plan, a, b, bias, out)
@@ -395,12 +395,15 @@ MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 8}
 # the ones with a short last wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves,
 # 2.57x against 2.98x at 32).
 MMA_PROGRAMS_PER_SM = 16
-# Row groups per warp by column groups: two groups share one B decode. H100, nvfp4 x nvfp4
-# (bench/results/h100_mma_row_groups_probe_11d9604_2026-11-22.log), one group with the wave
-# rule against two with split up to 64, the four Llama-3-70B shapes: M = 1 2.46 / 2.81 /
-# 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x of cuBLAS bf16; M = 16 (split 8) 1.81 /
-# 2.02 / 1.56 / 1.50x against 1.63 / 2.11 / 1.43 / 1.65x.
-MMA_ROW_GROUPS = {1: 2, 2: 1}
+# Row groups per warp by (narrow activation, column groups): two groups share one B decode.
+# H100, M = 1, the four Llama-3-70B shapes (10240 / 57344 / 8192^2 x 28672 / 8192^2), one group
+# with the wave rule against two with split up to 64, x cuBLAS bf16:
+# - nvfp4 x nvfp4 (bench/results/h100_mma_row_groups_probe_11d9604_2026-11-22.log): 2.46 /
+#   2.81 / 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x; at M = 16 (split 8) 1.81 / 2.02 /
+#   1.56 / 1.50x against 1.63 / 2.11 / 1.43 / 1.65x.
+# - bf16 x nvfp4 (h100_mma_row_groups_probe_1430831_2026-11-22.log): 2.72 / 3.06 / 3.20 /
+#   2.74x against 2.62 / 3.23 / 3.02 / 2.45x (its B is 4 loads, no decode, to share).
+MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 1, (True, 2): 1}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -424,15 +427,15 @@ class MmaOptions(NamedTuple):
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
 
 
-def _mma_options(config, m: int, n: int) -> MmaOptions:
+def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, for one row group at M <= 8, the wave rule) and "row_groups": 1 or
-    2 (default `MMA_ROW_GROUPS`; 2 needs N % 128 == 0)."""
+    2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations); 2 needs N % 128 == 0)."""
     config = config or {}
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
         raise ValueError(f"config: the mma backend takes a dict of 'max_split' and 'row_groups', or None, got {config!r}")
     col_groups = _mma_column_groups(m)
-    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[col_groups] if n % 128 == 0 else 1))
+    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
     if row_groups not in (1, 2) or n % (64 * row_groups):
         raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
     max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))

@@ -246,10 +246,11 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert picks == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
     assert api._mma_split(128, 128, 32, False, cpu) == 32 and api._mma_split(128, 128, 8, False, cpu) == 8
     with pytest.raises(ValueError, match="max_split"):
-        api._mma_options({"split": 4}, 1, 8192)
+        api._mma_options({"split": 4}, 1, 8192, True)
     with pytest.raises(ValueError, match="row_groups"):
-        api._mma_options({"row_groups": 2}, 1, 64)
-    assert api._mma_options({"max_split": 8}, 1, 8192) == (8, False, 2)
-    assert api._mma_options(None, 1, 8192) == (64, False, 2)  # two row groups, the largest split
-    assert api._mma_options(None, 1, 8192 + 64) == (32, True, 1)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 16, 8192) == (8, False, 1)
+        api._mma_options({"row_groups": 2}, 1, 64, True)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, False, 2)
+    assert api._mma_options(None, 1, 8192, True) == (64, False, 2)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, True, 1)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 1, 8192, False) == (32, True, 1)  # bf16 activations: one
+    assert api._mma_options(None, 16, 8192, True) == (8, False, 1)
