@@ -1,6 +1,6 @@
-"""M <= 16 (decode) on bf16 tensor cores: fp4 weights in the "mma_m16k16" layout, bf16 or fp4 activations.
+"""M <= 16 (decode) on bf16 tensor cores: fp4 weights in the "mma_m16k16" layout, bf16 / fp4 / fp8 activations.
 
-Each warp multiplies one 16-row group of weights: per 64-K window a thread loads 4 int32
+Each warp multiplies one 16-row group of weights (two with ROW_GROUPS = 2): per 64-K window a thread loads 4 int32
 words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
 each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 FMAs (with -0: exact
 products) by its rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
@@ -13,17 +13,20 @@ every tensor here holds one value per thread (`[128]`, indexed by the thread's o
 outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 32
 weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
 
-fp4 activations (nvfp4, mxfp4; any scale layout) are decoded into the B registers in the
-same way (`decode.MMA_B_FRAGMENTS_PTX`: the lane's 16 codes of a window are one int64 and
-one scale block), exact: every E2M1 x E4M3 product and every E2M1 x E8M0 value from 2^-126
-up is a bf16. mma.sync flushes bf16 subnormals, so activation values below 2^-126 (E8M0
-blocks of scale 2^-127, and 0.5 at 2^-126, i.e. blocks whose largest |x| < 2^-123) count
-as zero here; the other backends keep them. sm_90: 160 instructions per window instead of 91.
+fp4 and fp8 activations (nvfp4, mxfp4, mxfp8; any scale layout) are decoded into the B
+registers in the same way (`decode.MMA_B_FRAGMENTS_PTX`: the lane's 16 elements of a window
+are one or two int64 and one scale block), exact: every E2M1 x E4M3, E2M1 x E8M0 and
+E4M3 x E8M0 value from 2^-126 up is a bf16. mma.sync flushes bf16 subnormals, so activation
+values below 2^-126 (E8M0 blocks of scale 2^-127, blocks whose largest |x| < 2^-123) count
+as zero here; the other backends keep them. That decode costs ~70 sm_90 instructions per
+window (166-174 against 91), so with ROW_GROUPS = 2 each warp runs two 16-row groups on one
+B decode (4.1 instructions per weight instead of 5.2-5.4).
 
-Split-K: SPLIT programs share a 64-row group along K and add their fp32 sums into a
-workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and stores.
-H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv): M = 1
-2.73x-3.37x of cuBLAS bf16 (2d624e1, 2.05-2.57 TB/s of weights), M = 16 1.75x-2.21x (3f9f2fc).
+Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
+into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
+stores. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv),
+x cuBLAS bf16: bf16 x fp4 M = 1 2.73x-3.37x (2d624e1), M = 16 1.75x-2.21x (3f9f2fc); fp4 /
+fp8 activations M = 1 2.42x-3.36x (11d9604, 1430831), M = 16 1.43x-2.05x (6f6faf2, 1b727f0).
 """
 
 from __future__ import annotations
