@@ -381,7 +381,7 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
 
 
-# The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16
+# The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16,
 # fp4 or fp8 activations (k_order data, any scale layout), M up to two column groups of 8.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
 MMA_MAX_M = 16
@@ -412,7 +412,7 @@ def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
 
 
 def _mma_activation(a) -> bool:
-    """Whether the mma kernel reads this activation: bf16, or fp4 with k_order data."""
+    """Whether the mma kernel reads this activation: bf16, or fp4 / fp8 with k_order data."""
     return not isinstance(a, QTensor) or a.data_layout == "k_order"
 
 

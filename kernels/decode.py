@@ -206,7 +206,7 @@ MMA_A_FRAGMENTS_PTX = {
 #   k of e and o under the two halves: bf16(code * 2^-126).
 # - E4M3: prmt puts bytes 2r, 2r+1 under the halves: bf16(value * 2^-120).
 #   E4M3 has NaN codes (S.1111.111) where this gives 480: if any of the lane's 16 bytes is
-#   one (bit 7 of (byte & 0x7F) + 1, 4 words OR-ed: 11 ops), its factor becomes NaN, so its
+#   one (bit 7 of (byte & 0x7F) + 1, 4 words OR-ed: 15 ops), its factor becomes NaN, so its
 #   whole B column is NaN, as NaN * w spreads through the reference's row anyway.
 # E4M3 scales (nvfp4): one FMA by scale * 2^117 (the kernel multiplies its sums by 2^9).
 # E8M0 scales: two, by 2^126 (2^120 for E4M3 elements) and by the scale (no single bf16
