@@ -43,8 +43,9 @@ from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES,
                      mma_b_factor)
 
-# One program: 4 warps, one 16-row group each, so 128 threads and 64 rows (written as
-# literals in the kernel and its helpers: Helion passes module constants as extra arguments).
+# One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
+# (written as literals in the kernel and its helpers: Helion passes module constants as
+# extra arguments).
 
 
 def thread_ids():
