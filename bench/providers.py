@@ -152,10 +152,9 @@ def blockscaled_pairs_fn(a, b, out_dtype):
 def blockscaled_mma_fn(a, b, out_dtype):
     """This project with fp4 weights arranged once as "mma_m16k16": the tensor-core decode
     kernel, for the pairs it runs (others would time the k_order path again)."""
-    from blockscaled.kernels.api import MMA_PAIRS
+    from blockscaled.kernels.api import MMA_PAIRS, _fmt_name
 
-    name = bs.SUPPORTED_PAIRS[("bf16" if isinstance(a, torch.Tensor) else a.fmt.name, b.fmt.name)]
-    if name not in MMA_PAIRS:
+    if bs.SUPPORTED_PAIRS[_fmt_name(a), b.fmt.name] not in MMA_PAIRS:
         raise Unsupported(f"the mma kernel runs {MMA_PAIRS}")
     return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
 

@@ -153,7 +153,7 @@ def mma_kernel_code(args, a, b, variant):
     plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
-    return code, mma_gemv_kernel.fn, kargs, plan, 32 * plan.consts[-2]
+    return code, mma_gemv_kernel.fn, kargs, plan, 32 * options.row_groups
 
 
 def main(argv=None):

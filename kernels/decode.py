@@ -217,6 +217,13 @@ MMA_B_E4M3_SHIFT = 9
 def _mma_b_fragments(element: int, scale_code: int) -> str:
     fp4 = element == ELEMENT_CODES["e2m1"]
     words = ("w0", "w1") if fp4 else ("w0", "w1", "w2", "w3")
+    if fp4:
+        loads, factor = "mov.b64 {w0, w1}, $8; ", "$9"
+    else:  # f = the factor $10, or NaN if a byte is an E4M3 NaN
+        loads = ("mov.b64 {w0, w1}, $8; mov.b64 {w2, w3}, $9; mov.b32 e, 0; "
+                 + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
+                 + "and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, $10, p; ")
+        factor = "f"
     scale = "fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else ""
     regs = []
     for wi, word in enumerate(words):
@@ -230,17 +237,8 @@ def _mma_b_fragments(element: int, scale_code: int) -> str:
                 place = (f"prmt.b32 t, {word}, 0, {2 * k * 0x11 | (2 * k + 1) * 0x1100:#06x}; shl.b32 u, t, 4; "
                          "and.b32 u, u, 0x07F007F0; shl.b32 t, t, 8; and.b32 t, t, 0x80008000; ")
             out = (4 if fp4 else 2) * wi + k
-            regs.append(place + "or.b32 t, t, u; " + scale + f"fma.rn.bf16x2 ${out}, t, $F, z; ")
+            regs.append(place + "or.b32 t, t, u; " + scale + f"fma.rn.bf16x2 ${out}, t, {factor}, z; ")
     first = 0x7E80 if fp4 else 0x7B80  # bf16 2^126, 2^120
-    factor = f"${8 + len(words) // 2}"
-    if fp4:
-        loads = "mov.b64 {w0, w1}, $8; "
-    else:  # f = NaN if a byte is an E4M3 NaN
-        loads = ("mov.b64 {w0, w1}, $8; mov.b64 {w2, w3}, $9; mov.b32 e, 0; "
-                 + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
-                 + f"and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, {factor}, p; ")
-        factor = "f"
-    regs = [r.replace("$F", factor) for r in regs]
     return (f"{{ .reg .b32 {', '.join(words)}, e, o, t, u, c, z, f; .reg .pred p; " + loads
             + f"mov.b32 z, 0x80008000; mov.b32 c, {first * 0x10001:#x}; " + "".join(regs) + "}")
 

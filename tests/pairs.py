@@ -3,6 +3,7 @@
 import torch
 
 import blockscaled as bs
+from blockscaled.layouts import pack_codes
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 PAIRS = list(bs.SUPPORTED_PAIRS)
@@ -83,22 +84,25 @@ def gemv_multiplies_every_code_pair(fmt, device):
     below 2^22)."""
     f = bs.FORMATS[fmt]
     k = 512
-    ones = lambda rows: torch.full((rows, k // f.block_size), 1.0, device=device).to(f.scale_dtype)  # noqa: E731
-    g = torch.ones((), device=device) if fmt == "nvfp4" else None
-    a = bs.QTensor(torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(0), ones(1), f, global_scale=g)
+    a = raw_qtensor(torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(0), unit_scales(f, 1, k, device), fmt)
     data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
-    b = bs.QTensor(data, ones(256), f, global_scale=g)
+    b = raw_qtensor(data, unit_scales(f, 256, k, device), fmt)
     out = torch.full((1, 256), float("nan"), device=device)  # poison
     bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
     torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
-def fp4_weights(data, scale_codes, fmt, data_layout):
-    """QTensor of k_order fp4 `data` and raw scale codes (global scale 1 for nvfp4), stored
-    in `data_layout`."""
+def raw_qtensor(data, scale_codes, fmt):
+    """QTensor of k_order `data` bytes and raw scale codes (global scale 1 for nvfp4)."""
     f = bs.FORMATS[fmt]
     g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
-    return bs.QTensor(data, scale_codes.contiguous().view(f.scale_dtype), fmt, global_scale=g).with_data_layout(data_layout)
+    return bs.QTensor(data.view(f.storage_dtype), scale_codes.to(torch.uint8).contiguous().view(f.scale_dtype), fmt,
+                      global_scale=g)
+
+
+def fp4_weights(data, scale_codes, fmt, data_layout):
+    """`raw_qtensor` of fp4 weights, stored in `data_layout`."""
+    return raw_qtensor(data, scale_codes, fmt).with_data_layout(data_layout)
 
 
 def decodes_every_scale(fmt, device, backend, code_sets=(range(256),), data_layout="k_order"):
@@ -146,19 +150,12 @@ def picking_weights(fmt, n, k, stride, device):
     f = bs.FORMATS[fmt]
     codes = torch.zeros(n, k, dtype=torch.uint8, device=device)
     codes[torch.arange(n, device=device), stride * torch.arange(n, device=device)] = 2
-    data = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    return fp4_weights(data.contiguous(), unit_scales(f, n, k, device), fmt, "mma_m16k16")
+    return fp4_weights(pack_codes(codes), unit_scales(f, n, k, device), fmt, "mma_m16k16")
 
 
 def unit_scales(f, rows, k, device):
     """Scale codes of 1.0 for [rows, K] of format `f`."""
     return torch.full((rows, k // f.block_size), 0x38 if f.scale_encoding == "e4m3" else 127, dtype=torch.uint8, device=device)
-
-
-def narrow_activation(data, scale_codes, fmt):
-    f = bs.FORMATS[fmt]
-    g = torch.ones((), device=data.device) if fmt == "nvfp4" else None
-    return bs.QTensor(data.view(f.storage_dtype), scale_codes.to(torch.uint8).view(f.scale_dtype), fmt, global_scale=g)
 
 
 def mma_decodes_every_activation_code(pair, device):
@@ -180,7 +177,7 @@ def mma_decodes_every_activation_code(pair, device):
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     b = picking_weights(fb, k, k, 1, device)
     for m in (1, 16):
-        a = narrow_activation(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
+        a = raw_qtensor(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
         out = torch.full((m, k), float("nan"), device=device)  # poison
         bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
@@ -203,7 +200,7 @@ def mma_decodes_every_activation_scale(pair, device):
     nan_rows[:, 5] = nan
     one = 0x22 if f.is_packed else 0x38
     rows = 2 + len(nan)
-    a = narrow_activation(torch.full((rows, k // 2 if f.is_packed else k), one, dtype=torch.uint8, device=device),
+    a = raw_qtensor(torch.full((rows, k // 2 if f.is_packed else k), one, dtype=torch.uint8, device=device),
                           torch.cat([codes.reshape(2, 128), nan_rows]), fa)
     b = picking_weights(fb, 128, k, f.block_size, device)
     out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
@@ -217,7 +214,7 @@ def mma_decodes_activation_nan(device):
     """An fp8 NaN byte in one activation row: that output row is NaN, the others exact."""
     a_data = torch.full((3, 256), 0x38, dtype=torch.uint8, device=device)
     a_data[1, 77] = 0xFF
-    a = narrow_activation(a_data, unit_scales(bs.FORMATS["mxfp8"], 3, 256, device), "mxfp8")
+    a = raw_qtensor(a_data, unit_scales(bs.FORMATS["mxfp8"], 3, 256, device), "mxfp8")
     b = picking_weights("mxfp4", 256, 256, 1, device)
     out = torch.full((3, 256), 12345.5, device=device)
     bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
