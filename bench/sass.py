@@ -39,6 +39,7 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
+COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "ep_rt"]  # what main prints per variant
 TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int16: "*i16", torch.int64: "*i64"}
 
@@ -68,8 +69,14 @@ def planned_as_h100():
         configs.arch_key, api._sm_count, api._ptx_decodes = saved
 
 
+def instructions(sass: str) -> list[tuple[str, str]]:
+    """(opcode, operands) of each SASS instruction, predicates dropped."""
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", sass)
+
+
 def loop_counts(sass: str) -> dict:
-    """Instruction counts of the first loop: from a label to the first branch back to it."""
+    """Instruction counts of the first loop: from a label to the first branch back to it, and
+    `ep_rt` of the code after it."""
     for label in re.finditer(r"^(\.L_x_\d+):", sass, re.M):
         back = sass.find(f"BRA `({label.group(1)})", label.end())
         if back > 0:
@@ -77,11 +84,28 @@ def loop_counts(sass: str) -> dict:
             break
     else:
         raise ValueError("no loop in the SASS (did the K loop unroll away? use a larger K)")
-    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", body)
+    ops = [op for op, _ in instructions(body)]
     counts = {"instr": len(ops)}
     for name, pattern in COUNTS.items():
         counts[name] = sum(bool(re.match(pattern, op)) for op in ops)
-    return counts
+    return {**counts, "ep_rt": serial_reads(instructions(sass[back:]))}
+
+
+def serial_reads(code: list[tuple[str, str]]) -> int:
+    """Global reads (LDG, ATOMG with a result) in sequence: a read issued after an instruction
+    touched the register of an earlier read that is still in flight had to wait for that
+    read's round trip. After the K loop: the L2 round trips of the split-K epilogue that one
+    program runs one after another (ticket, then its sums read back)."""
+    batches, pending = 0, set()
+    for op, operands in code:
+        regs = re.findall(r"\bR(\d+)\b", operands)
+        if set(regs) & pending:  # the scoreboard waits for every read in flight
+            pending = set()
+        if re.match(r"(LDG|ATOMG)\b", op):
+            batches += not pending
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            pending |= {str(int(regs[0]) + i) for i in range(width)}  # the destination (ATOMG: after PT)
+    return batches
 
 
 def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> dict:
@@ -165,7 +189,7 @@ def main(argv=None):
     formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
     folder = args.keep or Path(tempfile.mkdtemp(prefix="blockscaled_sass_"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in ["instr", "per_w", *COUNTS, "regs", "spill"]))
+    print(f"{'pair':12s} {'variant':44s} " + " ".join(f"{c:>6s}" for c in COLUMNS))
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
@@ -182,7 +206,7 @@ def main(argv=None):
             label = json.dumps(variant, sort_keys=True)
             per_w = f"{counts['instr'] / weights:6.2f}"
             print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} {counts['instr']:6d} {per_w} "
-                  + " ".join(f"{counts[c]:6d}" for c in [*COUNTS, "regs", "spill"]))
+                  + " ".join(f"{counts[c]:6d}" for c in COLUMNS[2:]))
     print(f"files: {folder}")
     return 0
 

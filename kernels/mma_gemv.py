@@ -169,12 +169,13 @@ def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
 def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = hl.zeros([128], dtype=torch.float32)
-    for r, c in group_slots(ROW_GROUPS, COL_GROUPS):
-        for i in range(4):
-            index, valid = out_index(c, q, g, gr + r, i, M, N)
-            total = hl.atomic_add(workspace, [index], zeros)  # read at L2, after the ticket's acquire
-            store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
-            hl.store(workspace, [index], zeros, extra_mask=valid)
+    slots = [out_index(c, q, g, gr + r, i, M, N) for r, c in group_slots(ROW_GROUPS, COL_GROUPS) for i in range(4)]
+    # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
+    # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
+    totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
+    for (index, valid), total in zip(slots, totals, strict=True):
+        store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
+        hl.store(workspace, [index], zeros, extra_mask=valid)
 
 
 @helion.kernel(**KERNEL_SETTINGS)

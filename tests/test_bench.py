@@ -117,7 +117,7 @@ def test_sass_counts_the_k_loop(capfd, tmp_path):
     assert sass.main(argv) == 0
     row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("mxfp8xmxfp4")]
     assert len(row) == 1 and row[0][1:3] == ['{"pad_m":', "true}"], row
-    counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[0][3:]), strict=True))
+    counts = dict(zip(sass.COLUMNS, map(float, row[0][3:]), strict=True))
     assert counts["instr"] > 100 and counts["HMMA"] > 0 and counts["LDG"] > 0
     # 256 x 64 weights per program and K step over 128 threads
     assert counts["per_w"] == pytest.approx(counts["instr"] / 128, abs=0.01)
@@ -133,7 +133,7 @@ def test_sass_counts_the_gemv_k_loop(capfd, tmp_path):
     assert sass.main(argv) == 0
     row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xmxfp4")]
     assert len(row) == 1, row
-    counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[0][2:]), strict=True))
+    counts = dict(zip(sass.COLUMNS, map(float, row[0][2:]), strict=True))
     assert counts["HMMA"] == 0 and counts["F2FP"] > 0 and counts["FMUL/FFMA"] > 0
     assert 0 < counts["regs"] <= 255 and counts["spill"] == 0
 
@@ -150,11 +150,38 @@ def test_sass_counts_the_mma_k_loop(capfd, tmp_path):
     rows = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")]
     assert len(rows) == 2, rows
     for row_groups, row in zip((1, 2), rows, strict=True):
-        counts = dict(zip(["instr", "per_w", *sass.COUNTS, "regs", "spill"], map(float, row[-14:]), strict=True))
+        counts = dict(zip(sass.COLUMNS, map(float, row[-len(sass.COLUMNS):]), strict=True))
         assert counts["HMMA"] == 4 * row_groups and counts["HMUL2/HFMA2"] == 16 * row_groups
         assert counts["LDG"] >= 5 * row_groups + 4  # weight words and factors per group, 4 activation words
         assert counts["BAR"] == counts["STS"] == counts["LDS"] == 0
         assert counts["per_w"] < 3.5 and 0 < counts["regs"] <= 64 and counts["spill"] == 0
+
+
+def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
+    """M = 16 with split-K: the last program reads its 8 (two row groups: 16) sums per thread
+    back in one batch after the ticket, not one L2 round trip after another (17 before)."""
+    from bench import sass
+
+    argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-M", "16", "-N", "256", "-K", "8192", "--variants",
+            '[{"max_split": 8, "row_groups": 2}]', "--keep", str(tmp_path)]
+    assert sass.main(argv) == 0
+    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")][0]
+    assert dict(zip(sass.COLUMNS, map(float, row[-len(sass.COLUMNS):]), strict=True))["ep_rt"] == 2
+    assert (tmp_path / "w4a16_nvfp4_0.sass").read_text().count("ATOMG.E.ADD.F32") == 16
+
+
+def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
+    from bench import sass
+
+    def code(*lines):
+        return sass.instructions("".join(f"/*{16 * i:04x}*/ {line} ;\n" for i, line in enumerate(lines)))
+
+    batch = code("ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, R9, desc[UR6][R4.64], RZ",
+                 "LDG.E.64 R10, desc[UR6][R2.64]", "STG.E desc[UR6][R6.64], RZ", "FMUL R12, R9, R11")
+    assert sass.serial_reads(batch) == 1  # a store does not wait; the FMUL comes after the last read
+    chain = code("ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, R9, desc[UR6][R4.64], RZ", "FMUL R9, R6, R9",
+                 "LDG.E.64 R10, desc[UR6][R2.64]", "STG.E desc[UR6][R8.64], R11", "@P0 LDG.E R14, desc[UR6][R2.64+0x8]")
+    assert sass.serial_reads(chain) == 3  # R9 is used before the LDG, R11 (the LDG's second word) before the last
 
 
 def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():
