@@ -39,7 +39,7 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
-COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "ep_rt"]  # what main prints per variant
+COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "rt", "ep_rt"]  # what main prints per variant
 TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int16: "*i16", torch.int64: "*i64"}
 
@@ -75,8 +75,8 @@ def instructions(sass: str) -> list[tuple[str, str]]:
 
 
 def loop_counts(sass: str) -> dict:
-    """Instruction counts of the first loop: from a label to the first branch back to it, and
-    `ep_rt` of the code after it."""
+    """Instruction counts of the first loop (from a label to the first branch back to it), its
+    global reads in sequence (`rt`, `serial_reads`) and those of the code after it (`ep_rt`)."""
     for label in re.finditer(r"^(\.L_x_\d+):", sass, re.M):
         back = sass.find(f"BRA `({label.group(1)})", label.end())
         if back > 0:
@@ -84,8 +84,9 @@ def loop_counts(sass: str) -> dict:
             break
     else:
         raise ValueError("no loop in the SASS (did the K loop unroll away? use a larger K)")
-    ops = [op for op, _ in instructions(body)]
-    counts = {"instr": len(ops)}
+    code = instructions(body)
+    ops = [op for op, _ in code]
+    counts = {"instr": len(ops), "rt": serial_reads(code)}
     for name, pattern in COUNTS.items():
         counts[name] = sum(bool(re.match(pattern, op)) for op in ops)
     return {**counts, "ep_rt": serial_reads(instructions(sass[back:]))}
@@ -94,8 +95,9 @@ def loop_counts(sass: str) -> dict:
 def serial_reads(code: list[tuple[str, str]]) -> int:
     """Global reads (LDG, ATOMG with a result) in sequence: a read issued after an instruction
     touched the register of an earlier read that is still in flight had to wait for that
-    read's round trip. After the K loop: the L2 round trips of the split-K epilogue that one
-    program runs one after another (ticket, then its sums read back)."""
+    read's round trip. In one K-loop iteration: the memory round trips a warp waits for in
+    sequence per iteration (1: every load issued before any is used); after the loop: those
+    of the split-K epilogue (ticket, then the sums read back)."""
     batches, pending = 0, set()
     for op, operands in code:
         regs = re.findall(r"\bR(\d+)\b", operands)

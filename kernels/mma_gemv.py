@@ -60,30 +60,42 @@ def zero_sums():
     return tuple(hl.zeros([128], dtype=torch.float32) for _ in range(4))
 
 
-def a_fragments(w, f, gr, win, lane, q, g, windows, blocks, ENCODING):
-    """The 16 bf16x2 A registers of row group `gr`'s window `win`: 4 mma steps, one word each."""
+def a_words(w, f, gr, win, lane, q, g, windows, blocks):
+    """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
+    factor byte."""
     base = (gr * windows + win) * 128 + lane
-    words = [hl.load(w, [base + 32 * s]) for s in range(4)]
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
+    return [*(hl.load(w, [base + 32 * s]) for s in range(4)), factors]
+
+
+def a_fragments(loaded, ENCODING):
+    """The 16 bf16x2 A registers of a window from its `a_words`."""
     return hl.inline_asm_elementwise(
-        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), [*words, factors],
-        dtype=(torch.int32,) * 16, is_pure=True, pack=1,
+        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), loaded, dtype=(torch.int32,) * 16, is_pure=True,
+        pack=1,
     )
 
 
-def bf16_b_words(x64, act_index):
-    """The 4 int64 B words of a window (each: the 4 bf16 of one step) at `act_index` + s."""
-    return [hl.load(x64, [act_index + s]) for s in range(4)]
+def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
+    """B of one column group's window, as loaded: activation row `row` at the lane's 16 K
+    (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code."""
+    per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
+    # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
+    index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
+    words = [hl.load(x64, [index + s]) for s in range(16 // per_word)]
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        return words
+    block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
+    return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
 
-def narrow_b_registers(x64, xs, act_index, scale_index, ACT_ELEM, ACT_SCALE):
-    """The 8 bf16x2 B registers of a window, decoded from the lane's 16 fp4 or fp8 elements
-    (1 or 2 int64 at `act_index`) and its block's scale code (`decode.MMA_B_FRAGMENTS_PTX`)."""
-    factor = mma_b_factor(hl.load(xs, [scale_index]).to(torch.int32), ACT_SCALE)
-    if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        words = [hl.load(x64, [act_index])]
-    else:
-        words = [hl.load(x64, [act_index]), hl.load(x64, [act_index + 1])]
+def b_registers(loaded, ACT_ELEM, ACT_SCALE):
+    """The B operand of a window from its `b_words`: bf16 as loaded (4 int64), fp4 / fp8 decoded
+    into 8 bf16x2 registers with the block's factor (`decode.MMA_B_FRAGMENTS_PTX`)."""
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        return loaded
+    *words, code = loaded
+    factor = mma_b_factor(code.to(torch.int32), ACT_SCALE)
     return hl.inline_asm_elementwise(
         MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE], ",".join(["=r"] * 8 + ["l"] * len(words) + ["r"]), [*words, factor],
         dtype=(torch.int32,) * 8, is_pure=True, pack=1,
@@ -106,19 +118,6 @@ def mma_window(frags, b, acc):
         MMA_STEPS_PTX[len(b)], ",".join(["=r"] * 4 + ["r"] * 16 + [kind] * len(b) + ["r"] * 4), [*frags, *b, *acc],
         dtype=(torch.float32,) * 4, is_pure=True, pack=1,
     )
-
-
-def window_b(x64, xs, row, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT):
-    """B of one column group's window: activation row `row` at the lane's 16 K (int64 words
-    of 4 bf16, 16 fp4 or 8 fp8 elements)."""
-    per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
-    # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
-    index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
-    if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return bf16_b_words(x64, index)
-    block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
-    return narrow_b_registers(x64, xs, index, scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A), ACT_ELEM,
-                              ACT_SCALE)
 
 
 def out_index(col_group, q, g, gr, i, M, N):
@@ -229,14 +228,21 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums()
         for it in hl.tile(steps, block_size=1):
             win = part.begin * steps + it.begin
-            b_0 = window_b(x64, xs, row_0, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT)
-            b_1 = window_b(x64, xs, row_1, win, q, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else b_0
-            frags = a_fragments(w, f, gr, win, lane, q, g, windows, blocks, ENCODING)
+            # every load of the window before any use: a load that comes after an mma waits for
+            # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
+            # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
+            loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+            loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
+            loads_a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+            loads_a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else loads_a0
+            b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
+            b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+            frags = a_fragments(loads_a0, ENCODING)
             a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
             if COL_GROUPS == 2:
                 b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
             if ROW_GROUPS == 2:
-                frags = a_fragments(w, f, gr + 1, win, lane, q, g, windows, blocks, ENCODING)
+                frags = a_fragments(loads_a1, ENCODING)
                 c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
                 if COL_GROUPS == 2:
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
