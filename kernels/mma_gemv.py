@@ -146,29 +146,34 @@ def live_sums(sums, ROW_GROUPS, COL_GROUPS):
     return [sums[2 * r + c] for r, c in group_slots(ROW_GROUPS, COL_GROUPS)]
 
 
+def output_slots(M, ROW_GROUPS, COL_GROUPS):
+    """(live set, row group offset, column group, accumulator) of each accumulator that is an
+    output in some lane: column 8c + 2q + (i & 1) < M (at M = 1 the odd ones never are, so
+    their adds, reads and stores are not compiled at all)."""
+    return [(k, r, c, i) for k, (r, c) in enumerate(group_slots(ROW_GROUPS, COL_GROUPS)) for i in range(4)
+            if 8 * c + (i & 1) < M]
+
+
 def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """SPLIT == 1: the accumulators into `out`."""
-    for acc, (r, c) in zip(sums, group_slots(ROW_GROUPS, COL_GROUPS), strict=True):
-        for i in range(4):
-            index, valid = out_index(c, q, g, gr + r, i, M, N)
-            store_out(out, bias, index, valid, acc[i] * scale, N, HAS_BIAS)
+    for k, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
+        index, valid = out_index(c, q, g, gr + r, i, M, N)
+        store_out(out, bias, index, valid, sums[k][i] * scale, N, HAS_BIAS)
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
     """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
-    only 2 of a thread's 4 sums are outputs, and unmasked adds of zeros for the rest all hit
-    column 0)."""
-    for acc, (r, c) in zip(sums, group_slots(ROW_GROUPS, COL_GROUPS), strict=True):
-        for i in range(4):
-            index, valid = out_index(c, q, g, gr + r, i, M, N)
-            hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, acc[i], valid),
-                             output_like=None)
+    only lanes q = 0 hold outputs, and unmasked adds of zeros for the rest all hit column 0)."""
+    for k, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
+        index, valid = out_index(c, q, g, gr + r, i, M, N)
+        hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, sums[k][i], valid),
+                         output_like=None)
 
 
 def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = hl.zeros([128], dtype=torch.float32)
-    slots = [out_index(c, q, g, gr + r, i, M, N) for r, c in group_slots(ROW_GROUPS, COL_GROUPS) for i in range(4)]
+    slots = [out_index(c, q, g, gr + r, i, M, N) for _, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
