@@ -105,9 +105,11 @@ class QTensor:
 
     @functools.cached_property
     def kernel_words(self) -> torch.Tensor:
-        """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads; cached
-        like `kernel_scale` (a view per call costs ~1 us of host time)."""
-        return self.data.view(torch.int32)
+        """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads, flat for
+        "mma_m16k16" data (what mma_gemv reads); cached like `kernel_scale` (a view per call
+        costs ~1 us of host time)."""
+        words = self.data.view(torch.int32)
+        return words.view(-1) if self.data_layout == "mma_m16k16" else words
 
     @functools.cached_property
     def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:

