@@ -135,45 +135,33 @@ def store_out(out, bias, index, valid, total, N, HAS_BIAS):
     hl.store(out, [index], total.to(out.dtype), extra_mask=valid)
 
 
-def group_slots(ROW_GROUPS, COL_GROUPS):
-    """(row group offset, column group) of the warp's live accumulator sets, in the order
-    (0, 0), (0, 1), (1, 0), (1, 1)."""
-    return [(r, c) for r in range(2) for c in range(2) if r < ROW_GROUPS and c < COL_GROUPS]
-
-
-def live_sums(sums, ROW_GROUPS, COL_GROUPS):
-    """The accumulator sets of `group_slots`, from those of (0, 0), (0, 1), (1, 0), (1, 1)."""
-    return [sums[2 * r + c] for r, c in group_slots(ROW_GROUPS, COL_GROUPS)]
-
-
 def output_slots(M, ROW_GROUPS, COL_GROUPS):
-    """(live set, row group offset, column group, accumulator) of each accumulator that is an
+    """(row group offset r, column group c, accumulator i) of each accumulator that is an
     output in some lane: column 8c + 2q + (i & 1) < M (at M = 1 the odd ones never are, so
-    their adds, reads and stores are not compiled at all)."""
-    return [(k, r, c, i) for k, (r, c) in enumerate(group_slots(ROW_GROUPS, COL_GROUPS)) for i in range(4)
-            if 8 * c + (i & 1) < M]
+    their adds, reads and stores are not compiled at all). Its sum is sums[2r + c][i]."""
+    return [(r, c, i) for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4) if 8 * c + (i & 1) < M]
 
 
 def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """SPLIT == 1: the accumulators into `out`."""
-    for k, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
+    for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N)
-        store_out(out, bias, index, valid, sums[k][i] * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid, sums[2 * r + c][i] * scale, N, HAS_BIAS)
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
     """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
     only lanes q = 0 hold outputs, and unmasked adds of zeros for the rest all hit column 0)."""
-    for k, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
+    for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N)
-        hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')", args=(workspace, index, sums[k][i], valid),
-                         output_like=None)
+        hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')",
+                         args=(workspace, index, sums[2 * r + c][i], valid), output_like=None)
 
 
 def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = hl.zeros([128], dtype=torch.float32)
-    slots = [out_index(c, q, g, gr + r, i, M, N) for _, r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
+    slots = [out_index(c, q, g, gr + r, i, M, N) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
@@ -253,7 +241,7 @@ def mma_gemv_kernel(
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
-        sums = live_sums(((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3)), ROW_GROUPS, COL_GROUPS)
+        sums = ((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3))  # by 2 * row group + column group
         if SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:

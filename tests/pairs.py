@@ -201,7 +201,7 @@ def mma_decodes_every_activation_scale(pair, device):
     one = 0x22 if f.is_packed else 0x38
     rows = 2 + len(nan)
     a = raw_qtensor(torch.full((rows, k // 2 if f.is_packed else k), one, dtype=torch.uint8, device=device),
-                          torch.cat([codes.reshape(2, 128), nan_rows]), fa)
+                    torch.cat([codes.reshape(2, 128), nan_rows]), fa)
     b = picking_weights(fb, 128, k, f.block_size, device)
     out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
     bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")

@@ -109,15 +109,24 @@ def test_variants_shapes():
         variants.variant_shapes(variants.parse_args(["--llama"]), on_gpu=False)
 
 
+def sass_rows(out, pair):
+    """bench.sass's printed rows of `pair`, each as {column: count} (the variant label before
+    the counts may hold spaces)."""
+    from bench import sass
+
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith(pair)]
+    return [dict(zip(sass.COLUMNS, map(float, row[-len(sass.COLUMNS):]), strict=True)) for row in rows]
+
+
 def test_sass_counts_the_k_loop(capfd, tmp_path):
     """bench.sass compiles the H100 plan for sm_90 here (no GPU) and counts its K loop."""
     from bench import sass
 
     argv = ["--format", "mixed", "-N", "256", "-K", "8192", "--variants", '[{"pad_m": true}]', "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
-    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("mxfp8xmxfp4")]
-    assert len(row) == 1 and row[0][1:3] == ['{"pad_m":', "true}"], row
-    counts = dict(zip(sass.COLUMNS, map(float, row[0][3:]), strict=True))
+    out = capfd.readouterr().out
+    assert [ln.split()[1:3] for ln in out.splitlines() if ln.startswith("mxfp8xmxfp4")] == [['{"pad_m":', "true}"]]
+    (counts,) = sass_rows(out, "mxfp8xmxfp4")
     assert counts["instr"] > 100 and counts["HMMA"] > 0 and counts["LDG"] > 0
     # 256 x 64 weights per program and K step over 128 threads
     assert counts["per_w"] == pytest.approx(counts["instr"] / 128, abs=0.01)
@@ -131,9 +140,7 @@ def test_sass_counts_the_gemv_k_loop(capfd, tmp_path):
 
     argv = ["--backend", "gemv", "--format", "w4a16-mxfp4", "-N", "256", "-K", "8192", "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
-    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xmxfp4")]
-    assert len(row) == 1, row
-    counts = dict(zip(sass.COLUMNS, map(float, row[0][2:]), strict=True))
+    (counts,) = sass_rows(capfd.readouterr().out, "bf16xmxfp4")
     assert counts["HMMA"] == 0 and counts["F2FP"] > 0 and counts["FMUL/FFMA"] > 0
     assert 0 < counts["regs"] <= 255 and counts["spill"] == 0
 
@@ -147,10 +154,7 @@ def test_sass_counts_the_mma_k_loop(capfd, tmp_path):
     argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-N", "256", "-K", "8192", "--variants",
             '[{"max_split": 1, "row_groups": 1}, {"max_split": 1, "row_groups": 2}]', "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
-    rows = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")]
-    assert len(rows) == 2, rows
-    for row_groups, row in zip((1, 2), rows, strict=True):
-        counts = dict(zip(sass.COLUMNS, map(float, row[-len(sass.COLUMNS):]), strict=True))
+    for row_groups, counts in zip((1, 2), sass_rows(capfd.readouterr().out, "bf16xnvfp4"), strict=True):
         assert counts["HMMA"] == 4 * row_groups and counts["HMUL2/HFMA2"] == 16 * row_groups
         assert counts["LDG"] >= 5 * row_groups + 4  # weight words and factors per group, 4 activation words
         assert counts["BAR"] == counts["STS"] == counts["LDS"] == 0
@@ -165,8 +169,8 @@ def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
     argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-M", "16", "-N", "256", "-K", "8192", "--variants",
             '[{"max_split": 8, "row_groups": 2}]', "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
-    row = [ln.split() for ln in capfd.readouterr().out.splitlines() if ln.startswith("bf16xnvfp4")][0]
-    assert dict(zip(sass.COLUMNS, map(float, row[-len(sass.COLUMNS):]), strict=True))["ep_rt"] == 2
+    (counts,) = sass_rows(capfd.readouterr().out, "bf16xnvfp4")
+    assert counts["ep_rt"] == 2
     assert (tmp_path / "w4a16_nvfp4_0.sass").read_text().count("ATOMG.E.ADD.F32") == 16
 
 
