@@ -388,22 +388,35 @@ MMA_MAX_M = 16
 # Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
 # M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
-# (21 / 17 / 18 / 18 us); M = 16: 8 fastest at all four (8192^2 28 / 37 / 35 / 40 us).
-MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 8}
-# One row group per warp at M <= 8 takes the smallest split whose last wave is >= 90% full,
-# at 16 resident programs per SM (32 registers, 4 warps): in that probe the slow cells were
-# the ones with a short last wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves,
-# 2.57x against 2.98x at 32).
-MMA_PROGRAMS_PER_SM = 16
-# Row groups per warp by (narrow activation, column groups): two groups share one B decode.
+# (21 / 17 / 18 / 18 us); M = 16 with one row group: 8 fastest at all four (8192^2 28 / 37 / 35 /
+# 40 us). M = 16 with two row groups: 16 under the wave rule (below).
+MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 16}
+# Resident programs per SM (4 warps each) by (narrow activation, column groups, row groups) of
+# the kernels whose split follows the wave rule: the smallest split whose last wave is >= 90%
+# full, else the fullest. From the sm_90 registers (`python -m bench.sass --backend mma`,
+# N = K = 8192; tests/test_bench.py checks them): one row group at M <= 8 30-32 registers
+# (16 programs), 38 for nvfp4 x nvfp4 (12; one group only where N % 128 != 0); two at M = 16
+# 55-64 (8).
+# - M <= 8, one group (bench/results/h100_mma_split_probe_a299590_2026-11-22.log): the slow
+#   cells had a short last wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves, 2.57x
+#   against 2.98x at 32).
+# - M = 16, two groups (h100_mma_m16_variants_8458078_2026-11-23.log), split 8 / 16 x cuBLAS
+#   bf16: 10240 x 8192 (80 row programs: 1280 at split 16 = 1.21 waves) mxfp8 x mxfp4 2.23 /
+#   1.64x, bf16 x mxfp4 2.19 / 1.90x; 8192 x 28672 (64 row programs, 1024 = 0.97 waves)
+#   mxfp4 x mxfp4 1.90 / 2.25x, bf16 x mxfp4 2.22 / 2.90x; 57344 x 8192 within 2%.
+MMA_PROGRAMS_PER_SM = {(False, 1, 1): 16, (True, 1, 1): 12, (False, 2, 2): 8, (True, 2, 2): 8}
+# Row groups per warp by (narrow activation, column groups): two groups share one B decode,
+# and at M = 16 one activation load for 32 rows.
 # H100, M = 1, the four Llama-3-70B shapes (10240 / 57344 / 8192^2 x 28672 / 8192^2), one group
 # with the wave rule against two with split up to 64, x cuBLAS bf16:
 # - nvfp4 x nvfp4 (bench/results/h100_mma_row_groups_probe_11d9604_2026-11-22.log): 2.46 /
-#   2.81 / 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x; at M = 16 (split 8) 1.81 / 2.02 /
-#   1.56 / 1.50x against 1.63 / 2.11 / 1.43 / 1.65x.
+#   2.81 / 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x.
 # - bf16 x nvfp4 (h100_mma_row_groups_probe_1430831_2026-11-22.log): 2.72 / 3.06 / 3.20 /
 #   2.74x against 2.62 / 3.23 / 3.02 / 2.45x (its B is 4 loads, no decode, to share).
-MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 1, (True, 2): 1}
+# M = 16, split up to 8, one group against two (h100_mma_m16_variants_8458078_2026-11-23.log,
+# after the loads-first K loop): nvfp4 x nvfp4 1.79 / 2.01 / 1.62 / 1.58x against 2.22 / 2.57 /
+# 2.12 / 1.62x, bf16 x nvfp4 2.03 / 2.10 / 2.15 / 1.84x against 2.15 / 2.45 / 2.17 / 1.79x.
+MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -423,14 +436,15 @@ def _mma_column_groups(m: int) -> int:
 
 class MmaOptions(NamedTuple):
     max_split: int  # split-K cap
-    fill_waves: bool  # take the smallest split whose last wave is full (`_mma_split`)
+    programs_per_sm: int  # resident programs per SM for the wave rule (`_mma_split`); 0: the largest split
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
-    `MMA_MAX_SPLIT` and, for one row group at M <= 8, the wave rule) and "row_groups": 1 or
-    2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations); 2 needs N % 128 == 0)."""
+    `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule) and
+    "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
+    column groups; 2 needs N % 128 == 0)."""
     if config is None:
         return _default_mma_options(m, n, narrow)
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
@@ -442,7 +456,8 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    return MmaOptions(max_split, "max_split" not in config and col_groups == 1 and row_groups == 1, row_groups)
+    programs_per_sm = 0 if "max_split" in config else MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
+    return MmaOptions(max_split, programs_per_sm, row_groups)
 
 
 @functools.lru_cache(maxsize=None)
@@ -453,14 +468,14 @@ def _default_mma_options(m: int, n: int, narrow: bool) -> MmaOptions:
     return _mma_options({}, m, n, narrow)
 
 
-def _mma_split(windows: int, row_programs: int, max_split: int, fill_waves: bool, device: torch.device) -> int:
+def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
-    with `fill_waves` the smallest whose last wave of programs is >= 90% full (else the
-    fullest)."""
+    with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
+    (else the fullest)."""
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
-    if not fill_waves:
+    if not programs_per_sm:
         return splits[-1]
-    resident = MMA_PROGRAMS_PER_SM * _sm_count(device)
+    resident = programs_per_sm * _sm_count(device)
 
     def fill(s):
         waves = row_programs * s / resident
@@ -473,7 +488,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows."""
     row_programs = n // (64 * options.row_groups)
-    split = _mma_split(k // 64, row_programs, options.max_split, options.fill_waves, b.device)
+    split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), options.row_groups, split)

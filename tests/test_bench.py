@@ -1,6 +1,7 @@
 """The parts of bench/ that need no GPU and no TritonBench: CLI, byte counts, the
 TritonBench glue against a stand-in of TritonBench's operator API."""
 
+import json
 import sys
 import types
 
@@ -11,6 +12,7 @@ import blockscaled as bs
 from bench import __main__ as cli
 from bench import tritonbench as tb_runner
 from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes
+from blockscaled.kernels.api import MMA_PAIRS, MMA_PROGRAMS_PER_SM
 
 
 def test_format_choices_cover_every_pair():
@@ -172,6 +174,26 @@ def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
     (counts,) = sass_rows(capfd.readouterr().out, "bf16xnvfp4")
     assert counts["ep_rt"] == 2
     assert (tmp_path / "w4a16_nvfp4_0.sass").read_text().count("ATOMG.E.ADD.F32") == 16
+
+
+@pytest.mark.parametrize("narrow, col_groups, row_groups", sorted(MMA_PROGRAMS_PER_SM))
+def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
+    """`MMA_PROGRAMS_PER_SM` (the wave rule's resident programs) holds for the sm_90 registers
+    of every pair it covers at N = K = 8192: 65,536 registers per SM, allocated per warp in
+    units of 256."""
+    from bench import sass
+
+    formats = ["nvfp4", "mxfp4", "mixed"] if narrow else ["w4a16-nvfp4", "w4a16-mxfp4"]
+    argv = ["--backend", "mma", "--format", *formats, "-M", str(8 * col_groups), "-N", "8192", "-K", "8192",
+            "--variants", json.dumps([{"row_groups": row_groups}])]
+    assert sass.main(argv) == 0
+    out = capfd.readouterr().out
+    pairs = [p for p in MMA_PAIRS if p.startswith("bf16") != narrow]
+    assert len(pairs) == len(formats)
+    for pair in pairs:
+        (counts,) = sass_rows(out, pair)
+        warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
+        assert 65536 // warp_registers // 4 >= MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], (pair, counts["regs"])
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():

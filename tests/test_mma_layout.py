@@ -235,22 +235,29 @@ def test_every_byte_and_scale_cpu(fmt):
 
 
 def test_split_fills_the_last_wave(monkeypatch):
-    """M <= 8: the smallest split whose last wave is >= 90% full at 16 programs per SM (132
-    SMs: 2112 resident programs), else the fullest; `max_split` alone takes the largest."""
+    """One row group at M <= 8 and two at M = 16: the smallest split whose last wave is >= 90%
+    full at 16 / 8 programs per SM (132 SMs: 2112 / 1056 resident programs), else the
+    fullest; `max_split` alone takes the largest."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
-    picks = {(n, k): api._mma_split(k // 64, n // 64, 32, True, cpu)
-             for n, k in [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]}
-    assert picks == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
-    assert api._mma_split(128, 128, 32, False, cpu) == 32 and api._mma_split(128, 128, 8, False, cpu) == 8
+    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]
+    one_group = {(n, k): api._mma_split(k // 64, n // 64, 32, 16, cpu) for n, k in shapes}
+    assert one_group == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
+    # 10240: 640 programs at split 8 and 1280 at 16 fill 0.61 of their last wave each: the first
+    two_groups = {(n, k): api._mma_split(k // 64, n // 128, 16, 8, cpu) for n, k in shapes}
+    assert two_groups == {(8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
+    assert api._mma_split(128, 128, 32, 0, cpu) == 32 and api._mma_split(128, 128, 8, 0, cpu) == 8
     with pytest.raises(ValueError, match="max_split"):
         api._mma_options({"split": 4}, 1, 8192, True)
     with pytest.raises(ValueError, match="row_groups"):
         api._mma_options({"row_groups": 2}, 1, 64, True)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, False, 2)
-    assert api._mma_options(None, 1, 8192, True) == (64, False, 2)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, True, 1)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 1, 8192, False) == (32, True, 1)  # bf16 activations: one
-    assert api._mma_options(None, 16, 8192, True) == (8, False, 1)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1)  # bf16 activations: one
+    for narrow in (True, False):  # M = 16: two row groups, the wave rule
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1)
+    assert api._mma_options({"row_groups": 1}, 16, 8192, True) == (8, 0, 1)
