@@ -14,6 +14,7 @@ from blockscaled.qtensor import QTensor
 
 from . import configs
 from .decode import operand_codes
+from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
 SUPPORTED_PAIRS = {
@@ -274,12 +275,19 @@ def scaled_mm(
         if backend == "dequant":
             # each dot needs K >= 16: a K-mod-8 split gives each of its 8 dots g * U / 8 elements
             cfg = configs.with_min_k_groups(cfg, -(-16 // (u // 8 if split else u)))
-        launch = _LAUNCHES[key] = kernel.bind(args).compile_config(cfg)
+        launch = _LAUNCHES[key] = _compile(kernel, args, cfg, device)
     launch(*args)
     return out
 
 
 _LAUNCHES: dict[tuple, object] = {}
+
+
+def _compile(kernel, args, cfg, device: torch.device):
+    """The compiled launcher of one cache key; on CUDA it launches through `DirectLaunch`
+    after its first call (Triton's per-call argument binding skipped)."""
+    launch = kernel.bind(args).compile_config(cfg)
+    return functools.partial(launch, _launcher=DirectLaunch()) if device.type == "cuda" else launch
 
 
 class SplitKPlan(NamedTuple):
@@ -322,7 +330,7 @@ def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, ou
     args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, ws,
             tickets, *plan.consts)
     if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=kernel().bind(args).compile_config(plan.cfg))
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(kernel(), args, plan.cfg, out.device))
     plan.launch(*args)
     return out
 
@@ -520,7 +528,7 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
 
     args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=mma_gemv_kernel.bind(args).compile_config(plan.cfg))
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_gemv_kernel, args, plan.cfg, out.device))
     plan.launch(*args)
     return out
 

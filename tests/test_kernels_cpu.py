@@ -313,3 +313,57 @@ def test_gemv_config_fields(gen):
         bs.scaled_mm(a, b, config={"fold": True})
     with pytest.raises(ValueError, match="block_dot and gemv backends, not 'dequant'"):
         bs.scaled_mm(a, b, backend="dequant", config={"blocks": 2})
+
+
+def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
+    """DirectLaunch: Triton's JIT path on the first call, then the compiled kernel's launcher
+    with the same arguments on the current stream; another alignment, a launch hook, Helion
+    launch options or another device go back to the JIT path."""
+    import types
+
+    from triton import knobs
+    from triton.compiler.compiler import CompiledKernel
+
+    from blockscaled.kernels import launch
+
+    class Compiled(CompiledKernel):
+        def __init__(self):  # what _init_handles would have loaded
+            self.module, self.function, self.packed_metadata = "module", "function", "metadata"
+            self._run = lambda *a: runs.append(a)
+
+    runs, jit_calls, current = [], [], {"device": 0}
+    compiled = Compiled()
+
+    def jit(triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
+        jit_calls.append((grid, args, num_warps, num_stages, kwargs))
+        return compiled
+
+    monkeypatch.setattr(launch, "default_launcher", jit)
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: current["device"], get_current_stream=lambda device: 100 + device)))
+    kernel = types.SimpleNamespace(params=["x", "y", "n"], pre_run_hooks=[])
+    x, y = torch.arange(8.0), torch.zeros(8)
+    direct = launch.DirectLaunch()
+    assert direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1) is compiled
+    assert len(jit_calls) == 1 and runs == []
+    assert direct(kernel, (4, 2), y, x, 5, num_warps=4, num_stages=1) is compiled
+    assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", "metadata", None, None, None, y, x, 5)]
+    direct(kernel, (4,), x[1:], y, 3, num_warps=4, num_stages=1)  # x + 4 bytes: another specialization
+    direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1, ptx_options="-v")
+    knobs.runtime.launch_enter_hook.add(print)  # a profiler's hook
+    try:
+        direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+    current["device"] = 1
+    direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 5 and len(runs) == 1
+    current["device"] = 0
+    direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 5 and runs[-1] == (4, 1, 1, 100, "function", "metadata", None, None, None, x, y, 3)
+    # a kernel whose launcher does not take every parameter positionally never goes direct
+    other = launch.DirectLaunch()
+    for _ in range(2):
+        other(types.SimpleNamespace(params=["x", "y", "n", "BLOCK"], pre_run_hooks=[]), (4,), x, y, 3, num_warps=4,
+              num_stages=1)
+    assert len(jit_calls) == 7

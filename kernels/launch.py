@@ -1,0 +1,52 @@
+"""Launching a compiled Helion kernel without Triton's per-call argument binding.
+
+Triton's `JITFunction.run` binds and re-specializes every argument and looks the kernel up
+on each call. For one `scaled_mm` cache key (dtypes, shapes, device and config fixed) the
+only part of that specialization that can still change is the tensors' 16-byte alignment,
+so `DirectLaunch` checks that and calls the CompiledKernel's launcher directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.compiler.compiler import CompiledKernel
+from triton.runtime import driver
+
+from helion.runtime import default_launcher
+
+
+def _no_launch_hooks() -> bool:
+    """Whether no launch hook is set (Triton 3.6 keeps them as empty HookChains)."""
+    return all(hook is None or getattr(hook, "calls", None) == []
+               for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+class DirectLaunch:
+    """A Helion `_launcher` for one cache key: the first call compiles and launches through
+    Triton's JIT; later calls with the same alignment of every tensor argument, on the same
+    current device, launch the kernel it returned directly. Anything else (launch hooks of a
+    profiler, pre-run hooks, Helion launch options, another alignment or device) takes
+    Triton's path."""
+
+    def __init__(self):
+        self.kernel = None
+        self.device = None
+        self.aligned = None
+        self.launcher = None  # (the kernel's launcher, its function handle, its packed metadata)
+
+    def __call__(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
+        aligned = tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+        if (self.kernel is None or kwargs or aligned != self.aligned or getattr(triton_kernel, "pre_run_hooks", None)
+                or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
+            kernel = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
+            if (self.kernel is None and not kwargs and isinstance(kernel, CompiledKernel)
+                    and len(args) == len(getattr(triton_kernel, "params", ()))):
+                kernel._init_handles()
+                self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
+                self.launcher = kernel.run, kernel.function, kernel.packed_metadata
+            return kernel
+        run, function, metadata = self.launcher
+        run(*grid, *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device), function, metadata, None, None,
+            None, *args)
+        return self.kernel
