@@ -24,9 +24,9 @@ B decode (4.1 instructions per weight instead of 5.2-5.4).
 
 Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
 into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
-stores. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv),
-x cuBLAS bf16: bf16 x fp4 M = 1 2.73x-3.37x (2d624e1), M = 16 1.75x-2.21x (3f9f2fc); fp4 /
-fp8 activations M = 1 2.42x-3.36x (11d9604, 1430831), M = 16 1.43x-2.05x (6f6faf2, 1b727f0).
+stores. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv,
+2026-11-23), x cuBLAS bf16: bf16 x fp4 M = 1 2.71x-3.39x, M = 16 1.97x-2.85x; fp4 / fp8
+activations M = 1 2.48x-3.35x, M = 16 1.84x-2.65x.
 """
 
 from __future__ import annotations
