@@ -183,14 +183,12 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
     units of 256."""
     from bench import sass
 
-    formats = ["nvfp4", "mxfp4", "mixed"] if narrow else ["w4a16-nvfp4", "w4a16-mxfp4"]
+    formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
     argv = ["--backend", "mma", "--format", *formats, "-M", str(8 * col_groups), "-N", "8192", "-K", "8192",
             "--variants", json.dumps([{"row_groups": row_groups}])]
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
-    pairs = [p for p in MMA_PAIRS if p.startswith("bf16") != narrow]
-    assert len(pairs) == len(formats)
-    for pair in pairs:
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
         (counts,) = sass_rows(out, pair)
         warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
         assert 65536 // warp_registers // 4 >= MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], (pair, counts["regs"])
