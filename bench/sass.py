@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; variants: {"max_split": n, "row_groups": r}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; variants: {"max_split": n, "row_groups": r, "stages": s}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -39,7 +39,7 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
-COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "rt", "ep_rt"]  # what main prints per variant
+COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
 TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int16: "*i16", torch.int64: "*i64"}
 
@@ -143,7 +143,7 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(folder / f"{name}.cubin")],
                                     text=True)
     regs, local = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
-    return {**loop_counts(sass), "regs": regs, "spill": local}
+    return {**loop_counts(sass), "regs": regs, "spill": local, "smem": kernel.metadata.shared}
 
 
 def kernel_code(args, pair, a_parts, b_parts, variant):
@@ -171,12 +171,13 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
 
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
-    "mma_m16k16" QTensor, `variant` may set max_split and row_groups; 32 weights per thread,
+    "mma_m16k16" QTensor, `variant` may set max_split, row_groups and stages; 32 weights per thread,
     row group and window."""
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 
-    options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor))
-    plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
+    with planned_as_h100():
+        options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor))
+        plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
     return code, mma_gemv_kernel.fn, kargs, plan, 32 * options.row_groups

@@ -5,7 +5,7 @@ laid over the default entry of its backend ("backend": "block_dot", the default,
 "gemv"), e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
 "num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. The
 mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
-"max_split": n, "row_groups": r}. For
+"max_split": n, "row_groups": r, "stages": s}. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
 bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
@@ -16,10 +16,13 @@ is how the entries of kernels/configs/sm90.json were chosen
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import itertools
 import json
+import multiprocessing
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -49,7 +52,36 @@ def parse_args(argv=None):
                    help="layout of fp4 weights (fp8 weights are always k_order)")
     p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
     p.add_argument("--log", type=Path, default=None, help="append every line to this file too")
+    p.add_argument("--jobs", type=int, default=1, help="GPU: compile every cell and variant in this many processes first")
     return p.parse_args(argv)
+
+
+def weights_as(b, data_layout):
+    return b.with_data_layout(data_layout) if b.fmt.is_packed else b
+
+
+def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
+    """Run one variant once at both output dtypes the timing process uses, so that its
+    binaries land in Triton's on-disk cache (as `bench --jobs`); nothing is checked here."""
+    _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
+    fields = {key: v for key, v in variant.items() if key != "backend"}
+    for out_dtype in (torch.float32, torch.bfloat16):
+        bs.scaled_mm(a, weights_as(b, data_layout), out_dtype=out_dtype, backend=variant.get("backend", "block_dot"),
+                     config=fields)
+    torch.cuda.synchronize()
+
+
+def precompile(work, jobs):
+    start = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be initialized again in a forked child
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(compile_variant, *cell): cell for cell in work}
+        for fut in concurrent.futures.as_completed(futures):
+            try:
+                fut.result()
+            except Exception as e:  # noqa: BLE001 - the timing process reports the variant
+                print(f"precompile {futures[fut][:4]} {json.dumps(futures[fut][5])}: {type(e).__name__}: {str(e)[:200]}")
+    print(f"precompiled {len(work)} variants in {time.perf_counter() - start:.0f} s with {jobs} processes", flush=True)
 
 
 def variant_shapes(args, on_gpu):
@@ -76,8 +108,12 @@ def main(argv=None):
             log.write(line + "\n")
             log.flush()
 
+    cells = list(itertools.product(variant_shapes(args, on_gpu), args.M or ([1, 16] if on_gpu else [3])))
+    if on_gpu and args.jobs > 1:
+        precompile([(FORMAT_PAIRS[fmt], m, n, k, args.data_layout, v) for (n, k), m in cells for fmt in formats
+                    for v in args.variants], args.jobs)
     failed = 0
-    for (n, k), m in itertools.product(variant_shapes(args, on_gpu), args.M or ([1, 16] if on_gpu else [3])):
+    for (n, k), m in cells:
         bf16_ms = None
         if on_gpu:
             fns = [cublas_bf16_fn(torch.randn(m, k, device=device), torch.randn(n, k, device=device), torch.bfloat16)
@@ -90,7 +126,7 @@ def main(argv=None):
             copies = cold_copies(ours_bytes(pair, m, n, k, torch.bfloat16), args.copies) if on_gpu else 1
             sets = [make_operands(pair, m, n, k, device, seed=s) for s in range(copies)]
             a = [s[2] for s in sets]
-            b = [s[3].with_data_layout(args.data_layout) if s[3].fmt.is_packed else s[3] for s in sets]
+            b = [weights_as(s[3], args.data_layout) for s in sets]
             ref = ref_scaled_mm(a[0], b[0])
             for variant in args.variants:
                 fields = {key: v for key, v in variant.items() if key != "backend"}

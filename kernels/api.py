@@ -425,6 +425,8 @@ MMA_PROGRAMS_PER_SM = {(False, 1, 1): 16, (True, 1, 1): 12, (False, 2, 2): 8, (T
 # after the loads-first K loop): nvfp4 x nvfp4 1.79 / 2.01 / 1.62 / 1.58x against 2.22 / 2.57 /
 # 2.12 / 1.62x, bf16 x nvfp4 2.03 / 2.10 / 2.15 / 1.84x against 2.15 / 2.45 / 2.17 / 1.79x.
 MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
+# K-loop pipeline depth by (column groups, row groups).
+MMA_STAGES = {(1, 1): 0, (1, 2): 0, (2, 1): 0, (2, 2): 0}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -446,17 +448,20 @@ class MmaOptions(NamedTuple):
     max_split: int  # split-K cap
     programs_per_sm: int  # resident programs per SM for the wave rule (`_mma_split`); 0: the largest split
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
+    stages: int = 0  # K-loop pipeline depth: >= 2 loads windows ahead with cp.async into shared memory; 0 none
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
-    `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule) and
+    `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0)."""
+    column groups; 2 needs N % 128 == 0) and "stages": 0 or 2-6 (the K loop's cp.async
+    pipeline depth, default `MMA_STAGES`)."""
     if config is None:
         return _default_mma_options(m, n, narrow)
-    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups"}:
-        raise ValueError(f"config: the mma backend takes a dict of 'max_split' and 'row_groups', or None, got {config!r}")
+    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "stages"}:
+        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups' and 'stages', or None, "
+                         f"got {config!r}")
     col_groups = _mma_column_groups(m)
     row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
     if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -464,8 +469,11 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
+    stages = int(config.get("stages", MMA_STAGES[col_groups, row_groups]))
+    if stages not in (0, 2, 3, 4, 5, 6):
+        raise ValueError(f"config: stages must be 0 (no pipeline) or 2 to 6, got {stages}")
     programs_per_sm = 0 if "max_split" in config else MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
-    return MmaOptions(max_split, programs_per_sm, row_groups)
+    return MmaOptions(max_split, programs_per_sm, row_groups, stages)
 
 
 @functools.lru_cache(maxsize=None)
@@ -504,7 +512,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
+    # range_num_stages: [the grid's tile, the K loop]; Triton pipelines the K loop's loads with cp.async
+    cfg = helion.Config(block_sizes=[], num_warps=4, num_stages=1, range_num_stages=[0, options.stages])
+    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
 def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
