@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; variants: {"max_split": n, "row_groups": r, "stages": s}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; variants: {"max_split": n, "row_groups": r, "shared_b": b}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -142,8 +142,9 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     # registers per thread decide how many programs fit on an SM; LOCAL > 0 means spills
     usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(folder / f"{name}.cubin")],
                                     text=True)
-    regs, local = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
-    return {**loop_counts(sass), "regs": regs, "spill": local, "smem": kernel.metadata.shared}
+    regs, local, static = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL", "SHARED"))
+    # shared memory per program (static, as declared in inline PTX, and Triton's dynamic) decides it too
+    return {**loop_counts(sass), "regs": regs, "spill": local, "smem": static + kernel.metadata.shared}
 
 
 def kernel_code(args, pair, a_parts, b_parts, variant):
@@ -171,7 +172,7 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
 
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
-    "mma_m16k16" QTensor, `variant` may set max_split, row_groups and stages; 32 weights per thread,
+    "mma_m16k16" QTensor, `variant` may set max_split, row_groups and shared_b; 32 weights per thread,
     row group and window."""
     from blockscaled.kernels.mma_gemv import mma_gemv_kernel
 

@@ -425,8 +425,8 @@ MMA_PROGRAMS_PER_SM = {(False, 1, 1): 16, (True, 1, 1): 12, (False, 2, 2): 8, (T
 # after the loads-first K loop): nvfp4 x nvfp4 1.79 / 2.01 / 1.62 / 1.58x against 2.22 / 2.57 /
 # 2.12 / 1.62x, bf16 x nvfp4 2.03 / 2.10 / 2.15 / 1.84x against 2.15 / 2.45 / 2.17 / 1.79x.
 MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
-# K-loop pipeline depth by (column groups, row groups).
-MMA_STAGES = {(1, 1): 0, (1, 2): 0, (2, 1): 0, (2, 2): 0}
+# B shared through shared memory by (narrow activation, column groups).
+MMA_SHARED_B = {(False, 1): False, (True, 1): False, (False, 2): False, (True, 2): False}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -448,19 +448,18 @@ class MmaOptions(NamedTuple):
     max_split: int  # split-K cap
     programs_per_sm: int  # resident programs per SM for the wave rule (`_mma_split`); 0: the largest split
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
-    stages: int = 0  # K-loop pipeline depth: >= 2 loads windows ahead with cp.async into shared memory; 0 none
+    shared_b: bool = False  # the program's threads decode B once and share it through shared memory
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0) and "stages": 0 or 2-6 (the K loop's cp.async
-    pipeline depth, default `MMA_STAGES`)."""
+    column groups; 2 needs N % 128 == 0) and "shared_b": bool (default `MMA_SHARED_B`)."""
     if config is None:
         return _default_mma_options(m, n, narrow)
-    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "stages"}:
-        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups' and 'stages', or None, "
+    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b"}:
+        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups' and 'shared_b', or None, "
                          f"got {config!r}")
     col_groups = _mma_column_groups(m)
     row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
@@ -469,11 +468,11 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    stages = int(config.get("stages", MMA_STAGES[col_groups, row_groups]))
-    if stages not in (0, 2, 3, 4, 5, 6):
-        raise ValueError(f"config: stages must be 0 (no pipeline) or 2 to 6, got {stages}")
+    shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
+    if not isinstance(shared_b, bool):
+        raise ValueError(f"config: shared_b must be a bool, got {shared_b!r}")
     programs_per_sm = 0 if "max_split" in config else MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
-    return MmaOptions(max_split, programs_per_sm, row_groups, stages)
+    return MmaOptions(max_split, programs_per_sm, row_groups, shared_b)
 
 
 @functools.lru_cache(maxsize=None)
@@ -507,14 +506,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
-              _mma_column_groups(m), options.row_groups, split)
+              _mma_column_groups(m), options.row_groups, split, options.shared_b)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    # range_num_stages: [the grid's tile, the K loop]; Triton pipelines the K loop's loads with cp.async
-    cfg = helion.Config(block_sizes=[], num_warps=4, num_stages=1, range_num_stages=[0, options.stages])
-    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
+    return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
 
 
 def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:

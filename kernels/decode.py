@@ -214,15 +214,21 @@ MMA_A_FRAGMENTS_PTX = {
 MMA_B_E4M3_SHIFT = 9
 
 
-def _mma_b_fragments(element: int, scale_code: int) -> str:
+def _mma_b_fragments(element: int, scale_code: int, elements: int) -> str:
     fp4 = element == ELEMENT_CODES["e2m1"]
-    words = ("w0", "w1") if fp4 else ("w0", "w1", "w2", "w3")
+    words = [f"w{i}" for i in range(elements // (8 if fp4 else 4))]
+    first_in = elements // 2  # the outputs come first
+    if fp4 and elements == 8:
+        loads = f"mov.b32 w0, ${first_in}; "
+    else:  # int64 inputs, two words each
+        loads = "".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${first_in + i}; " for i in range(len(words) // 2))
+    factor_in = f"${first_in + max(1, len(words) // 2)}"
     if fp4:
-        loads, factor = "mov.b64 {w0, w1}, $8; ", "$9"
-    else:  # f = the factor $10, or NaN if a byte is an E4M3 NaN
-        loads = ("mov.b64 {w0, w1}, $8; mov.b64 {w2, w3}, $9; mov.b32 e, 0; "
-                 + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
-                 + "and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, $10, p; ")
+        factor = factor_in
+    else:  # f = the factor, or NaN if a byte is an E4M3 NaN
+        loads += ("mov.b32 e, 0; "
+                  + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
+                  + f"and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, {factor_in}, p; ")
         factor = "f"
     scale = "fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else ""
     regs = []
@@ -243,11 +249,13 @@ def _mma_b_fragments(element: int, scale_code: int) -> str:
             + f"mov.b32 z, 0x80008000; mov.b32 c, {first * 0x10001:#x}; " + "".join(regs) + "}")
 
 
-# by (ELEMENT_CODES, SCALE_CODES) of the activation. Inputs $8 (fp8: $8, $9): the lane's 16
-# elements as int64, then the bf16x2 factor; outputs $2s, $2s+1: step s's B registers.
+# by (ELEMENT_CODES, SCALE_CODES) of the activation and elements per thread: 16 (a lane's
+# window: inputs $8 (fp8: $8, $9) the int64 words, then the bf16x2 factor; outputs $2s, $2s+1:
+# step s's B registers) or 8 (a thread's share of the window in `shared_b_exchange`: input $4
+# the fp4 int32 word or the fp8 int64, then the factor; outputs $0-$3 in K order).
 MMA_B_FRAGMENTS_PTX = {
-    (ELEMENT_CODES[e], SCALE_CODES[c]): _mma_b_fragments(ELEMENT_CODES[e], SCALE_CODES[c])
-    for e, c in (("e2m1", "e8m0"), ("e2m1", "e4m3"), ("e4m3", "e8m0"))
+    (ELEMENT_CODES[e], SCALE_CODES[c], n): _mma_b_fragments(ELEMENT_CODES[e], SCALE_CODES[c], n)
+    for e, c in (("e2m1", "e8m0"), ("e2m1", "e4m3"), ("e4m3", "e8m0")) for n in (8, 16)
 }
 
 
@@ -287,3 +295,40 @@ def _mma_steps(b_words: int) -> str:
 
 # by B form: bf16 activations (4 int64 words) or decoded fp4 ones (8 int32 registers)
 MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}
+
+# Shared B: a program's 128 threads write one window of the activation, as bf16 in K order,
+# into shared memory (thread t: row (t >> 3) mod 8c, K 8 (t & 7) .. + 8, 16 bytes), wait at a
+# CTA barrier and read back their lanes' B registers (row 8c + g, K 16q .. + 16: 32 bytes per
+# column group c): one load and one decode of 8 elements per thread instead of each warp's
+# 16 per column group. Rows are MMA_SHARED_B_ROW bytes apart (128 + 16: the 8 lanes of a
+# quarter-warp read 4 rows x 2 distinct banks groups without conflicts); two buffers
+# alternate by window parity, so one barrier per window keeps a write from overtaking a read.
+MMA_SHARED_B_ROW = 144
+
+
+def _shared_b_exchange(col_groups: int, wide: bool) -> str:
+    """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the
+    thread's 16 bytes (2 int64 if `wide`, else 4 int32), then the window's parity. The
+    offsets come from %tid.x."""
+    first, row = 8 * col_groups, MMA_SHARED_B_ROW
+    n_in = 2 if wide else 4
+    ins = ", ".join(f"${first + i}" for i in range(n_in))
+    size = 8 * col_groups * row
+    loads = "".join(
+        f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
+        for c in range(col_groups) for h in range(2)
+    )
+    return (
+        f"{{ .shared .align 16 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"mad.lo.u32 b, ${first + n_in}, {size}, b; "
+        # write: row (t >> 3) mod 8c, byte 16 (t & 7)
+        f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
+        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; bar.sync 0; "
+        # read: row g = lane >> 2, byte 32 q
+        f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
+        + loads + "}"
+    )
+
+
+# by (column groups, bf16 activation)
+MMA_SHARED_B_PTX = {(c, wide): _shared_b_exchange(c, wide) for c in (1, 2) for wide in (False, True)}

@@ -40,8 +40,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_STEPS_PTX, SCALE_CODES,
-                     mma_b_factor)
+from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_SHARED_B_PTX,
+                     MMA_STEPS_PTX, SCALE_CODES, mma_b_factor)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
 # (written as literals in the kernel and its helpers: Helion passes module constants as
@@ -97,9 +97,50 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     *words, code = loaded
     factor = mma_b_factor(code.to(torch.int32), ACT_SCALE)
     return hl.inline_asm_elementwise(
-        MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE], ",".join(["=r"] * 8 + ["l"] * len(words) + ["r"]), [*words, factor],
+        MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE, 16], ",".join(["=r"] * 8 + ["l"] * len(words) + ["r"]), [*words, factor],
         dtype=(torch.int32,) * 8, is_pure=True, pack=1,
     )
+
+
+def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS):
+    """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
+    row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
+    words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code."""
+    r = (tid >> 3) & (8 * COL_GROUPS - 1)
+    row = torch.where(r < M, r, M - 1)
+    j = tid & 7
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        index = row * (K // 4) + win * 16 + 2 * j
+        return [hl.load(x64, [index]), hl.load(x64, [index + 1])]
+    if ACT_ELEM == ELEMENT_CODES["e2m1"]:
+        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)])
+        words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
+    else:
+        words = [hl.load(x64, [row * (K // 8) + win * 8 + j])]
+    block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
+    return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
+
+
+def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
+    """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
+    fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory."""
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        chunk = loaded
+    else:
+        *words, code = loaded
+        factor = mma_b_factor(code.to(torch.int32), ACT_SCALE)
+        kind = "r" if ACT_ELEM == ELEMENT_CODES["e2m1"] else "l"
+        chunk = hl.inline_asm_elementwise(
+            MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE, 8], ",".join(["=r"] * 4 + [kind, "r"]), [*words, factor],
+            dtype=(torch.int32,) * 4, is_pure=True, pack=1,
+        )
+    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
+    parity = hl.zeros([128], dtype=torch.int32) + (win & 1)
+    regs = hl.inline_asm_elementwise(
+        MMA_SHARED_B_PTX[COL_GROUPS, wide], ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"]),
+        [*chunk, parity], dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
+    )
+    return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
 def activation_post(x_scale, ACT_SCALE):
@@ -195,6 +236,7 @@ def mma_gemv_kernel(
     COL_GROUPS: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
+    SHARED_B: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
@@ -224,12 +266,18 @@ def mma_gemv_kernel(
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
             # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
-            loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-            loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
+            if SHARED_B:
+                loads_b = shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)
+            else:
+                loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
             loads_a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
             loads_a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else loads_a0
-            b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
-            b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+            if SHARED_B:
+                b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS)
+            else:
+                b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
+                b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
             frags = a_fragments(loads_a0, ENCODING)
             a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
             if COL_GROUPS == 2:
