@@ -425,8 +425,18 @@ MMA_PROGRAMS_PER_SM = {(False, 1, 1): 16, (True, 1, 1): 12, (False, 2, 2): 8, (T
 # after the loads-first K loop): nvfp4 x nvfp4 1.79 / 2.01 / 1.62 / 1.58x against 2.22 / 2.57 /
 # 2.12 / 1.62x, bf16 x nvfp4 2.03 / 2.10 / 2.15 / 1.84x against 2.15 / 2.45 / 2.17 / 1.79x.
 MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
-# B shared through shared memory by (narrow activation, column groups).
-MMA_SHARED_B = {(False, 1): False, (True, 1): False, (False, 2): False, (True, 2): False}
+# B shared through shared memory by (narrow activation, column groups): one load and decode
+# of a window's B per program instead of one per warp. sm_90 K loop (N = K = 8192,
+# `python -m bench.sass --backend mma`): M = 16 fp4 / fp8 activations 326-355 -> 247-255
+# instructions per window, bf16 191 -> 202 with 12 global loads instead of 18; M = 1 fp4 /
+# fp8 259 -> 248, bf16 103 -> 115. H100, x cuBLAS bf16, 10240 x 8192 / 57344 x 8192 /
+# 8192 x 28672 / 8192^2 (bench/results/h100_mma_shared_b_8bb731a_2026-11-23.log):
+# - M = 16, without -> with: nvfp4 x nvfp4 2.27 / 2.56 / 2.32 / 2.07x -> 2.53 / 2.76 / 2.84 /
+#   2.14x, mxfp4 x mxfp4 1.81 / 2.23 / 2.24 / 2.17x -> 2.46 / 2.83 / 3.02 / 2.17x, bf16 x mxfp4
+#   2.25 / 2.53 / 2.87 / 1.95x -> 2.60 / 2.84 / 3.12 / 2.15x (faster or equal in all 20 cells).
+# - M = 1, fp4 / fp8 activations: within -1% .. +3% in 11 of 12 cells, mxfp4 x mxfp4
+#   8192 x 28672 2.86 -> 3.41x. bf16 at M = 1 (more instructions, no decode to share): not timed.
+MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2): True}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:

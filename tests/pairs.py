@@ -1,5 +1,7 @@
 """Shared helpers for the kernel tests: build operands for a pair, run, compare."""
 
+import itertools
+
 import torch
 
 import blockscaled as bs
@@ -176,10 +178,10 @@ def mma_decodes_every_activation_code(pair, device):
         data = (torch.arange(k, device=device).unsqueeze(0) // 64 + 16 * r) % 256
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     b = picking_weights(fb, k, k, 1, device)
-    for m in (1, 16):
+    for m, shared_b in itertools.product((1, 16), (False, True)):  # each warp's B, or the program's
         a = raw_qtensor(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
         out = torch.full((m, k), float("nan"), device=device)  # poison
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config={"shared_b": shared_b})
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
@@ -203,11 +205,12 @@ def mma_decodes_every_activation_scale(pair, device):
     a = raw_qtensor(torch.full((rows, k // 2 if f.is_packed else k), one, dtype=torch.uint8, device=device),
                     torch.cat([codes.reshape(2, 128), nan_rows]), fa)
     b = picking_weights(fb, 128, k, f.block_size, device)
-    out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
-    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
     ref = ref_scaled_mm(a, b).float()
     assert ref[2:].isnan().all() and not ref[:2].isnan().any()
-    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    for shared_b in (False, True):
+        out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config={"shared_b": shared_b})
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
 
 
 def mma_decodes_activation_nan(device):
@@ -216,8 +219,9 @@ def mma_decodes_activation_nan(device):
     a_data[1, 77] = 0xFF
     a = raw_qtensor(a_data, unit_scales(bs.FORMATS["mxfp8"], 3, 256, device), "mxfp8")
     b = picking_weights("mxfp4", 256, 256, 1, device)
-    out = torch.full((3, 256), 12345.5, device=device)
-    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma")
     ref = ref_scaled_mm(a, b).float()
     assert ref[1].isnan().all() and not ref[[0, 2]].isnan().any()
-    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+    for shared_b in (False, True):
+        out = torch.full((3, 256), 12345.5, device=device)
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config={"shared_b": shared_b})
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)

@@ -1,5 +1,7 @@
 """GPU suite (H100/H200): all 7 pairs x out dtypes x shapes, fresh inputs, poisoned outputs."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -112,9 +114,11 @@ def test_mma_pairs(pair, m, gen):
     row groups per warp, narrow activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
-    for row_groups in (1, 2):  # each warp one or two 16-row groups, split and not
-        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"row_groups": row_groups})
-        run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"row_groups": row_groups, "max_split": 1})
+    for row_groups, shared_b in itertools.product((1, 2), (False, True)):  # 1 or 2 16-row groups per warp, B per warp
+        # or per program, split and not
+        config = {"row_groups": row_groups, "shared_b": shared_b}
+        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
+        run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={**config, "max_split": 1})
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 64, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)

@@ -253,11 +253,14 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"split": 4}, 1, 8192, True)
     with pytest.raises(ValueError, match="row_groups"):
         api._mma_options({"row_groups": 2}, 1, 64, True)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1)  # bf16 activations: one
-    for narrow in (True, False):  # M = 16: two row groups, the wave rule
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1)
-    assert api._mma_options({"row_groups": 1}, 16, 8192, True) == (8, 0, 1)
+    with pytest.raises(ValueError, match="shared_b"):
+        api._mma_options({"shared_b": 1}, 16, 8192, True)
+    # (max_split, programs per SM, row groups, shared B)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False)  # bf16 activations: one, B not shared
+    for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False)
