@@ -194,7 +194,8 @@ def scaled_mm(
     Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
     `out` (optional) receives the result; `config` overrides the default Helion config, or,
     for the block_dot and gemv backends, may be a dict of config-table fields laid over the
-    default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...});
+    default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...}),
+    for the mma backend a dict of "max_split", "row_groups" and "shared_b" (`_mma_options`);
     `backend` ("dequant", "block_dot", "gemv", "mma", "dot_scaled", "dot_scaled_cdna4") overrides
     the choice by device and shape.
     """

@@ -10,23 +10,28 @@ activation as the B operand: 8 activation rows per column group, so M = 1 uses o
 The mma fragments tie values to lanes, which Triton's tensor layouts do not promise. So
 every tensor here holds one value per thread (`[128]`, indexed by the thread's own
 %tid.x), and each thread computes its addresses from its lane: no value crosses threads
-outside the mma itself. sm_90 K loop (N = K = 8192, M = 1): 91 instructions per 32
+outside the mma itself. sm_90 K loop (N = K = 8192, M = 1, bf16 x mxfp4): 91 instructions per 32
 weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
 
 fp4 and fp8 activations (nvfp4, mxfp4, mxfp8; any scale layout) are decoded into the B
-registers in the same way (`decode.MMA_B_FRAGMENTS_PTX`: the lane's 16 elements of a window
-are one or two int64 and one scale block), exact: every E2M1 x E4M3, E2M1 x E8M0 and
-E4M3 x E8M0 value from 2^-126 up is a bf16. mma.sync flushes bf16 subnormals, so activation
-values below 2^-126 (E8M0 blocks of scale 2^-127, blocks whose largest |x| < 2^-123) count
-as zero here; the other backends keep them. That decode costs ~70 sm_90 instructions per
-window (166-174 against 91), so with ROW_GROUPS = 2 each warp runs two 16-row groups on one
-B decode (4.1 instructions per weight instead of 5.2-5.4).
+registers in the same way (`decode.MMA_B_FRAGMENTS_PTX`), exact: every E2M1 x E4M3, E2M1 x
+E8M0 and E4M3 x E8M0 value from 2^-126 up is a bf16. mma.sync flushes bf16 subnormals, so
+activation values below 2^-126 (E8M0 blocks of scale 2^-127, blocks whose largest |x| <
+2^-123) count as zero here; the other backends keep them. With ROW_GROUPS = 2 each warp runs
+two 16-row groups on one B.
+
+B is the same for the 4 warps of a program. With SHARED_B each thread loads and decodes 8
+elements of the window's B (all column groups), writes them as bf16 into shared memory and,
+after one CTA barrier, reads its lanes' registers back (`decode.MMA_SHARED_B_PTX`, inline
+PTX: Triton has no shared memory of its own to offer here); otherwise each warp loads (and
+decodes) its lanes' 16 elements per column group itself. sm_90 K loop at M = 16, two row
+groups: 247-255 instructions per window instead of 326-355 for fp4 / fp8 activations, 12
+global loads instead of 18 for bf16.
 
 Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
 into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
 stores. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv,
-2026-11-23), x cuBLAS bf16: bf16 x fp4 M = 1 2.71x-3.39x, M = 16 1.97x-2.85x; fp4 / fp8
-activations M = 1 2.48x-3.35x, M = 16 1.84x-2.65x.
+2026-11-23, 3ff6825), x cuBLAS bf16: M = 1 2.45x-3.41x, M = 16 2.11x-3.12x.
 """
 
 from __future__ import annotations
@@ -136,6 +141,10 @@ def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
         )
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
     parity = hl.zeros([128], dtype=torch.int32) + (win & 1)
+    # pure although it stores and waits: Helion writes one asm call per output, and LLVM
+    # merges them into one only when they are pure (not pure: 16 copies, 72 KB of shared
+    # memory, which ptxas refused). Every thread runs it once per window, unconditionally,
+    # and its inputs differ per window, so it is neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
         MMA_SHARED_B_PTX[COL_GROUPS, wide], ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"]),
         [*chunk, parity], dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
