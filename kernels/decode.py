@@ -251,7 +251,7 @@ def _mma_b_fragments(element: int, scale_code: int, elements: int) -> str:
 
 # by (ELEMENT_CODES, SCALE_CODES) of the activation and elements per thread: 16 (a lane's
 # window: inputs $8 (fp8: $8, $9) the int64 words, then the bf16x2 factor; outputs $2s, $2s+1:
-# step s's B registers) or 8 (a thread's share of the window in `shared_b_exchange`: input $4
+# step s's B registers) or 8 (a thread's share of the window for `MMA_SHARED_B_PTX`: input $4
 # the fp4 int32 word or the fp8 int64, then the factor; outputs $0-$3 in K order).
 MMA_B_FRAGMENTS_PTX = {
     (ELEMENT_CODES[e], SCALE_CODES[c], n): _mma_b_fragments(ELEMENT_CODES[e], SCALE_CODES[c], n)
@@ -300,9 +300,10 @@ MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}
 # into shared memory (thread t: row (t >> 3) mod 8c, K 8 (t & 7) .. + 8, 16 bytes), wait at a
 # CTA barrier and read back their lanes' B registers (row 8c + g, K 16q .. + 16: 32 bytes per
 # column group c): one load and one decode of 8 elements per thread instead of each warp's
-# 16 per column group. Rows are MMA_SHARED_B_ROW bytes apart (128 + 16: the 8 lanes of a
-# quarter-warp read 4 rows x 2 distinct banks groups without conflicts); two buffers
+# 16 per column group. Rows are MMA_SHARED_B_ROW bytes apart (128 + 16, so the 16-byte reads
+# of a quarter-warp, 2 rows x 4 lanes, fall on 8 distinct groups of 4 banks); two buffers
 # alternate by window parity, so one barrier per window keeps a write from overtaking a read.
+# Rows past 8 c of a thread's share repeat (M <= 8: threads 64-127 write what 0-63 write).
 MMA_SHARED_B_ROW = 144
 
 
