@@ -1,6 +1,8 @@
 """The "mma_m16k16" weight layout (CPU): round trip, scale factors, and the decode + mma
 fragment mapping the GPU kernel relies on, emulated bit for bit against the reference."""
 
+import re
+
 import pytest
 import torch
 
@@ -264,3 +266,80 @@ def test_split_fills_the_last_wave(monkeypatch):
         assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True)
     assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True)
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False)
+
+
+def run_shared_b_exchange(ptx: str, parity: int) -> tuple[list[list], set, int]:
+    """Run the PTX of `decode.MMA_SHARED_B_PTX` for the 128 threads of a program, its
+    instructions as written (a small interpreter for the ones it uses): every thread up to the
+    barrier, storing its input bytes labelled (thread, byte), then every thread after it.
+    Returns each thread's output registers (4 labels each), the bytes written and the
+    declared size of the buffer."""
+    body = ptx.strip()[1:-1]
+    size = int(re.search(r"\.shared \.align 16 \.b8 sb\[(\d+)\];", body).group(1))
+    code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
+    barrier = code.index("bar.sync 0")
+    memory, outputs = {}, [[] for _ in range(128)]
+    alu = {"shr.b32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "shl.b32": lambda x, y: x << y,
+           "add.u32": lambda x, y: x + y}
+    parity_operand = re.search(r"mad\.lo\.u32 b, (\$\d+),", body).group(1)
+
+    def run(tid, lines, regs):
+        def val(operand):
+            if operand == parity_operand:
+                return parity
+            return regs[operand] if operand in regs else int(operand, 0)
+
+        for line in lines:
+            op, args = line.split(None, 1)
+            if op.startswith(("st.shared", "ld.shared")):
+                vec, bits = (int(x) for x in re.match(r"[sl][td]\.shared\.v(\d)\.b(\d+)", op).groups())
+                base, offset = re.search(r"\[(\w+)(?:\+(\d+))?\]", args).groups()
+                addr = regs[base] + int(offset or 0)
+                assert addr % 16 == 0 and 0 <= addr and addr + vec * bits // 8 <= size, (op, addr)
+                if op.startswith("st"):
+                    memory.update({addr + byte: (tid, byte) for byte in range(vec * bits // 8)})
+                else:
+                    outputs[tid] += [[memory.get(addr + 4 * i + byte) for byte in range(4)] for i in range(vec)]
+                continue
+            dst, *srcs = args.split(", ")
+            if op == "mov.u32":
+                regs[dst] = val(srcs[0])
+            elif op == "mad.lo.u32":
+                regs[dst] = val(srcs[0]) * val(srcs[1]) + val(srcs[2])
+            elif op == "bfe.u32":
+                regs[dst] = (val(srcs[0]) >> val(srcs[1])) & ((1 << val(srcs[2])) - 1)
+            else:
+                regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
+        return regs
+
+    regs = [run(t, code[:barrier], {"%tid.x": t, "sb": 0}) for t in range(128)]  # every store first
+    for t in range(128):
+        run(t, code[barrier + 1:], regs[t])
+    return outputs, set(memory), size
+
+
+@pytest.mark.parametrize("col_groups", [1, 2])
+@pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
+def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide):
+    """The shared-B PTX, run for 128 threads: thread t writes K 8 (t & 7) .. + 8 of B row
+    (t >> 3) mod 8c; every lane (g, q) of every warp reads back, per column group c, the 16 K
+    16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers hold.
+    The two buffers (window parity) lie inside the declared array and do not overlap."""
+    from blockscaled.kernels.decode import MMA_SHARED_B_PTX
+
+    written = []
+    for parity in (0, 1):
+        outputs, addresses, size = run_shared_b_exchange(MMA_SHARED_B_PTX[col_groups, wide], parity)
+        written.append(addresses)
+        assert size == 2 * 8 * col_groups * 144  # two buffers of 8c rows, 144 bytes apart
+        for tid, regs in enumerate(outputs):
+            lane = tid & 31
+            g, q = lane >> 2, lane & 3
+            assert len(regs) == 8 * col_groups
+            for c in range(col_groups):
+                for i, word in enumerate(regs[8 * c: 8 * c + 8]):
+                    k_byte = 32 * q + 4 * i  # the bf16 bytes of K 16 q + 2 i and + 1
+                    writer = word[0][0]
+                    assert (writer >> 3) % (8 * col_groups) == 8 * c + g and writer & 7 == k_byte // 16
+                    assert word == [(writer, k_byte % 16 + b) for b in range(4)]
+    assert written[0] and not written[0] & written[1]
