@@ -179,8 +179,9 @@ def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
 @pytest.mark.parametrize("narrow, col_groups, row_groups", sorted(MMA_PROGRAMS_PER_SM))
 def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
     """`MMA_PROGRAMS_PER_SM` (the wave rule's resident programs) holds for the sm_90 registers
-    of every pair it covers at N = K = 8192: 65,536 registers per SM, allocated per warp in
-    units of 256."""
+    and shared memory of every pair it covers at N = K = 8192: 65,536 registers per SM,
+    allocated per warp in units of 256, and 228 KB of shared memory (shared B's buffers and
+    the 1 KB each program reserves are in the count)."""
     from bench import sass
 
     formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
@@ -192,6 +193,7 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
         (counts,) = sass_rows(out, pair)
         warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
         assert 65536 // warp_registers // 4 >= MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], (pair, counts["regs"])
+        assert counts["smem"] * MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups] <= 228 * 1024, (pair, counts["smem"])
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
