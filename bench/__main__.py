@@ -57,7 +57,8 @@ PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "cublas_bf16
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--format", default="all", choices=[*FORMAT_PAIRS, "all"])
+    p.add_argument("--format", nargs="+", default=["all"], choices=[*FORMAT_PAIRS, "all"],
+                   help="one or more pairs (one process: --jobs compiles all their cells at once)")
     p.add_argument("-M", type=int, nargs="+", default=None, help="rows of A (default: 1 16 128 on GPU)")
     p.add_argument("-N", type=int, default=None)
     p.add_argument("-K", type=int, default=None)
@@ -130,7 +131,7 @@ def main(argv=None):
     on_gpu = torch.cuda.is_available()
     device = "cuda" if on_gpu else "cpu"
     out_dtype = OUT_DTYPES[args.out_dtype]
-    pairs = list(FORMAT_PAIRS.values()) if args.format == "all" else [FORMAT_PAIRS[args.format]]
+    pairs = list(FORMAT_PAIRS.values()) if "all" in args.format else [FORMAT_PAIRS[f] for f in dict.fromkeys(args.format)]
     gpu = torch.cuda.get_device_name() if on_gpu else "cpu"
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu)
     if args.bench and not on_gpu:

@@ -34,9 +34,10 @@ def test_shapes_from_arguments():
 
 
 def test_cli_validates_on_cpu_and_records_nothing(capsys):
-    assert cli.main(["--format", "w8a16-mxfp8", "-M", "2", "--no-record"]) == 0
+    assert cli.main(["--format", "w8a16-mxfp8", "nvfp4", "-M", "2", "--no-record"]) == 0
     out = capsys.readouterr().out
-    assert "validate bf16xmxfp8" in out and "timings need a GPU" in out
+    assert "validate bf16xmxfp8" in out and "validate nvfp4xnvfp4" in out and "timings need a GPU" in out
+    assert "validate mxfp4xmxfp4" not in out
 
 
 def test_precompile_runs_cells_in_processes_and_reports_failures(capsys):
