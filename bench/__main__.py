@@ -11,6 +11,7 @@ import argparse
 import concurrent.futures
 import csv
 import datetime
+import json
 import math
 import multiprocessing
 import os
@@ -140,7 +141,7 @@ def main(argv=None):
     cells = shapes(args, on_gpu)
     if args.bench and on_gpu:
         if args.jobs > 1:
-            precompile(cells, pairs, out_dtype, args.jobs)
+            precompile(compile_cell, [(pair, m, n, k, out_dtype, "cuda") for m, n, k in cells for pair in pairs], args.jobs)
         print_header()
     for n_shape, (m, n, k) in enumerate(progress(cells)):
         for pair in pairs:
@@ -182,24 +183,31 @@ def main(argv=None):
     return 0
 
 
-def precompile(cells, pairs, out_dtype, jobs, device="cuda"):
-    """Compile every (shape, pair) cell in `jobs` processes before timing. Static shapes give
-    each cell its own kernels, and generating + compiling them was half of a cell's time in
-    one process (58 s cold, 30 s with Triton's cache warm, mxfp8 x mxfp4 at 8192^2 on the
-    H100 machine, 2026-11-22). The timing process still generates Helion's code but loads
-    the binaries from the cache. A cell that fails to compile here fails its validation next."""
-    work = [(pair, m, n, k) for m, n, k in cells for pair in pairs]
+def precompile(compile_fn, work, jobs):
+    """Run compile_fn(*item) for every work item, each (pair, M, N, K, ...), in up to `jobs`
+    processes before timing, so that the binaries land in Triton's on-disk cache. Static
+    shapes give each cell its own kernels, and generating + compiling them was half of a
+    cell's time in one process (58 s cold, 30 s with Triton's cache warm, mxfp8 x mxfp4 at
+    8192^2 on the H100 machine, 2026-11-22). The timing process still generates Helion's code
+    but loads the binaries. A cell that fails to compile here fails its validation next.
+    Fewer processes where the GPU's free memory cannot hold `jobs` of the largest shape's
+    operands (~16 bytes per weight element while quantizing: 15 processes of 57344 x 8192
+    ran out of the H100's 80 GB, 2026-11-23)."""
+    if torch.cuda.is_available():
+        largest = max(16 * n * k + 2**29 for _, _, n, k, *_ in work)
+        jobs = max(1, min(jobs, int(0.9 * torch.cuda.mem_get_info()[0]) // largest))
     start = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be initialized again in a forked child
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(compile_cell, *cell, out_dtype, device): cell for cell in work}
+        futures = {pool.submit(compile_fn, *item): item for item in work}
         for fut in concurrent.futures.as_completed(futures):
-            pair, m, n, k = futures[fut]
+            pair, m, n, k, *rest = futures[fut]
             try:
                 fut.result()
             except Exception as e:  # noqa: BLE001 - shown here, the cell's validation reports it
-                print(f"precompile {bs.SUPPORTED_PAIRS[pair]} M={m} N={n} K={k}: {type(e).__name__}: {str(e)[:200]}")
-    print(f"precompiled {len(work)} cells in {time.perf_counter() - start:.0f} s with {jobs} processes")
+                label = "".join(f" {json.dumps(r)}" for r in rest if isinstance(r, dict))  # a variant's fields
+                print(f"precompile {bs.SUPPORTED_PAIRS[pair]} M={m} N={n} K={k}{label}: {type(e).__name__}: {str(e)[:200]}")
+    print(f"precompiled {len(work)} cells in {time.perf_counter() - start:.0f} s with {jobs} processes", flush=True)
 
 
 def cold_copies(nbytes, most):

@@ -16,13 +16,10 @@ is how the entries of kernels/configs/sm90.json were chosen
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import itertools
 import json
-import multiprocessing
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +30,7 @@ if not torch.cuda.is_available():  # kernels run through the Triton interpreter 
 import blockscaled as bs  # noqa: E402
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
 
-from .__main__ import cold_copies, ours_bytes, time_ms  # noqa: E402
+from .__main__ import cold_copies, ours_bytes, precompile, time_ms  # noqa: E402
 from .providers import FORMAT_PAIRS, LLAMA_70B, cublas_bf16_fn, make_operands  # noqa: E402
 
 FP32_BOUND = 1e-5
@@ -71,19 +68,6 @@ def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
     torch.cuda.synchronize()
 
 
-def precompile(work, jobs):
-    start = time.perf_counter()
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be initialized again in a forked child
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(compile_variant, *cell): cell for cell in work}
-        for fut in concurrent.futures.as_completed(futures):
-            try:
-                fut.result()
-            except Exception as e:  # noqa: BLE001 - the timing process reports the variant
-                print(f"precompile {futures[fut][:4]} {json.dumps(futures[fut][5])}: {type(e).__name__}: {str(e)[:200]}")
-    print(f"precompiled {len(work)} variants in {time.perf_counter() - start:.0f} s with {jobs} processes", flush=True)
-
-
 def variant_shapes(args, on_gpu):
     """The (N, K) shapes to run: the Llama-3-70B ones with --llama, else -N/-K or the defaults."""
     if args.llama:
@@ -110,8 +94,8 @@ def main(argv=None):
 
     cells = list(itertools.product(variant_shapes(args, on_gpu), args.M or ([1, 16] if on_gpu else [3])))
     if on_gpu and args.jobs > 1:
-        precompile([(FORMAT_PAIRS[fmt], m, n, k, args.data_layout, v) for (n, k), m in cells for fmt in formats
-                    for v in args.variants], args.jobs)
+        precompile(compile_variant, [(FORMAT_PAIRS[fmt], m, n, k, args.data_layout, v) for (n, k), m in cells
+                                     for fmt in formats for v in args.variants], args.jobs)
     failed = 0
     for (n, k), m in cells:
         bf16_ms = None

@@ -43,7 +43,9 @@ def test_cli_validates_on_cpu_and_records_nothing(capsys):
 def test_precompile_runs_cells_in_processes_and_reports_failures(capsys):
     """--jobs: every cell is run once in a worker process; a cell that raises is named with
     the error (K=48 is not a whole number of mxfp4 blocks), the others pass silently."""
-    cli.precompile([(1, 32, 64), (1, 32, 48)], [("bf16", "mxfp4")], torch.float32, jobs=2, device="cpu")
+    from bench.providers import compile_cell
+
+    cli.precompile(compile_cell, [(("bf16", "mxfp4"), 1, 32, k, torch.float32, "cpu") for k in (64, 48)], jobs=2)
     out = capsys.readouterr().out
     assert "precompiled 2 cells" in out
     failures = [line for line in out.splitlines() if line.startswith("precompile ")]
@@ -305,3 +307,48 @@ def test_operator_baseline_keeps_nvfp4_accuracy(fake_tritonbench):
     op = module.Operator(types.SimpleNamespace(device="cpu"), ["--pair", "nvfp4xnvfp4", "-M", "5", "--n", "24", "--k", "64"])
     inputs = next(op.get_input_iter())
     torch.testing.assert_close(op.blockscaled(*inputs)().float(), op.cublas_bf16(*inputs)().float(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
+    """15 processes of 57344 x 8192 operands ran out of an 80 GB H100: precompile starts only as
+    many as the free memory holds (16 bytes per weight element and 512 MB each), and reports a
+    failing item without stopping the others."""
+    import concurrent.futures
+
+    started = {}
+
+    class InlineExecutor:
+        def __init__(self, max_workers, mp_context):
+            started["workers"] = max_workers
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            fut = concurrent.futures.Future()
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:  # noqa: BLE001 - as a worker process would hand it back
+                fut.set_exception(e)
+            return fut
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlineExecutor)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 10**9, 80 * 10**9))
+    ran = []
+
+    def compile_fn(pair, m, n, k, variant):
+        ran.append((m, n))
+        if m == 16:
+            raise RuntimeError("no kernel")
+
+    work = [(("bf16", "mxfp4"), m, n, 8192, {"backend": "mma"}) for m in (1, 16) for n in (8192, 57344)]
+    cli.precompile(compile_fn, work, 15)
+    assert started["workers"] == 8 and len(ran) == 4  # 0.9 * 80 GB // (16 * 57344 * 8192 + 2^29)
+    out = capsys.readouterr().out
+    assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
+    cli.precompile(compile_fn, work[:1], 15)
+    assert started["workers"] == 15  # 8192^2 alone: all of them
