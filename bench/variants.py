@@ -57,14 +57,18 @@ def weights_as(b, data_layout):
     return b.with_data_layout(data_layout) if b.fmt.is_packed else b
 
 
+def backend_and_fields(variant):
+    """A variant dict as `scaled_mm`'s backend (block_dot unless named) and config fields."""
+    return variant.get("backend", "block_dot"), {key: v for key, v in variant.items() if key != "backend"}
+
+
 def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
     """Run one variant once at both output dtypes the timing process uses, so that its
     binaries land in Triton's on-disk cache (as `bench --jobs`); nothing is checked here."""
     _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
-    fields = {key: v for key, v in variant.items() if key != "backend"}
+    backend, fields = backend_and_fields(variant)
     for out_dtype in (torch.float32, torch.bfloat16):
-        bs.scaled_mm(a, weights_as(b, data_layout), out_dtype=out_dtype, backend=variant.get("backend", "block_dot"),
-                     config=fields)
+        bs.scaled_mm(a, weights_as(b, data_layout), out_dtype=out_dtype, backend=backend, config=fields)
     torch.cuda.synchronize()
 
 
@@ -113,8 +117,7 @@ def main(argv=None):
             b = [weights_as(s[3], args.data_layout) for s in sets]
             ref = ref_scaled_mm(a[0], b[0])
             for variant in args.variants:
-                fields = {key: v for key, v in variant.items() if key != "backend"}
-                backend = variant.get("backend", "block_dot")
+                backend, fields = backend_and_fields(variant)
                 name = f"M={m} {bs.SUPPORTED_PAIRS[pair]:12s} {json.dumps(variant, sort_keys=True):60s}"
                 try:
                     err = max_rel_err(bs.scaled_mm(a[0], b[0], out_dtype=torch.float32, backend=backend, config=fields), ref)

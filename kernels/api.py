@@ -459,7 +459,7 @@ class MmaOptions(NamedTuple):
     max_split: int  # split-K cap
     programs_per_sm: int  # resident programs per SM for the wave rule (`_mma_split`); 0: the largest split
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
-    shared_b: bool = False  # the program's threads decode B once and share it through shared memory
+    shared_b: bool  # the program's threads decode B once and share it through shared memory
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
