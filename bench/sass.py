@@ -174,14 +174,12 @@ def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
     "mma_m16k16" QTensor, `variant` may set max_split, row_groups and shared_b; 32 weights per thread,
     row group and window."""
-    from blockscaled.kernels.mma_gemv import mma_gemv_kernel
-
     with planned_as_h100():
         options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor))
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
-    code = mma_gemv_kernel.bind(kargs).to_triton_code(plan.cfg)
-    return code, mma_gemv_kernel.fn, kargs, plan, 32 * options.row_groups
+    kernel = api.mma_kernel(args.M)
+    return kernel.bind(kargs).to_triton_code(plan.cfg), kernel.fn, kargs, plan, 32 * options.row_groups
 
 
 def main(argv=None):

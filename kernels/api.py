@@ -209,7 +209,8 @@ def scaled_mm(
         if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
             backend = "mma"
         elif backend == "mma":
-            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M}, N % 64 == 0 on NVIDIA sm_80+, "
+            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M} with N % 64 == 0 (M > "
+                             f"{MMA_WARP_M}: N % 128 == 0) on NVIDIA sm_80+, "
                              f"k_order activations; got {pair}, M={m}, N={n} on {device}")
         else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
             b = b.k_order_copy
@@ -391,9 +392,13 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 
 
 # The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16,
-# fp4 or fp8 activations (k_order data, any scale layout), M up to two column groups of 8.
+# fp4 or fp8 activations (k_order data, any scale layout). Up to MMA_WARP_M (two column groups
+# of 8) `mma_gemv_kernel`, whose warps each take their own B; above it, up to MMA_MAX_M,
+# `mma_m64_kernel`: 8 warps of 16 rows each, one B window exchanged through shared memory.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
-MMA_MAX_M = 16
+MMA_WARP_M = 16
+MMA_MAX_M = 64
+MMA_M64_ROWS = 128  # weight rows per program of mma_m64_kernel
 # Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
 # M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
@@ -438,10 +443,15 @@ MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
 # - M = 1, fp4 / fp8 activations: within -1% .. +3% in 11 of 12 cells, mxfp4 x mxfp4
 #   8192 x 28672 2.86 -> 3.41x. bf16 at M = 1 (more instructions, no decode to share): not timed.
 MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2): True}
+# mma_m64_kernel (M > MMA_WARP_M): split-K cap and resident programs per SM (8 warps each) by
+# narrow activation, for the wave rule.
+MMA_M64_MAX_SPLIT = 16
+MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
-    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % 64 == 0 and _mma_activation(a) and _ptx_decodes(device)
+    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % (64 if m <= MMA_WARP_M else MMA_M64_ROWS) == 0
+            and _mma_activation(a) and _ptx_decodes(device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
 
@@ -466,12 +476,22 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0) and "shared_b": bool (default `MMA_SHARED_B`)."""
+    column groups; 2 needs N % 128 == 0) and "shared_b": bool (default `MMA_SHARED_B`).
+    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split" may differ: one row group per
+    warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow)
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b"}:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups' and 'shared_b', or None, "
                          f"got {config!r}")
+    if m > MMA_WARP_M:
+        if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
+            raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
+                             f"got {config!r}")
+        max_split = int(config.get("max_split", MMA_M64_MAX_SPLIT))
+        if max_split < 1:
+            raise ValueError(f"config: max_split must be >= 1, got {max_split}")
+        return MmaOptions(max_split, 0 if "max_split" in config else MMA_M64_PROGRAMS_PER_SM[narrow], 1, True)
     col_groups = _mma_column_groups(m)
     row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
     if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -512,17 +532,27 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
-    64 * row_groups rows."""
-    row_programs = n // (64 * options.row_groups)
+    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_ROWS rows, 8 warps)."""
+    wide_m = m > MMA_WARP_M
+    row_programs = n // (MMA_M64_ROWS if wide_m else 64 * options.row_groups)
     split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
-              _mma_column_groups(m), options.row_groups, split, options.shared_b)
+              _mma_column_groups(m), *(() if wide_m else (options.row_groups,)), split,
+              *(() if wide_m else (options.shared_b,)))
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    return SplitKPlan(None, helion.Config(block_sizes=[], num_warps=4, num_stages=1), consts, split, False, m, workspace)
+    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1)
+    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
+
+
+def mma_kernel(m: int):
+    """The mma kernel that runs M rows of activations."""
+    from .mma_gemv import mma_gemv_kernel, mma_m64_kernel  # here, not per call: 1.3-2 us of the wrapper's 8-10 (README)
+
+    return mma_m64_kernel if m > MMA_WARP_M else mma_gemv_kernel
 
 
 def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
@@ -544,9 +574,7 @@ def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
 def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
-        from .mma_gemv import mma_gemv_kernel  # here, not per call: 1.3-2 us of the wrapper's 8-10 (README)
-
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_gemv_kernel, args, plan.cfg, out.device))
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device))
     plan.launch(*args)
     return out
 

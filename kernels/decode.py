@@ -270,13 +270,20 @@ def mma_b_factor(code: torch.Tensor, scale_code: int) -> torch.Tensor:
     return bits | (bits << 16)
 
 
-def _mma_steps(b_words: int) -> str:
+def _mma_steps(b_words: int, shared_offset: int | None = None) -> str:
     """$0-$3 = accumulators + the 4 mma steps: A registers $4-$19 (4 per step); B at $20:
-    4 int64 (the 4 bf16 of a step) or 8 int32 (2 per step); accumulators after B."""
-    acc = 20 + b_words
+    4 int64 (the 4 bf16 of a step), 8 int32 (2 per step) or, with `shared_offset`, the shared
+    address of the lane's 8 registers less that offset (`MMA_M64_EXCHANGE_PTX`); accumulators
+    after B."""
+    acc = 21 if shared_offset is not None else 20 + b_words
     steps = []
+    if shared_offset is not None:
+        steps += [f"ld.shared.v4.b32 {{b{4 * h}, b{4 * h + 1}, b{4 * h + 2}, b{4 * h + 3}}}, [$20+{shared_offset + 16 * h}]; "
+                  for h in range(2)]
     for s in range(4):
-        if b_words == 4:
+        if shared_offset is not None:
+            b = f"b{2 * s}, b{2 * s + 1}"
+        elif b_words == 4:
             b = "b0, b1"
             steps.append(f"mov.b64 {{b0, b1}}, ${20 + s}; ")
         else:
@@ -286,7 +293,7 @@ def _mma_steps(b_words: int) -> str:
             f"{{${4 + 4 * s}, ${5 + 4 * s}, ${6 + 4 * s}, ${7 + 4 * s}}}, {{{b}}}, {{c0, c1, c2, c3}}; "
         )
     return (
-        "{ .reg .b32 b0, b1; .reg .f32 c0, c1, c2, c3; "
+        "{ .reg .b32 b<8>; .reg .f32 c0, c1, c2, c3; "
         + "".join(f"mov.b32 c{i}, ${acc + i}; " for i in range(4))
         + "".join(steps)
         + "mov.b32 $0, c0; mov.b32 $1, c1; mov.b32 $2, c2; mov.b32 $3, c3; }"
@@ -333,3 +340,41 @@ def _shared_b_exchange(col_groups: int, wide: bool) -> str:
 
 # by (column groups, bf16 activation)
 MMA_SHARED_B_PTX = {(c, wide): _shared_b_exchange(c, wide) for c in (1, 2) for wide in (False, True)}
+
+
+# 16 < M <= 64 (`mma_gemv.mma_m64_kernel`): the 256 threads of a program (8 warps) write one
+# window of B, 64 activation rows as bf16 in K order (thread t: row t >> 2, K 16 (t & 3) .. + 16,
+# 32 bytes: what the B registers of a lane hold, so the writes are `b_registers` of one lane
+# each), wait at a CTA barrier and return the shared address of their lane's registers in
+# column group 0 (row g, byte 32 q); `MMA_STEPS_M64_PTX[c]` reads column group c's 8 rows
+# further. Rows MMA_SHARED_B_ROW bytes apart: the 16-byte writes and reads of a quarter-warp
+# (2 rows x 4 lanes) fall on 8 distinct groups of 4 banks. Two buffers by window parity, as
+# `MMA_SHARED_B_PTX`.
+MMA_M64_ROWS = 64
+
+
+def _m64_exchange(wide: bool) -> str:
+    """Output $0: the address; inputs: the thread's 32 bytes (4 int64 if `wide`, else 8
+    int32), then the window's parity."""
+    row, n_in = MMA_SHARED_B_ROW, 4 if wide else 8
+    size = MMA_M64_ROWS * row
+    vec = "v2.b64" if wide else "v4.b32"
+    half = n_in // 2
+    stores = "".join(
+        f"st.shared.{vec} [a+{16 * h}], {{{', '.join(f'${1 + half * h + i}' for i in range(half))}}}; " for h in range(2)
+    )
+    return (
+        f"{{ .shared .align 16 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"mad.lo.u32 b, ${1 + n_in}, {size}, b; "
+        # write: row t >> 2, byte 32 (t & 3)
+        f"shr.b32 u, t, 2; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
+        + stores + "bar.sync 0; "
+        # read: row g = (t >> 2) & 7, byte 32 q
+        + f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 $0, a, u; }}"
+    )
+
+
+# by bf16 activation
+MMA_M64_EXCHANGE_PTX = {wide: _m64_exchange(wide) for wide in (False, True)}
+# by column group: its 4 mma steps with B read from the exchanged window
+MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_M64_ROWS // 8)]

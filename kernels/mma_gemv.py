@@ -45,24 +45,24 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_SHARED_B_PTX,
-                     MMA_STEPS_PTX, SCALE_CODES, mma_b_factor)
+from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_M64_EXCHANGE_PTX,
+                     MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, mma_b_factor)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
 # (written as literals in the kernel and its helpers: Helion passes module constants as
 # extra arguments).
 
 
-def thread_ids():
-    """%tid.x of each thread, as a [128] tensor holding one value per thread."""
+def thread_ids(threads=128):
+    """%tid.x of each thread, as a [threads] tensor holding one value per thread."""
     return hl.inline_asm_elementwise(
-        "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([128], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
+        "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
     )
 
 
-def zero_sums():
+def zero_sums(threads=128):
     """The 4 fp32 accumulators per thread of one row group x column group."""
-    return tuple(hl.zeros([128], dtype=torch.float32) for _ in range(4))
+    return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(4))
 
 
 def a_words(w, f, gr, win, lane, q, g, windows, blocks):
@@ -188,7 +188,7 @@ def store_out(out, bias, index, valid, total, N, HAS_BIAS):
 def output_slots(M, ROW_GROUPS, COL_GROUPS):
     """(row group offset r, column group c, accumulator i) of each accumulator that is an
     output in some lane: column 8c + 2q + (i & 1) < M (at M = 1 the odd ones never are, so
-    their adds, reads and stores are not compiled at all). Its sum is sums[2r + c][i]."""
+    their adds, reads and stores are not compiled at all). Its sum is sums[r][c][i]."""
     return [(r, c, i) for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4) if 8 * c + (i & 1) < M]
 
 
@@ -196,7 +196,7 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
     """SPLIT == 1: the accumulators into `out`."""
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N)
-        store_out(out, bias, index, valid, sums[2 * r + c][i] * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
@@ -205,12 +205,12 @@ def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N)
         hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')",
-                         args=(workspace, index, sums[2 * r + c][i], valid), output_like=None)
+                         args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
 
 def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
-    zeros = hl.zeros([128], dtype=torch.float32)
+    zeros = torch.zeros_like(q, dtype=torch.float32)
     slots = [out_index(c, q, g, gr + r, i, M, N) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
@@ -298,7 +298,7 @@ def mma_gemv_kernel(
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
-        sums = ((a0, a1, a2, a3), (b0, b1, b2, b3), (c0, c1, c2, c3), (d0, d1, d2, d3))  # by 2 * row group + column group
+        sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:
@@ -307,5 +307,109 @@ def mma_gemv_kernel(
             ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
                 store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
+                hl.store(tickets, [tile_p.begin], 0)
+    return out
+
+
+def m64_exchange(b, win, ACT_ELEM):
+    """The window's B (the thread's share as `b_registers`) through shared memory: the address
+    of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`). Not pure: it
+    stores and waits at a barrier, and has one output, so Helion writes it once."""
+    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
+    parity = torch.zeros_like(b[0], dtype=torch.int32) + (win & 1)
+    return hl.inline_asm_elementwise(
+        MMA_M64_EXCHANGE_PTX[wide], ",".join(["=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, parity],
+        dtype=torch.int32, is_pure=False, pack=1,
+    )
+
+
+def mma_window_m64(frags, address, col_group, acc):
+    """acc += the window's 4 mma steps with column group `col_group`'s B read from the
+    exchanged window at `address` (pure, as `mma_window`: it depends on the window's address)."""
+    return hl.inline_asm_elementwise(
+        MMA_STEPS_M64_PTX[col_group], ",".join(["=r"] * 4 + ["r"] * 21), [*frags, address, *acc],
+        dtype=(torch.float32,) * 4, is_pure=True, pack=1,
+    )
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def mma_m64_kernel(
+    x64: torch.Tensor,
+    xs: torch.Tensor,
+    x_post: torch.Tensor,
+    w: torch.Tensor,
+    f: torch.Tensor,
+    post: torch.Tensor,
+    bias: torch.Tensor,
+    out: torch.Tensor,
+    workspace: torch.Tensor,
+    tickets: torch.Tensor,
+    M: hl.constexpr,
+    N: hl.constexpr,
+    K: hl.constexpr,
+    BLOCK: hl.constexpr,
+    ENCODING: hl.constexpr,
+    ACT_ELEM: hl.constexpr,
+    ACT_SCALE: hl.constexpr,
+    BLOCK_A: hl.constexpr,
+    A_LAYOUT: hl.constexpr,
+    HAS_BIAS: hl.constexpr,
+    COL_GROUPS: hl.constexpr,
+    SPLIT: hl.constexpr,
+) -> torch.Tensor:
+    """As `mma_gemv_kernel` for 16 < M <= 64 (COL_GROUPS = ceil(M / 8) groups of 8 activation
+    rows): a program is 8 warps (256 threads) of one 16-row group each, 128 rows; each thread
+    loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
+    tid & 3), the program exchanges it through shared memory, and each warp runs its group's
+    A fragments against every column group."""
+    windows = K // 64
+    steps = windows // SPLIT
+    blocks = 64 // BLOCK
+    for tile_p, part in hl.tile([N // 128, SPLIT], block_size=[1, 1]):
+        tid = thread_ids(256)
+        lane = tid & 31
+        g = lane >> 2
+        q = lane & 3
+        gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
+        row = torch.where((tid >> 2) < M, tid >> 2, M - 1)  # the thread's B row (past M: the last)
+        # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
+        s00, s01, s02, s03 = zero_sums(256)
+        s10, s11, s12, s13 = zero_sums(256)
+        s20, s21, s22, s23 = zero_sums(256)
+        s30, s31, s32, s33 = zero_sums(256)
+        s40, s41, s42, s43 = zero_sums(256)
+        s50, s51, s52, s53 = zero_sums(256)
+        s60, s61, s62, s63 = zero_sums(256)
+        s70, s71, s72, s73 = zero_sums(256)
+        for it in hl.tile(steps, block_size=1):
+            win = part.begin * steps + it.begin
+            loads_b = b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+            loads_a = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+            address = m64_exchange(b_registers(loads_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM)
+            frags = a_fragments(loads_a, ENCODING)
+            s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
+            s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
+            s20, s21, s22, s23 = mma_window_m64(frags, address, 2, (s20, s21, s22, s23))
+            if COL_GROUPS > 3:
+                s30, s31, s32, s33 = mma_window_m64(frags, address, 3, (s30, s31, s32, s33))
+            if COL_GROUPS > 4:
+                s40, s41, s42, s43 = mma_window_m64(frags, address, 4, (s40, s41, s42, s43))
+            if COL_GROUPS > 5:
+                s50, s51, s52, s53 = mma_window_m64(frags, address, 5, (s50, s51, s52, s53))
+            if COL_GROUPS > 6:
+                s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
+            if COL_GROUPS > 7:
+                s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
+        scale = post[0] * activation_post(x_post[0], ACT_SCALE)
+        sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
+                 (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)
+        if SPLIT == 1:
+            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS)
+        else:
+            add_groups(workspace, sums, gr, q, g, M, N, 1, COL_GROUPS)
+            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
+            ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
+            if ticket == SPLIT - 1:
+                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS)
                 hl.store(tickets, [tile_p.begin], 0)
     return out

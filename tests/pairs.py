@@ -163,11 +163,12 @@ def unit_scales(f, rows, k, device):
 def mma_decodes_every_activation_code(pair, device):
     """fp4 / fp8 activations on the mma kernel: 16 rows over K = 512 (fp4) or 1024 (fp8) put
     every code at every position of a 64-K window (every nibble or byte, lane, step and
-    register) and in both column groups; picking weights return each element, exact. fp8 NaN
-    bytes (which turn their whole output row NaN) are left to `..._activation_nan`."""
+    register) and in both column groups (M = 16, each B path), and at M = 64 in all eight;
+    picking weights return each element, exact. fp8 NaN bytes (which turn their whole output
+    row NaN) are left to `..._activation_nan`."""
     fa, fb = pair
     f = bs.FORMATS[fa]
-    r = torch.arange(16, device=device).unsqueeze(1)
+    r = torch.arange(64, device=device).unsqueeze(1)
     if f.is_packed:
         k = 512
         j = torch.arange(256, device=device).unsqueeze(0)
@@ -178,10 +179,12 @@ def mma_decodes_every_activation_code(pair, device):
         data = (torch.arange(k, device=device).unsqueeze(0) // 64 + 16 * r) % 256
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     b = picking_weights(fb, k, k, 1, device)
-    for m, shared_b in itertools.product((1, 16), (False, True)):  # each warp's B, or the program's
+    # each warp's B or the program's, and mma_m64_kernel's
+    runs = [*((m, {"shared_b": shared}) for m, shared in itertools.product((1, 16), (False, True))), (64, {})]
+    for m, config in runs:
         a = raw_qtensor(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
         out = torch.full((m, k), float("nan"), device=device)  # poison
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config={"shared_b": shared_b})
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config=config)
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 

@@ -199,6 +199,25 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
         assert counts["smem"] * MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups] <= 228 * 1024, (pair, counts["smem"])
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
+def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
+    """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192:
+    registers and shared memory (two 64-row B windows) of every pair it covers."""
+    from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM
+
+    from bench import sass
+
+    formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
+    assert sass.main(["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192"]) == 0
+    out = capfd.readouterr().out
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
+        (counts,) = sass_rows(out, pair)
+        warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
+        assert int(counts["HMMA"]) == 32 and int(counts["spill"]) == 0, (pair, counts)  # 8 column groups x 4 steps
+        assert 65536 // warp_registers // 8 >= MMA_M64_PROGRAMS_PER_SM[narrow], (pair, counts["regs"])
+        assert counts["smem"] * MMA_M64_PROGRAMS_PER_SM[narrow] <= 228 * 1024, (pair, counts["smem"])
+
+
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
     from bench import sass
 

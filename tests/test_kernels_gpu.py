@@ -130,10 +130,32 @@ def test_mma_pairs(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 17, 64])
+@pytest.mark.parametrize("m", [17, 40, 64])
+def test_mma_m64_pairs(pair, m, gen):
+    """16 < M <= 64 (mma_m64_kernel: 8 warps of 16 rows, one B window per program exchanged
+    through shared memory): split-K at the decode shape, without split, bias and bf16 / fp16
+    out, narrow activations' scales in three layouts."""
+    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
+    assert backend_used(pair, m) == "mma"
+    run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 4})
+    run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1})
+    assert_split_k_workspaces_zero()
+    run_and_check(pair, m, 128, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+    run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)
+    assert backend_used(pair, m) == "mma"
+    if pair[0] != "bf16":
+        for layout in ("swizzle_32_4_4", "cdna4_16"):
+            run_and_check(pair, m, 1024, 2048, "cuda", gen, layout=layout, data_layout="mma_m16k16")
+            assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 17, 64, 65])
 def test_mma_layout_elsewhere(pair, m, gen):
-    """"mma_m16k16" weights past M = 16 and at N % 64 != 0 take the k_order copy."""
-    run_and_check(pair, m, 1000 - 8 if m == 1 else 1024, 2048, "cuda", gen, data_layout="mma_m16k16")
+    """"mma_m16k16" weights past M = 64, at N % 64 != 0 and, past M = 16, at N % 128 != 0 take
+    the k_order copy."""
+    run_and_check(pair, m, 1000 - 8 if m == 1 else 1024 + 64 if m <= 64 else 1024, 2048, "cuda", gen,
+                  data_layout="mma_m16k16")
     assert backend_used(pair, m) != "mma"
 
 

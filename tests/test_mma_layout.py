@@ -266,19 +266,29 @@ def test_split_fills_the_last_wave(monkeypatch):
         assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True)
     assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True)
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False)
+    # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True)
+    assert api._mma_options({"max_split": 4, "row_groups": 1}, 17, 8192, True) == (4, 0, 1, True)
+    for bad in ({"row_groups": 2}, {"shared_b": False}):
+        with pytest.raises(ValueError, match="above M = 16"):
+            api._mma_options(bad, 64, 8192, True)
+    # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 fill 0.97 only at 16
+    m64 = {(n, k): api._mma_split(k // 64, n // 128, 16, 2, cpu) for n, k in shapes}
+    assert m64 == {(8192, 8192): 4, (10240, 8192): 16, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
 
 
-def run_shared_b_exchange(ptx: str, parity: int) -> tuple[list[list], set, int]:
-    """Run the PTX of `decode.MMA_SHARED_B_PTX` for the 128 threads of a program, its
-    instructions as written (a small interpreter for the ones it uses): every thread up to the
-    barrier, storing its input bytes labelled (thread, byte), then every thread after it.
-    Returns each thread's output registers (4 labels each), the bytes written and the
-    declared size of the buffer."""
+def run_shared_b_exchange(ptx: str, parity: int, threads: int = 128, reads: tuple[str, ...] = ()):
+    """Run the PTX of `decode.MMA_SHARED_B_PTX` or `MMA_M64_EXCHANGE_PTX` for the threads of a
+    program, its instructions as written (a small interpreter for the ones it uses): every
+    thread up to the barrier, storing its input bytes labelled (thread, n-th byte it stored),
+    then every thread after it, then the `reads` (PTX of `ld.shared` instructions, such as those
+    of `MMA_STEPS_M64_PTX`) with $20 = the thread's $0. Returns each thread's loaded registers
+    (4 labels each), the bytes written and the declared size of the buffer."""
     body = ptx.strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 sb\[(\d+)\];", body).group(1))
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
     barrier = code.index("bar.sync 0")
-    memory, outputs = {}, [[] for _ in range(128)]
+    memory, outputs = {}, [[] for _ in range(threads)]
     alu = {"shr.b32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "shl.b32": lambda x, y: x << y,
            "add.u32": lambda x, y: x + y}
     parity_operand = re.search(r"mad\.lo\.u32 b, (\$\d+),", body).group(1)
@@ -293,13 +303,15 @@ def run_shared_b_exchange(ptx: str, parity: int) -> tuple[list[list], set, int]:
             op, args = line.split(None, 1)
             if op.startswith(("st.shared", "ld.shared")):
                 vec, bits = (int(x) for x in re.match(r"[sl][td]\.shared\.v(\d)\.b(\d+)", op).groups())
-                base, offset = re.search(r"\[(\w+)(?:\+(\d+))?\]", args).groups()
+                base, offset = re.search(r"\[([\w$]+)(?:\+(\d+))?\]", args).groups()
                 addr = regs[base] + int(offset or 0)
                 assert addr % 16 == 0 and 0 <= addr and addr + vec * bits // 8 <= size, (op, addr)
                 if op.startswith("st"):
-                    memory.update({addr + byte: (tid, byte) for byte in range(vec * bits // 8)})
+                    stored = regs.get("stored", 0)
+                    memory.update({addr + byte: (tid, stored + byte) for byte in range(vec * bits // 8)})
+                    regs["stored"] = stored + vec * bits // 8
                 else:
-                    outputs[tid] += [[memory.get(addr + 4 * i + byte) for byte in range(4)] for i in range(vec)]
+                    outputs[tid] += [[memory.get(addr + 4 * i + byte) for byte in range(4)] for i in range(vec * bits // 32)]
                 continue
             dst, *srcs = args.split(", ")
             if op == "mov.u32":
@@ -312,9 +324,13 @@ def run_shared_b_exchange(ptx: str, parity: int) -> tuple[list[list], set, int]:
                 regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
         return regs
 
-    regs = [run(t, code[:barrier], {"%tid.x": t, "sb": 0}) for t in range(128)]  # every store first
-    for t in range(128):
+    regs = [run(t, code[:barrier], {"%tid.x": t, "sb": 0}) for t in range(threads)]  # every store first
+    for t in range(threads):
         run(t, code[barrier + 1:], regs[t])
+    for read in reads:
+        lines = [s.strip() for s in read.split(";") if s.strip().startswith("ld.shared")]
+        for t in range(threads):
+            run(t, lines, {"$20": regs[t]["$0"]})
     return outputs, set(memory), size
 
 
@@ -343,3 +359,26 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide):
                     assert (writer >> 3) % (8 * col_groups) == 8 * c + g and writer & 7 == k_byte // 16
                     assert word == [(writer, k_byte % 16 + b) for b in range(4)]
     assert written[0] and not written[0] & written[1]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
+def test_m64_exchange_gives_each_lane_its_b(wide):
+    """The M <= 64 exchange, run for 256 threads, then each column group's shared reads of
+    `MMA_STEPS_M64_PTX`: thread t writes the 32 bytes of one lane's B registers (row t >> 2,
+    K 16 (t & 3) .. + 16); every lane (g, q) of every warp reads, per column group c, the 32
+    bytes of row 8c + g at K 16q, in order: thread 4 (8c + g) + q's. The two buffers lie inside
+    the declared array and do not overlap."""
+    from blockscaled.kernels.decode import MMA_M64_EXCHANGE_PTX, MMA_STEPS_M64_PTX
+
+    written = []
+    for parity in (0, 1):
+        outputs, addresses, size = run_shared_b_exchange(MMA_M64_EXCHANGE_PTX[wide], parity, 256, MMA_STEPS_M64_PTX)
+        written.append(addresses)
+        assert size == 2 * 64 * 144 and len(addresses) == 64 * 128
+        for tid, regs in enumerate(outputs):
+            g, q = (tid & 31) >> 2, tid & 3
+            assert len(regs) == 8 * 8
+            for c in range(8):
+                writer = 4 * (8 * c + g) + q
+                assert regs[8 * c: 8 * c + 8] == [[(writer, 4 * i + b) for b in range(4)] for i in range(8)]
+    assert not written[0] & written[1]
