@@ -70,7 +70,7 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks):
     factor byte."""
     base = (gr * windows + win) * 128 + lane
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
-    return [*(hl.load(w, [base + 32 * s]) for s in range(4)), factors]
+    return (*(hl.load(w, [base + 32 * s]) for s in range(4)), factors)
 
 
 def a_fragments(loaded, ENCODING):
@@ -311,6 +311,20 @@ def mma_gemv_kernel(
     return out
 
 
+def b_slots(loaded):
+    """`b_words` as 5 tensors (Helion carries tensors, not lists, through loops): the words,
+    then the scale code if there is one, padded with the first word."""
+    return tuple(loaded) + (loaded[0],) * (5 - len(loaded))
+
+
+def b_unslots(slots, ACT_ELEM):
+    """`b_words` back from `b_slots`."""
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        return list(slots[:4])
+    words = 1 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 2
+    return [*slots[:words], slots[words]]
+
+
 def m64_exchange(b, win, ACT_ELEM):
     """The window's B (the thread's share as `b_registers`) through shared memory: the address
     of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`). Not pure: it
@@ -381,12 +395,19 @@ def mma_m64_kernel(
         s50, s51, s52, s53 = zero_sums(256)
         s60, s61, s62, s63 = zero_sums(256)
         s70, s71, s72, s73 = zero_sums(256)
+        # one window ahead: window w + 1's words are loaded before window w's barrier, which
+        # ptxas does not move them past (the last window reloads the first: in bounds, unused)
+        first = part.begin * steps
+        x0, x1, x2, x3, x4 = b_slots(b_words(x64, xs, row, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
+        y0, y1, y2, y3, y4 = a_words(w, f, gr, first, lane, q, g, windows, blocks)
         for it in hl.tile(steps, block_size=1):
-            win = part.begin * steps + it.begin
-            loads_b = b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-            loads_a = a_words(w, f, gr, win, lane, q, g, windows, blocks)
-            address = m64_exchange(b_registers(loads_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM)
-            frags = a_fragments(loads_a, ENCODING)
+            win = first + it.begin
+            ahead = first + (it.begin + 1) % steps
+            nx0, nx1, nx2, nx3, nx4 = b_slots(b_words(x64, xs, row, ahead, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
+            ny0, ny1, ny2, ny3, ny4 = a_words(w, f, gr, ahead, lane, q, g, windows, blocks)
+            loaded_b = b_unslots((x0, x1, x2, x3, x4), ACT_ELEM)
+            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM)
+            frags = a_fragments([y0, y1, y2, y3, y4], ENCODING)
             s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
             s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
             s20, s21, s22, s23 = mma_window_m64(frags, address, 2, (s20, s21, s22, s23))
@@ -400,6 +421,8 @@ def mma_m64_kernel(
                 s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
             if COL_GROUPS > 7:
                 s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
+            x0, x1, x2, x3, x4 = nx0, nx1, nx2, nx3, nx4
+            y0, y1, y2, y3, y4 = ny0, ny1, ny2, ny3, ny4
         scale = post[0] * activation_post(x_post[0], ACT_SCALE)
         sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                  (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)
