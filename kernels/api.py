@@ -443,9 +443,12 @@ MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
 # - M = 1, fp4 / fp8 activations: within -1% .. +3% in 11 of 12 cells, mxfp4 x mxfp4
 #   8192 x 28672 2.86 -> 3.41x. bf16 at M = 1 (more instructions, no decode to share): not timed.
 MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2): True}
-# mma_m64_kernel (M > MMA_WARP_M): split-K cap and resident programs per SM (8 warps each) by
-# narrow activation, for the wave rule.
-MMA_M64_MAX_SPLIT = 16
+# mma_m64_kernel (M > MMA_WARP_M): split-K cap and resident programs per SM (8 warps each, 80-112
+# registers) by narrow activation, for the wave rule. H100, M = 64, x cuBLAS bf16, the wave rule
+# with caps 16 / 8 (bench/results/h100_mma_m64_split_77707b8_2026-11-23.log): 10240 x 8192 (80
+# row programs: split 16, 1280 programs, against 8, 640) 0.87-0.92x / 0.99-1.15x; where the rule
+# takes 4 (8192^2, 57344 x 8192, 8192 x 28672) 4 beat 8 and 16 in 12 of 16 cells.
+MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
 
 

@@ -272,9 +272,9 @@ def test_split_fills_the_last_wave(monkeypatch):
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
-    # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 fill 0.97 only at 16
-    m64 = {(n, k): api._mma_split(k // 64, n // 128, 16, 2, cpu) for n, k in shapes}
-    assert m64 == {(8192, 8192): 4, (10240, 8192): 16, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
+    # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
+    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
+    assert m64 == {(8192, 8192): 4, (10240, 8192): 8, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
 
 
 def run_shared_b_exchange(ptx: str, parity: int, threads: int = 128, reads: tuple[str, ...] = ()):
