@@ -59,14 +59,14 @@ def parse_args(argv=None):
 @contextlib.contextmanager
 def planned_as_h100():
     """Plan as on an H100 from a CPU process: sm90 table, 132 SMs, PTX decodes and NVIDIA dot dtypes."""
-    saved = configs.arch_key, api._sm_count, api._ptx_decodes
+    saved = configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma
     configs.arch_key = lambda device: "sm90"
     api._sm_count = lambda device: H100_SMS
-    api._ptx_decodes = lambda device: True
+    api._ptx_decodes = api._has_wgmma = lambda device: True
     try:
         yield
     finally:
-        configs.arch_key, api._sm_count, api._ptx_decodes = saved
+        configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma = saved
 
 
 def instructions(sass: str) -> list[tuple[str, str]]:

@@ -350,6 +350,11 @@ def _ptx_decodes(device: torch.device) -> bool:
     return device.type == "cuda" and torch.version.hip is None
 
 
+def _has_wgmma(device: torch.device) -> bool:
+    """Whether the device runs wgmma (sm_90, Hopper; Blackwell has tcgen05 instead)."""
+    return _ptx_decodes(device) and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> SplitKPlan:
     """The SplitKPlan of one gemv cache key, not yet compiled."""
     entry, cfg = _table_entry("gemv", pair, m, k, b.data.device, config)
@@ -473,6 +478,7 @@ class MmaOptions(NamedTuple):
     programs_per_sm: int  # resident programs per SM for the wave rule (`_mma_split`); 0: the largest split
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
     shared_b: bool  # the program's threads decode B once and share it through shared memory
+    wgmma: bool  # M > MMA_WARP_M: wgmma where the device has it (else mma.sync)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
@@ -480,13 +486,14 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
     column groups; 2 needs N % 128 == 0) and "shared_b": bool (default `MMA_SHARED_B`).
-    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split" may differ: one row group per
+    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split" and "wgmma": bool (default True:
+    wgmma on sm_90, mma.sync elsewhere; False: mma.sync) may be given: one row group per
     warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow)
-    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b"}:
-        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups' and 'shared_b', or None, "
-                         f"got {config!r}")
+    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma"}:
+        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b' and 'wgmma', "
+                         f"or None, got {config!r}")
     if m > MMA_WARP_M:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
@@ -494,7 +501,12 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
         max_split = int(config.get("max_split", MMA_M64_MAX_SPLIT))
         if max_split < 1:
             raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-        return MmaOptions(max_split, 0 if "max_split" in config else MMA_M64_PROGRAMS_PER_SM[narrow], 1, True)
+        wgmma = config.get("wgmma", True)
+        if not isinstance(wgmma, bool):
+            raise ValueError(f"config: wgmma must be a bool, got {wgmma!r}")
+        return MmaOptions(max_split, 0 if "max_split" in config else MMA_M64_PROGRAMS_PER_SM[narrow], 1, True, wgmma)
+    if "wgmma" in config:
+        raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
     col_groups = _mma_column_groups(m)
     row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
     if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -506,7 +518,7 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     if not isinstance(shared_b, bool):
         raise ValueError(f"config: shared_b must be a bool, got {shared_b!r}")
     programs_per_sm = 0 if "max_split" in config else MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
-    return MmaOptions(max_split, programs_per_sm, row_groups, shared_b)
+    return MmaOptions(max_split, programs_per_sm, row_groups, shared_b, False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -542,7 +554,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *(() if wide_m else (options.row_groups,)), split,
-              *(() if wide_m else (options.shared_b,)))
+              options.wgmma and _has_wgmma(b.device) if wide_m else options.shared_b)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

@@ -378,3 +378,59 @@ def _m64_exchange(wide: bool) -> str:
 MMA_M64_EXCHANGE_PTX = {wide: _m64_exchange(wide) for wide in (False, True)}
 # by column group: its 4 mma steps with B read from the exchanged window
 MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_M64_ROWS // 8)]
+
+# The same on sm_90a with wgmma (`mma_m64_kernel` with WGMMA): one wgmma.mma_async m64nNk16
+# per 16 K of a warpgroup's 64 rows, A (the decoded weights) from registers as for mma.sync,
+# B read by the tensor cores from shared memory. B's window is stored K-major without swizzle
+# in 8-row x 16-byte core matrices: core matrix (row >> 3, k chunk j) at 1024 (row >> 3) + 128 j
+# (LBO 128, SBO 1024 bytes), its rows 16 bytes apart. The weights' K order (layouts.mma: lane q
+# of step s holds K 16q + 4s .. + 3 where mma.sync takes k 2q, 2q + 1, 2q + 8, 2q + 9) puts the
+# writer's register 2s + h (K 16c + 4s + 2h, + 1 of row r, c = t & 3) at k 2c + 8h of step s:
+# chunk 2s + h, bytes 4c .. + 3 of the row. A warp's 32 four-byte stores fill 128 contiguous bytes.
+WGMMA_LBO, WGMMA_SBO = 128, 1024
+
+
+def _wgmma_exchange(wide: bool) -> str:
+    """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
+    >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
+    int64 if `wide`), then the window's parity."""
+    size = MMA_M64_ROWS * 128
+    n_in = 4 if wide else 8
+    regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide
+            else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(8)))
+    stores = "".join(f"st.shared.b32 [a+{WGMMA_LBO * j}], w{j}; " for j in range(8))
+    return (
+        f"{{ .shared .align 128 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u, lo, w<8>; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"mad.lo.u32 b, ${1 + n_in}, {size}, b; " + regs
+        # row r = t >> 2: 1024 (r >> 3) + 16 (r & 7); byte 4 (t & 3)
+        + f"shr.b32 u, t, 5; mad.lo.u32 a, u, {WGMMA_SBO}, b; bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, 16, a; "
+        f"and.b32 u, t, 3; mad.lo.u32 a, u, 4, a; " + stores
+        # the generic-proxy stores before the tensor cores' (async-proxy) reads, then the barrier
+        + "fence.proxy.async.shared::cta; bar.sync 0; "
+        f"shr.b32 lo, b, 4; or.b32 lo, lo, {(WGMMA_LBO >> 4) << 16:#x}; mov.b64 $0, {{lo, {WGMMA_SBO >> 4}}}; }}"
+    )
+
+
+def _wgmma_steps(col_groups: int) -> str:
+    """$0 .. $(4c - 1) = accumulators + the window's 4 wgmma steps (N = 8c): A registers at
+    $4c .. + 15 (4 per step, as `MMA_STEPS_PTX`), the descriptor at $4c + 16, accumulators
+    after it. Accumulator 4 j + i is column group j's i (the mma.sync C layout per 8 columns)."""
+    n, first = 4 * col_groups, 4 * col_groups
+    d = ", ".join(f"d{i}" for i in range(n))
+    steps = "".join(
+        f"add.s64 e, ${first + 16}, {(2 * s * WGMMA_LBO) >> 4}; "
+        f"wgmma.mma_async.sync.aligned.m64n{8 * col_groups}k16.f32.bf16.bf16 {{{d}}}, "
+        f"{{{', '.join(f'${first + 4 * s + i}' for i in range(4))}}}, e, p, 1, 1, 0; "
+        for s in range(4)
+    )
+    return (
+        f"{{ .reg .f32 d<{n}>; .reg .b64 e; .reg .b32 one; .reg .pred p; mov.u32 one, 1; setp.ne.u32 p, one, 0; "
+        + "".join(f"mov.b32 d{i}, ${first + 17 + i}; " for i in range(n))
+        + "wgmma.fence.sync.aligned; " + steps + "wgmma.commit_group.sync.aligned; wgmma.wait_group.sync.aligned 0; "
+        + "".join(f"mov.b32 ${i}, d{i}; " for i in range(n)) + "}"
+    )
+
+
+# by bf16 activation / by column groups (3 .. 8)
+WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
+WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_ROWS // 8 + 1)}

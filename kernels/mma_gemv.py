@@ -46,7 +46,8 @@ from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_M64_EXCHANGE_PTX,
-                     MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, mma_b_factor)
+                     MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
+                     WGMMA_STEPS_PTX, mma_b_factor)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
 # (written as literals in the kernel and its helpers: Helion passes module constants as
@@ -325,16 +326,29 @@ def b_unslots(slots, ACT_ELEM):
     return [*slots[:words], slots[words]]
 
 
-def m64_exchange(b, win, ACT_ELEM):
-    """The window's B (the thread's share as `b_registers`) through shared memory: the address
-    of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`). Not pure: it
-    stores and waits at a barrier, and has one output, so Helion writes it once."""
+def m64_exchange(b, win, ACT_ELEM, WGMMA):
+    """The window's B (the thread's share as `b_registers`) into shared memory: for mma.sync
+    the address of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`), for
+    wgmma the window's matrix descriptor (`decode.WGMMA_EXCHANGE_PTX`). Not pure: it stores
+    and waits at a barrier, and has one output, so Helion writes it once."""
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
     parity = torch.zeros_like(b[0], dtype=torch.int32) + (win & 1)
     return hl.inline_asm_elementwise(
-        MMA_M64_EXCHANGE_PTX[wide], ",".join(["=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, parity],
-        dtype=torch.int32, is_pure=False, pack=1,
+        (WGMMA_EXCHANGE_PTX if WGMMA else MMA_M64_EXCHANGE_PTX)[wide],
+        ",".join(["=l" if WGMMA else "=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, parity],
+        dtype=torch.int64 if WGMMA else torch.int32, is_pure=False, pack=1,
     )
+
+
+def wgmma_window(frags, descriptor, acc, COL_GROUPS):
+    """acc (32 fp32 per thread: 8 column groups x 4) += the window's 4 wgmma steps over the
+    first COL_GROUPS column groups (`decode.WGMMA_STEPS_PTX`); the others pass through."""
+    n = 4 * COL_GROUPS
+    sums = hl.inline_asm_elementwise(
+        WGMMA_STEPS_PTX[COL_GROUPS], ",".join(["=r"] * n + ["r"] * 16 + ["l"] + ["r"] * n), [*frags, descriptor, *acc[:n]],
+        dtype=(torch.float32,) * n, is_pure=True, pack=1,
+    )
+    return (*sums, *acc[n:])
 
 
 def mma_window_m64(frags, address, col_group, acc):
@@ -370,6 +384,7 @@ def mma_m64_kernel(
     HAS_BIAS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
+    WGMMA: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for 16 < M <= 64 (COL_GROUPS = ceil(M / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 rows; each thread
@@ -406,20 +421,26 @@ def mma_m64_kernel(
             nx0, nx1, nx2, nx3, nx4 = b_slots(b_words(x64, xs, row, ahead, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
             ny0, ny1, ny2, ny3, ny4 = a_words(w, f, gr, ahead, lane, q, g, windows, blocks)
             loaded_b = b_unslots((x0, x1, x2, x3, x4), ACT_ELEM)
-            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM)
+            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM, WGMMA)
             frags = a_fragments([y0, y1, y2, y3, y4], ENCODING)
-            s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
-            s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
-            s20, s21, s22, s23 = mma_window_m64(frags, address, 2, (s20, s21, s22, s23))
-            if COL_GROUPS > 3:
+            if WGMMA:
+                (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
+                 s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
+                    s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
+                    s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73), COL_GROUPS)
+            else:
+                s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
+                s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
+                s20, s21, s22, s23 = mma_window_m64(frags, address, 2, (s20, s21, s22, s23))
+            if COL_GROUPS > 3 and not WGMMA:
                 s30, s31, s32, s33 = mma_window_m64(frags, address, 3, (s30, s31, s32, s33))
-            if COL_GROUPS > 4:
+            if COL_GROUPS > 4 and not WGMMA:
                 s40, s41, s42, s43 = mma_window_m64(frags, address, 4, (s40, s41, s42, s43))
-            if COL_GROUPS > 5:
+            if COL_GROUPS > 5 and not WGMMA:
                 s50, s51, s52, s53 = mma_window_m64(frags, address, 5, (s50, s51, s52, s53))
-            if COL_GROUPS > 6:
+            if COL_GROUPS > 6 and not WGMMA:
                 s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
-            if COL_GROUPS > 7:
+            if COL_GROUPS > 7 and not WGMMA:
                 s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
             x0, x1, x2, x3, x4 = nx0, nx1, nx2, nx3, nx4
             y0, y1, y2, y3, y4 = ny0, ny1, ny2, ny3, ny4

@@ -258,17 +258,17 @@ def test_split_fills_the_last_wave(monkeypatch):
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False)  # bf16 activations: one, B not shared
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False)  # bf16 activations: one, B not shared
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True)
-    assert api._mma_options({"max_split": 4, "row_groups": 1}, 17, 8192, True) == (4, 0, 1, True)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False}, 17, 8192, True) == (4, 0, 1, True, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
