@@ -77,7 +77,7 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks):
 def a_fragments(loaded, ENCODING):
     """The 16 bf16x2 A registers of a window from its `a_words`."""
     return hl.inline_asm_elementwise(
-        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), loaded, dtype=(torch.int32,) * 16, is_pure=True,
+        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), list(loaded), dtype=(torch.int32,) * 16, is_pure=True,
         pack=1,
     )
 
