@@ -35,7 +35,7 @@ from .providers import FORMAT_PAIRS, make_operands
 
 H100_SMS = 132
 COUNTS = {  # column: SASS opcode pattern
-    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b",
+    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"HGMMA\b",
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }

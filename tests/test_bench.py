@@ -201,21 +201,24 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
 def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
-    """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192:
-    registers and shared memory (two 64-row B windows) of every pair it covers."""
+    """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192,
+    with wgmma (sm_90: 4 HGMMA m64n64k16 per window) and with mma.sync (32 HMMA: 8 column groups
+    x 4 steps): registers and shared memory (two 64-row B windows) of every pair it covers."""
     from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM
 
     from bench import sass
 
     formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
-    assert sass.main(["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192"]) == 0
+    argv = ["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192", "--variants", '[{}, {"wgmma": false}]']
+    assert sass.main(argv) == 0
     out = capfd.readouterr().out
     for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
-        (counts,) = sass_rows(out, pair)
-        warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
-        assert int(counts["HMMA"]) == 32 and int(counts["spill"]) == 0, (pair, counts)  # 8 column groups x 4 steps
-        assert 65536 // warp_registers // 8 >= MMA_M64_PROGRAMS_PER_SM[narrow], (pair, counts["regs"])
-        assert counts["smem"] * MMA_M64_PROGRAMS_PER_SM[narrow] <= 228 * 1024, (pair, counts["smem"])
+        wgmma, mma_sync = sass_rows(out, pair)
+        assert (wgmma["HGMMA"], wgmma["HMMA"], mma_sync["HGMMA"], mma_sync["HMMA"]) == (4, 0, 0, 32), pair
+        for counts in (wgmma, mma_sync):
+            warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
+            assert int(counts["spill"]) == 0 and 65536 // warp_registers // 8 >= MMA_M64_PROGRAMS_PER_SM[narrow], (pair, counts)
+            assert counts["smem"] * MMA_M64_PROGRAMS_PER_SM[narrow] <= 228 * 1024, (pair, counts["smem"])
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():

@@ -1,6 +1,7 @@
 """The "mma_m16k16" weight layout (CPU): round trip, scale factors, and the decode + mma
 fragment mapping the GPU kernel relies on, emulated bit for bit against the reference."""
 
+import itertools
 import re
 
 import pytest
@@ -272,25 +273,30 @@ def test_split_fills_the_last_wave(monkeypatch):
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
+    with pytest.raises(ValueError, match="wgmma must be a bool"):
+        api._mma_options({"wgmma": 1}, 64, 8192, True)
+    with pytest.raises(ValueError, match="'wgmma' applies above M = 16"):
+        api._mma_options({"wgmma": True}, 16, 8192, True)
     # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
     m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 8, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
 
 
-def run_shared_b_exchange(ptx: str, parity: int, threads: int = 128, reads: tuple[str, ...] = ()):
-    """Run the PTX of `decode.MMA_SHARED_B_PTX` or `MMA_M64_EXCHANGE_PTX` for the threads of a
-    program, its instructions as written (a small interpreter for the ones it uses): every
-    thread up to the barrier, storing its input bytes labelled (thread, n-th byte it stored),
-    then every thread after it, then the `reads` (PTX of `ld.shared` instructions, such as those
-    of `MMA_STEPS_M64_PTX`) with $20 = the thread's $0. Returns each thread's loaded registers
-    (4 labels each), the bytes written and the declared size of the buffer."""
+def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = ()):
+    """Run the PTX of `decode.MMA_SHARED_B_PTX`, `MMA_M64_EXCHANGE_PTX` or `WGMMA_EXCHANGE_PTX`
+    for the threads of a program, its instructions as written (a small interpreter for the
+    ones it uses): every thread up to the barrier, its input bytes ($first_input on, in order)
+    labelled (thread, byte offset in its inputs), then every thread after it, then the `reads`
+    (PTX of `ld.shared` instructions, such as those of `MMA_STEPS_M64_PTX`) with $20 = the
+    thread's $0. Returns each thread's loaded registers (4 labels each), the bytes written
+    (address: label), the declared size of the buffer and each thread's registers."""
     body = ptx.strip()[1:-1]
-    size = int(re.search(r"\.shared \.align 16 \.b8 sb\[(\d+)\];", body).group(1))
-    code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
+    size = int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
+    code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg", "fence"))]
     barrier = code.index("bar.sync 0")
     memory, outputs = {}, [[] for _ in range(threads)]
     alu = {"shr.b32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "shl.b32": lambda x, y: x << y,
-           "add.u32": lambda x, y: x + y}
+           "add.u32": lambda x, y: x + y, "or.b32": lambda x, y: x | y}
     parity_operand = re.search(r"mad\.lo\.u32 b, (\$\d+),", body).group(1)
 
     def run(tid, lines, regs):
@@ -299,22 +305,36 @@ def run_shared_b_exchange(ptx: str, parity: int, threads: int = 128, reads: tupl
                 return parity
             return regs[operand] if operand in regs else int(operand, 0)
 
+        def labels(operand, width):  # an input's bytes, or a register holding some
+            if operand.startswith("$"):
+                return [(tid, width * (int(operand[1:]) - first_input) + b) for b in range(width)]
+            return regs[operand]
+
         for line in lines:
             op, args = line.split(None, 1)
             if op.startswith(("st.shared", "ld.shared")):
-                vec, bits = (int(x) for x in re.match(r"[sl][td]\.shared\.v(\d)\.b(\d+)", op).groups())
+                vec, bits = re.match(r"[sl][td]\.shared(?:\.v(\d))?\.b(\d+)", op).groups()
+                vec, width = int(vec or 1), int(bits) // 8
                 base, offset = re.search(r"\[([\w$]+)(?:\+(\d+))?\]", args).groups()
                 addr = regs[base] + int(offset or 0)
-                assert addr % 16 == 0 and 0 <= addr and addr + vec * bits // 8 <= size, (op, addr)
+                assert addr % (vec * width) == 0 and 0 <= addr and addr + vec * width <= size, (op, addr)
                 if op.startswith("st"):
-                    stored = regs.get("stored", 0)
-                    memory.update({addr + byte: (tid, stored + byte) for byte in range(vec * bits // 8)})
-                    regs["stored"] = stored + vec * bits // 8
+                    values = [x for o in re.search(r"\], \{?([^}]*)\}?$", args).group(1).split(", ") for x in labels(o, width)]
+                    memory.update({addr + i: value for i, value in enumerate(values)})
                 else:
-                    outputs[tid] += [[memory.get(addr + 4 * i + byte) for byte in range(4)] for i in range(vec * bits // 32)]
+                    outputs[tid] += [[memory.get(addr + 4 * i + byte) for byte in range(4)] for i in range(vec * width // 4)]
                 continue
-            dst, *srcs = args.split(", ")
-            if op == "mov.u32":
+            if op == "mov.b64" and args.startswith("{"):  # an int64 input into two 32-bit registers
+                lo, hi, src = re.match(r"\{(\w+), (\w+)\}, (\$\d+)", args).groups()
+                regs[lo], regs[hi] = labels(src, 8)[:4], labels(src, 8)[4:]
+                continue
+            dst, *srcs = args.split(", ", 1) if op == "mov.b64" else args.split(", ")
+            if op == "mov.b64":  # the descriptor: {low, high} words
+                low, high = re.match(r"\{(\w+), (\w+)\}", srcs[0]).groups()
+                regs[dst] = val(low) | val(high) << 32
+            elif op == "mov.b32":
+                regs[dst] = labels(srcs[0], 4)
+            elif op == "mov.u32":
                 regs[dst] = val(srcs[0])
             elif op == "mad.lo.u32":
                 regs[dst] = val(srcs[0]) * val(srcs[1]) + val(srcs[2])
@@ -331,7 +351,7 @@ def run_shared_b_exchange(ptx: str, parity: int, threads: int = 128, reads: tupl
         lines = [s.strip() for s in read.split(";") if s.strip().startswith("ld.shared")]
         for t in range(threads):
             run(t, lines, {"$20": regs[t]["$0"]})
-    return outputs, set(memory), size
+    return outputs, memory, size, regs
 
 
 @pytest.mark.parametrize("col_groups", [1, 2])
@@ -345,7 +365,8 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide):
 
     written = []
     for parity in (0, 1):
-        outputs, addresses, size = run_shared_b_exchange(MMA_SHARED_B_PTX[col_groups, wide], parity)
+        outputs, memory, size, _ = run_shared_b_exchange(MMA_SHARED_B_PTX[col_groups, wide], parity, 8 * col_groups)
+        addresses = set(memory)
         written.append(addresses)
         assert size == 2 * 8 * col_groups * 144  # two buffers of 8c rows, 144 bytes apart
         for tid, regs in enumerate(outputs):
@@ -372,7 +393,8 @@ def test_m64_exchange_gives_each_lane_its_b(wide):
 
     written = []
     for parity in (0, 1):
-        outputs, addresses, size = run_shared_b_exchange(MMA_M64_EXCHANGE_PTX[wide], parity, 256, MMA_STEPS_M64_PTX)
+        outputs, memory, size, _ = run_shared_b_exchange(MMA_M64_EXCHANGE_PTX[wide], parity, 1, 256, MMA_STEPS_M64_PTX)
+        addresses = set(memory)
         written.append(addresses)
         assert size == 2 * 64 * 144 and len(addresses) == 64 * 128
         for tid, regs in enumerate(outputs):
@@ -381,4 +403,32 @@ def test_m64_exchange_gives_each_lane_its_b(wide):
             for c in range(8):
                 writer = 4 * (8 * c + g) + q
                 assert regs[8 * c: 8 * c + 8] == [[(writer, 4 * i + b) for b in range(4)] for i in range(8)]
+    assert not written[0] & written[1]
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
+def test_wgmma_exchange_gives_each_step_its_b(wide):
+    """The wgmma exchange, run for 256 threads, then read as wgmma reads a K-major,
+    unswizzled B through the descriptor it returns (element (n, k) of step s at start + 16 s
+    + SBO (n >> 3) + LBO (k >> 3) + 16 (n & 7) + 2 (k & 7), the layout the H100 tests passed
+    with): logical k = 2q + (j & 1) + 8 (j >> 1) of step s must be K 16q + 4s + j of row n, as
+    the weights' K order (mma.sync's B registers) has it: bytes 2 (j & 1) of the writer's
+    register 2s + (j >> 1), writer 4n + q. Every thread gets the same descriptor; the two
+    buffers lie inside the declared array and do not overlap."""
+    from blockscaled.kernels.decode import WGMMA_EXCHANGE_PTX
+
+    written = []
+    for parity in (0, 1):
+        _, memory, size, regs = run_shared_b_exchange(WGMMA_EXCHANGE_PTX[wide], parity, 1, 256)
+        written.append(set(memory))
+        assert size == 2 * 64 * 128 and len(memory) == 64 * 128
+        (descriptor,) = {r["$0"] for r in regs}
+        lbo, sbo = (descriptor >> 16 & 0x3FFF) << 4, (descriptor >> 32 & 0x3FFF) << 4
+        assert descriptor >> 46 == 0  # base offset 0, no swizzle
+        for s, n, q, j in itertools.product(range(4), range(64), range(4), range(4)):
+            start = ((descriptor + 16 * s) & 0x3FFF) << 4
+            k = 2 * q + (j & 1) + 8 * (j >> 1)
+            at = start + sbo * (n >> 3) + lbo * (k >> 3) + 16 * (n & 7) + 2 * (k & 7)
+            register = 2 * s + (j >> 1)
+            assert [memory.get(at + b) for b in range(2)] == [(4 * n + q, 4 * register + 2 * (j & 1) + b) for b in range(2)]
     assert not written[0] & written[1]
