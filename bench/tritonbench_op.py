@@ -100,7 +100,7 @@ class Operator(BenchmarkOperator):
     @register_benchmark()
     def blockscaled_mma(self, pair_name, x, w):
         """fp4 weights arranged once as "mma_m16k16", the tensor-core decode kernel's layout
-        (bf16 x fp4 and fp4 x fp4 at M <= 16; other pairs and sizes read its k_order copy);
+        (bf16 x fp4 and fp4 x fp4 at M <= 64; other pairs and sizes read its k_order copy);
         fp8 weights as they are."""
         a, b = self._operands(pair_name, x, w)
         if b.fmt.is_packed and mma.holds_shape(b.rows, b.K):
