@@ -438,16 +438,16 @@ def mma_m64_kernel(
                 s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
                 s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
                 s20, s21, s22, s23 = mma_window_m64(frags, address, 2, (s20, s21, s22, s23))
-            if COL_GROUPS > 3 and not WGMMA:
-                s30, s31, s32, s33 = mma_window_m64(frags, address, 3, (s30, s31, s32, s33))
-            if COL_GROUPS > 4 and not WGMMA:
-                s40, s41, s42, s43 = mma_window_m64(frags, address, 4, (s40, s41, s42, s43))
-            if COL_GROUPS > 5 and not WGMMA:
-                s50, s51, s52, s53 = mma_window_m64(frags, address, 5, (s50, s51, s52, s53))
-            if COL_GROUPS > 6 and not WGMMA:
-                s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
-            if COL_GROUPS > 7 and not WGMMA:
-                s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
+                if COL_GROUPS > 3:
+                    s30, s31, s32, s33 = mma_window_m64(frags, address, 3, (s30, s31, s32, s33))
+                if COL_GROUPS > 4:
+                    s40, s41, s42, s43 = mma_window_m64(frags, address, 4, (s40, s41, s42, s43))
+                if COL_GROUPS > 5:
+                    s50, s51, s52, s53 = mma_window_m64(frags, address, 5, (s50, s51, s52, s53))
+                if COL_GROUPS > 6:
+                    s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
+                if COL_GROUPS > 7:
+                    s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
             x0, x1, x2, x3, x4 = nx0, nx1, nx2, nx3, nx4
             y0, y1, y2, y3, y4 = ny0, ny1, ny2, ny3, ny4
         scale = post[0] * activation_post(x_post[0], ACT_SCALE)
