@@ -403,7 +403,7 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
 MMA_WARP_M = 16
 MMA_MAX_M = 64
-MMA_M64_ROWS = 128  # weight rows per program of mma_m64_kernel
+MMA_M64_PROGRAM_ROWS = 128  # weight rows per program of mma_m64_kernel (8 warps x 16)
 # Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
 # M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
@@ -458,7 +458,7 @@ MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
-    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % (64 if m <= MMA_WARP_M else MMA_M64_ROWS) == 0
+    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
             and _mma_activation(a) and _ptx_decodes(device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
@@ -498,27 +498,25 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
                              f"got {config!r}")
-        max_split = int(config.get("max_split", MMA_M64_MAX_SPLIT))
-        if max_split < 1:
-            raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-        wgmma = config.get("wgmma", True)
-        if not isinstance(wgmma, bool):
-            raise ValueError(f"config: wgmma must be a bool, got {wgmma!r}")
-        return MmaOptions(max_split, 0 if "max_split" in config else MMA_M64_PROGRAMS_PER_SM[narrow], 1, True, wgmma)
-    if "wgmma" in config:
-        raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
-    col_groups = _mma_column_groups(m)
-    row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
-    if row_groups not in (1, 2) or n % (64 * row_groups):
-        raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
-    max_split = int(config.get("max_split", MMA_MAX_SPLIT[col_groups, row_groups]))
+        row_groups, default_split, programs_per_sm, shared_b = 1, MMA_M64_MAX_SPLIT, MMA_M64_PROGRAMS_PER_SM[narrow], True
+    else:
+        if "wgmma" in config:
+            raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
+        col_groups = _mma_column_groups(m)
+        row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
+        if row_groups not in (1, 2) or n % (64 * row_groups):
+            raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
+        default_split = MMA_MAX_SPLIT[col_groups, row_groups]
+        programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
+    max_split = int(config.get("max_split", default_split))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
-    if not isinstance(shared_b, bool):
-        raise ValueError(f"config: shared_b must be a bool, got {shared_b!r}")
-    programs_per_sm = 0 if "max_split" in config else MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
-    return MmaOptions(max_split, programs_per_sm, row_groups, shared_b, False)
+    wgmma = config.get("wgmma", m > MMA_WARP_M)
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma)):
+        if not isinstance(value, bool):
+            raise ValueError(f"config: {name} must be a bool, got {value!r}")
+    return MmaOptions(max_split, 0 if "max_split" in config else programs_per_sm, row_groups, shared_b, wgmma)
 
 
 @functools.lru_cache(maxsize=None)
@@ -547,14 +545,15 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
-    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_ROWS rows, 8 warps)."""
+    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps)."""
     wide_m = m > MMA_WARP_M
-    row_programs = n // (MMA_M64_ROWS if wide_m else 64 * options.row_groups)
+    row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 64 * options.row_groups)
     split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B
+    tail = (split, options.wgmma and _has_wgmma(b.device)) if wide_m else (options.row_groups, split, options.shared_b)
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
-              _mma_column_groups(m), *(() if wide_m else (options.row_groups,)), split,
-              options.wgmma and _has_wgmma(b.device) if wide_m else options.shared_b)
+              _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

@@ -350,14 +350,14 @@ MMA_SHARED_B_PTX = {(c, wide): _shared_b_exchange(c, wide) for c in (1, 2) for w
 # further. Rows MMA_SHARED_B_ROW bytes apart: the 16-byte writes and reads of a quarter-warp
 # (2 rows x 4 lanes) fall on 8 distinct groups of 4 banks. Two buffers by window parity, as
 # `MMA_SHARED_B_PTX`.
-MMA_M64_ROWS = 64
+MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
 
 
 def _m64_exchange(wide: bool) -> str:
     """Output $0: the address; inputs: the thread's 32 bytes (4 int64 if `wide`, else 8
     int32), then the window's parity."""
     row, n_in = MMA_SHARED_B_ROW, 4 if wide else 8
-    size = MMA_M64_ROWS * row
+    size = MMA_M64_B_ROWS * row
     vec = "v2.b64" if wide else "v4.b32"
     half = n_in // 2
     stores = "".join(
@@ -377,7 +377,7 @@ def _m64_exchange(wide: bool) -> str:
 # by bf16 activation
 MMA_M64_EXCHANGE_PTX = {wide: _m64_exchange(wide) for wide in (False, True)}
 # by column group: its 4 mma steps with B read from the exchanged window
-MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_M64_ROWS // 8)]
+MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_M64_B_ROWS // 8)]
 
 # The same on sm_90a with wgmma (`mma_m64_kernel` with WGMMA): one wgmma.mma_async m64nNk16
 # per 16 K of a warpgroup's 64 rows, A (the decoded weights) from registers as for mma.sync,
@@ -394,7 +394,7 @@ def _wgmma_exchange(wide: bool) -> str:
     """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
     int64 if `wide`), then the window's parity."""
-    size = MMA_M64_ROWS * 128
+    size = MMA_M64_B_ROWS * 128
     n_in = 4 if wide else 8
     regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide
             else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(8)))
@@ -431,6 +431,6 @@ def _wgmma_steps(col_groups: int) -> str:
     )
 
 
-# by bf16 activation / by column groups (3 .. 8)
+# by bf16 activation / by column groups (1 .. 8; mma_m64_kernel takes 3 .. 8)
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
-WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_ROWS // 8 + 1)}
+WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}

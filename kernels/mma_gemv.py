@@ -129,6 +129,12 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
 
+def window_parity(like, win):
+    """Window `win`'s parity as an int32 tensor shaped as `like`: which of the two shared-memory
+    buffers an exchange writes."""
+    return torch.zeros_like(like, dtype=torch.int32) + (win & 1)
+
+
 def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory."""
@@ -143,7 +149,7 @@ def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
             dtype=(torch.int32,) * 4, is_pure=True, pack=1,
         )
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
-    parity = hl.zeros([128], dtype=torch.int32) + (win & 1)
+    parity = window_parity(chunk[0], win)
     # pure although it stores and waits: Helion writes one asm call per output, and LLVM
     # merges them into one only when they are pure (not pure: 16 copies, 72 KB of shared
     # memory, which ptxas refused). Every thread runs it once per window, unconditionally,
@@ -334,10 +340,9 @@ def m64_exchange(b, win, ACT_ELEM, WGMMA):
     wgmma the window's matrix descriptor (`decode.WGMMA_EXCHANGE_PTX`). Not pure: it stores
     and waits at a barrier, and has one output, so Helion writes it once."""
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
-    parity = torch.zeros_like(b[0], dtype=torch.int32) + (win & 1)
     return hl.inline_asm_elementwise(
         (WGMMA_EXCHANGE_PTX if WGMMA else MMA_M64_EXCHANGE_PTX)[wide],
-        ",".join(["=l" if WGMMA else "=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, parity],
+        ",".join(["=l" if WGMMA else "=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, window_parity(b[0], win)],
         dtype=torch.int64 if WGMMA else torch.int32, is_pure=False, pack=1,
     )
 
