@@ -179,6 +179,19 @@ def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
     assert (tmp_path / "w4a16_nvfp4_0.sass").read_text().count("ATOMG.E.ADD.F32") == 16
 
 
+def mma_formats(narrow):
+    """The bench formats the mma kernels run with fp4 / fp8 (`narrow`) or bf16 activations."""
+    return [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
+
+
+def assert_programs_fit(pair, counts, programs, warps):
+    """`programs` of `warps` warps fit on an sm_90 SM with bench.sass's `counts`: 65,536
+    registers, allocated per warp in units of 256, and 228 KB of shared memory."""
+    warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
+    assert int(counts["spill"]) == 0 and 65536 // warp_registers // warps >= programs, (pair, counts)
+    assert counts["smem"] * programs <= 228 * 1024, (pair, counts["smem"])
+
+
 @pytest.mark.parametrize("narrow, col_groups, row_groups", sorted(MMA_PROGRAMS_PER_SM))
 def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
     """`MMA_PROGRAMS_PER_SM` (the wave rule's resident programs) holds for the sm_90 registers
@@ -187,16 +200,14 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
     the 1 KB each program reserves are in the count)."""
     from bench import sass
 
-    formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
+    formats = mma_formats(narrow)
     argv = ["--backend", "mma", "--format", *formats, "-M", str(8 * col_groups), "-N", "8192", "-K", "8192",
             "--variants", json.dumps([{"row_groups": row_groups}])]
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
     for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
         (counts,) = sass_rows(out, pair)
-        warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
-        assert 65536 // warp_registers // 4 >= MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], (pair, counts["regs"])
-        assert counts["smem"] * MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups] <= 228 * 1024, (pair, counts["smem"])
+        assert_programs_fit(pair, counts, MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], warps=4)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
@@ -208,7 +219,7 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
 
     from bench import sass
 
-    formats = [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
+    formats = mma_formats(narrow)
     argv = ["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192", "--variants", '[{}, {"wgmma": false}]']
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
@@ -216,9 +227,7 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
         wgmma, mma_sync = sass_rows(out, pair)
         assert (wgmma["HGMMA"], wgmma["HMMA"], mma_sync["HGMMA"], mma_sync["HMMA"]) == (4, 0, 0, 32), pair
         for counts in (wgmma, mma_sync):
-            warp_registers = -(-int(counts["regs"]) * 32 // 256) * 256
-            assert int(counts["spill"]) == 0 and 65536 // warp_registers // 8 >= MMA_M64_PROGRAMS_PER_SM[narrow], (pair, counts)
-            assert counts["smem"] * MMA_M64_PROGRAMS_PER_SM[narrow] <= 228 * 1024, (pair, counts["smem"])
+            assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[narrow], warps=8)
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
