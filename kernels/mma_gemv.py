@@ -334,6 +334,13 @@ def b_unslots(slots, ACT_ELEM):
     return [*slots[:words], slots[words]]
 
 
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
+    """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_slots`)
+    and its A words (`a_words`)."""
+    return (*b_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks))
+
+
 def m64_exchange(b, win, ACT_ELEM, WGMMA):
     """The window's B (the thread's share as `b_registers`) into shared memory: for mma.sync
     the address of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`), for
@@ -392,6 +399,7 @@ def mma_m64_kernel(
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
+    AHEAD: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for 16 < M <= 64 (COL_GROUPS = ceil(M / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 rows; each thread
@@ -421,19 +429,26 @@ def mma_m64_kernel(
         s50, s51, s52, s53 = zero_sums(256)
         s60, s61, s62, s63 = zero_sums(256)
         s70, s71, s72, s73 = zero_sums(256)
-        # one window ahead: window w + 1's words are loaded before window w's barrier, which
-        # ptxas does not move them past (the last window reloads the first: in bounds, unused)
+        # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
+        # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
+        # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
         first = part.begin * steps
-        x0, x1, x2, x3, x4 = b_slots(b_words(x64, xs, row, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
-        y0, y1, y2, y3, y4 = a_words(w, f, gr, first, lane, q, g, windows, blocks)
+        p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT)
+        if AHEAD > 1:
+            u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+        if AHEAD > 2:
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
-            ahead = first + (it.begin + 1) % steps
-            nx0, nx1, nx2, nx3, nx4 = b_slots(b_words(x64, xs, row, ahead, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
-            ny0, ny1, ny2, ny3, ny4 = a_words(w, f, gr, ahead, lane, q, g, windows, blocks)
-            loaded_b = b_unslots((x0, x1, x2, x3, x4), ACT_ELEM)
+            n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
+                x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
+                BLOCK_A, A_LAYOUT)
+            loaded_b = b_unslots((p0, p1, p2, p3, p4), ACT_ELEM)
             address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM, WGMMA)
-            frags = a_fragments([y0, y1, y2, y3, y4], ENCODING)
+            frags = a_fragments([p5, p6, p7, p8, p9], ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
@@ -453,8 +468,15 @@ def mma_m64_kernel(
                     s60, s61, s62, s63 = mma_window_m64(frags, address, 6, (s60, s61, s62, s63))
                 if COL_GROUPS > 7:
                     s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
-            x0, x1, x2, x3, x4 = nx0, nx1, nx2, nx3, nx4
-            y0, y1, y2, y3, y4 = ny0, ny1, ny2, ny3, ny4
+            if AHEAD == 1:
+                p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
+            elif AHEAD == 2:
+                p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
+                u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
+            else:
+                p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
+                u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = v0, v1, v2, v3, v4, v5, v6, v7, v8, v9
+                v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
         scale = post[0] * activation_post(x_post[0], ACT_SCALE)
         sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                  (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)

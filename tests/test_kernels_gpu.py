@@ -133,13 +133,18 @@ def test_mma_pairs(pair, m, gen):
 @pytest.mark.parametrize("m", [17, 40, 64])
 def test_mma_m64_pairs(pair, m, gen):
     """16 < M <= 64 (mma_m64_kernel: 8 warps of 16 rows, one B window per program exchanged
-    through shared memory; wgmma on sm_90, and mma.sync): split-K at the decode shape, without
-    split, bias and bf16 / fp16 out, narrow activations' scales in three layouts."""
+    through shared memory; wgmma on sm_90, and mma.sync; 1 to 3 windows loaded ahead): split-K
+    at the decode shape, without split, bias and bf16 / fp16 out, narrow activations' scales in
+    three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
-    for wgmma in (True, False):
-        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 4, "wgmma": wgmma})
-        run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "wgmma": wgmma})
+    for wgmma, ahead in ((True, 1), (True, 2), (True, 3), (False, 1), (False, 3)):  # windows loaded ahead
+        config = {"wgmma": wgmma, "ahead": ahead}
+        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 4, **config})
+        if ahead != 2:
+            run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, **config})
+    # 2 windows, fewer than 3 ahead: the loads wrap around
+    run_and_check(pair, m, 128, 128, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "ahead": 3})
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 128, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)
