@@ -455,9 +455,10 @@ MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2):
 # takes 4 (8192^2, 57344 x 8192, 8192 x 28672) 4 beat 8 and 16 in 12 of 16 cells.
 MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
-# Windows whose words mma_m64_kernel loads ahead of the one it multiplies (AHEAD: 1 .. MMA_M64_MAX_AHEAD).
+# Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
+# mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
-MMA_M64_MAX_AHEAD = 3
+MMA_AHEAD = 0
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -482,17 +483,18 @@ class MmaOptions(NamedTuple):
     row_groups: int  # 16-row groups per warp (ROW_GROUPS)
     shared_b: bool  # the program's threads decode B once and share it through shared memory
     wgmma: bool  # M > MMA_WARP_M: wgmma where the device has it (else mma.sync)
-    ahead: int  # M > MMA_WARP_M: windows loaded ahead (AHEAD)
+    ahead: int  # windows loaded ahead (AHEAD)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0) and "shared_b": bool (default `MMA_SHARED_B`).
+    column groups; 2 needs N % 128 == 0), "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
+    0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
-    wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. MMA_M64_MAX_AHEAD
-    (windows loaded ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
+    wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
+    ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow)
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead"}:
@@ -504,9 +506,8 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
                              f"got {config!r}")
         row_groups, default_split, programs_per_sm, shared_b = 1, MMA_M64_MAX_SPLIT, MMA_M64_PROGRAMS_PER_SM[narrow], True
     else:
-        for name in ("wgmma", "ahead"):
-            if name in config:
-                raise ValueError(f"config: {name!r} applies above M = {MMA_WARP_M}, got it at M = {m}")
+        if "wgmma" in config:
+            raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
         col_groups = _mma_column_groups(m)
         row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
         if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -521,9 +522,12 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
-    ahead = config.get("ahead", MMA_M64_AHEAD)
-    if type(ahead) is not int or not 1 <= ahead <= MMA_M64_MAX_AHEAD:
-        raise ValueError(f"config: ahead must be an int in 1 .. {MMA_M64_MAX_AHEAD}, got {ahead!r}")
+    wide_m = m > MMA_WARP_M
+    ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
+    low, high = (1, 3) if wide_m else (0, int(shared_b))
+    if type(ahead) is not int or not low <= ahead <= high:
+        raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
+                         f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
     return MmaOptions(max_split, 0 if "max_split" in config else programs_per_sm, row_groups, shared_b, wgmma, ahead)
 
 
@@ -558,15 +562,22 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 64 * options.row_groups)
     split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B
-    tail = (split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m else (options.row_groups, split, options.shared_b)
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
+    # AHEAD
+    tail = ((split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m
+            else (options.row_groups, split, options.shared_b, options.ahead))
     consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1)
+    # loads ahead at M <= 16 cost registers (sm_90, M = 16: 56-61 -> 72-77, 6 programs per SM); capped so
+    # that the wave rule's programs per SM stay resident (64: +30-56 instructions per window, no spills)
+    maxnreg = None
+    if not wide_m and options.ahead and options.programs_per_sm:
+        maxnreg = 65536 // (128 * options.programs_per_sm) // 8 * 8
+    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1, maxnreg=maxnreg)
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 

@@ -255,6 +255,7 @@ def mma_gemv_kernel(
     ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     SHARED_B: hl.constexpr,
+    AHEAD: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
@@ -279,18 +280,33 @@ def mma_gemv_kernel(
         b0, b1, b2, b3 = zero_sums()
         c0, c1, c2, c3 = zero_sums()
         d0, d1, d2, d3 = zero_sums()
+        first = part.begin * steps
+        if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
+            e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
+                x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
+                ROW_GROUPS)
         for it in hl.tile(steps, block_size=1):
-            win = part.begin * steps + it.begin
-            # every load of the window before any use: a load that comes after an mma waits for
-            # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
-            # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
-            if SHARED_B:
-                loads_b = shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)
+            win = first + it.begin
+            if AHEAD:
+                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14 = shared_window_words(
+                    x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
+                loads_b = unpad_slots((e0, e1, e2, e3, e4), 2)
+                loads_a0 = [e5, e6, e7, e8, e9]
+                loads_a1 = [e10, e11, e12, e13, e14]
+                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = (
+                    n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14)
             else:
-                loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-                loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-            loads_a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
-            loads_a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else loads_a0
+                # every load of the window before any use: a load that comes after an mma waits for
+                # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
+                # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
+                if SHARED_B:
+                    loads_b = shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)
+                else:
+                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
+                loads_a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+                loads_a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else loads_a0
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS)
             else:
@@ -320,25 +336,37 @@ def mma_gemv_kernel(
     return out
 
 
-def b_slots(loaded):
-    """`b_words` as 5 tensors (Helion carries tensors, not lists, through loops): the words,
-    then the scale code if there is one, padded with the first word."""
-    return tuple(loaded) + (loaded[0],) * (5 - len(loaded))
+def pad_slots(loaded, n=5):
+    """Loaded words as n tensors (Helion carries tensors, not lists, through loops), padded
+    with the first."""
+    return tuple(loaded) + (loaded[0],) * (n - len(loaded))
 
 
-def b_unslots(slots, ACT_ELEM):
-    """`b_words` back from `b_slots`."""
-    if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return list(slots[:4])
-    words = 1 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 2
-    return [*slots[:words], slots[words]]
+def unpad_slots(padded, count):
+    """The first `count` of `pad_slots`: the loaded words again."""
+    return list(padded[:count])
+
+
+def b_word_count(ACT_ELEM):
+    """Tensors `b_words` returns: 4 bf16 words, or 1 fp4 / 2 fp8 words and the scale code."""
+    return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
 def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
-    """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_slots`)
+    """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
-    return (*b_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
             *a_words(w, f, gr, win, lane, q, g, windows, blocks))
+
+
+def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
+                        COL_GROUPS, ROW_GROUPS):
+    """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
+    share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
+    first twice with one row group)."""
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+    a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
+    return (*pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)), *a0, *a1)
 
 
 def m64_exchange(b, win, ACT_ELEM, WGMMA):
@@ -446,7 +474,7 @@ def mma_m64_kernel(
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
                 BLOCK_A, A_LAYOUT)
-            loaded_b = b_unslots((p0, p1, p2, p3, p4), ACT_ELEM)
+            loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], ENCODING)
             if WGMMA:

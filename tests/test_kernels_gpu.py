@@ -111,12 +111,14 @@ MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4",
 def test_mma_pairs(pair, m, gen):
     """The tensor-core decode kernel ("mma_m16k16" weights, the default for them at M <= 16):
     split-K at the decode shape, one window without split, bias and bf16 out, one and two
-    row groups per warp, narrow activations' scales in three layouts."""
+    row groups per warp, B per warp or shared (loads one window ahead or not), narrow
+    activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
-    for row_groups, shared_b in itertools.product((1, 2), (False, True)):  # 1 or 2 16-row groups per warp, B per warp
-        # or per program, split and not
-        config = {"row_groups": row_groups, "shared_b": shared_b}
+    # 1 or 2 16-row groups per warp, B per warp or per program (with it: window w + 1's words loaded
+    # ahead or not), split and not
+    for row_groups, (shared_b, ahead) in itertools.product((1, 2), ((False, 0), (True, 0), (True, 1))):
+        config = {"row_groups": row_groups, "shared_b": shared_b, "ahead": ahead}
         run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
         run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={**config, "max_split": 1})
     assert_split_k_workspaces_zero()

@@ -259,14 +259,14 @@ def test_split_fills_the_last_wave(monkeypatch):
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 1)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 1)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 1)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 1)  # bf16 activations: one, B not shared
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0)  # bf16 activations: one, B not shared
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 1)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 1)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 1)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD)
     assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3)
@@ -275,11 +275,16 @@ def test_split_fills_the_last_wave(monkeypatch):
             api._mma_options(bad, 64, 8192, True)
     with pytest.raises(ValueError, match="wgmma must be a bool"):
         api._mma_options({"wgmma": 1}, 64, 8192, True)
-    for name, value in (("wgmma", True), ("ahead", 2)):
-        with pytest.raises(ValueError, match=f"'{name}' applies above M = 16"):
-            api._mma_options({name: value}, 16, 8192, True)
+    with pytest.raises(ValueError, match="'wgmma' applies above M = 16"):
+        api._mma_options({"wgmma": True}, 16, 8192, True)
+    assert api._mma_options({"ahead": 1}, 16, 8192, False).ahead == 1  # M <= 16: 0, or 1 with shared B
+    for bad in (2, -1, True):
+        with pytest.raises(ValueError, match="ahead must be an int in 0 .. 1 at M = 16, got"):
+            api._mma_options({"ahead": bad}, 16, 8192, True)
+    with pytest.raises(ValueError, match="ahead must be an int in 0 .. 0 at M = 1 without shared_b, got 1"):
+        api._mma_options({"ahead": 1, "shared_b": False}, 1, 8192, True)
     for bad in (0, 4, True, 2.0):
-        with pytest.raises(ValueError, match="ahead must be an int in 1 .. 3"):
+        with pytest.raises(ValueError, match="ahead must be an int in 1 .. 3 at M = 64, got"):
             api._mma_options({"ahead": bad}, 64, 8192, True)
     # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
     m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
