@@ -572,12 +572,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    # loads ahead at M <= 16 cost registers (sm_90, M = 16: 56-61 -> 72-77, 6 programs per SM); capped so
-    # that the wave rule's programs per SM stay resident (64: +30-56 instructions per window, no spills)
-    maxnreg = None
-    if not wide_m and options.ahead and options.programs_per_sm:
-        maxnreg = 65536 // (128 * options.programs_per_sm) // 8 * 8
-    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1, maxnreg=maxnreg)
+    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1)
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
