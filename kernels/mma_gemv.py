@@ -28,7 +28,8 @@ after one CTA barrier, reads its lanes' registers back (`decode.MMA_SHARED_B_PTX
 PTX: Triton has no shared memory of its own to offer here); otherwise each warp loads (and
 decodes) its lanes' 16 elements per column group itself. sm_90 K loop at M = 16, two row
 groups: 247-255 instructions per window instead of 326-355 for fp4 / fp8 activations, 12
-global loads instead of 18 for bf16.
+global loads instead of 18 for bf16. With shared B, AHEAD = 1 loads window w + 1's words
+before window w's barrier (72-77 registers at M = 16 instead of 56-61).
 
 Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
 into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
@@ -435,8 +436,9 @@ def mma_m64_kernel(
     tid & 3), the program writes it into shared memory, and each warp runs its group's A
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
-    mma.sync per 16 K reading B with ld.shared. Window w + 1's words are loaded before window
-    w's barrier. H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16 (67784e5):
+    mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
+    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
+    H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16 (67784e5):
     1.18x-1.73x; mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x."""
     windows = K // 64
     steps = windows // SPLIT
