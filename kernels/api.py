@@ -500,7 +500,8 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead"}:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma' and "
                          f"'ahead', or None, got {config!r}")
-    if m > MMA_WARP_M:
+    wide_m = m > MMA_WARP_M
+    if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
                              f"got {config!r}")
@@ -518,11 +519,10 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
     max_split = int(config.get("max_split", default_split))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    wgmma = config.get("wgmma", m > MMA_WARP_M)
+    wgmma = config.get("wgmma", wide_m)
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
-    wide_m = m > MMA_WARP_M
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
     low, high = (1, 3) if wide_m else (0, int(shared_b))
     if type(ahead) is not int or not low <= ahead <= high:

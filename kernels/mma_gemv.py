@@ -77,6 +77,12 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks):
     return (*(hl.load(w, [base + 32 * s]) for s in range(4)), factors)
 
 
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
+    """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
+
+
 def a_fragments(loaded, ENCODING):
     """The 16 bf16x2 A registers of a window from its `a_words`."""
     return hl.inline_asm_elementwise(
@@ -288,26 +294,23 @@ def mma_gemv_kernel(
                 ROW_GROUPS)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
-            if AHEAD:
-                n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14 = shared_window_words(
+            # every load of the window before any use: a load that comes after an mma waits for
+            # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
+            # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
+            if AHEAD:  # this window's words came one window earlier
+                loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
+                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
                     BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
-                loads_b = unpad_slots((e0, e1, e2, e3, e4), 2)
-                loads_a0 = [e5, e6, e7, e8, e9]
-                loads_a1 = [e10, e11, e12, e13, e14]
-                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = (
-                    n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, n12, n13, n14)
+            elif SHARED_B:
+                loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
+            if SHARED_B:
+                loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
-                # every load of the window before any use: a load that comes after an mma waits for
-                # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
-                # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
-                if SHARED_B:
-                    loads_b = shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)
-                else:
-                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-                    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-                loads_a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
-                loads_a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else loads_a0
+                loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS)
             else:
@@ -365,9 +368,14 @@ def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
-    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
-    a1 = a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
-    return (*pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)), *a0, *a1)
+    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS))
+    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
+    return (*b, *a0, *a1)
+
+
+def shared_window_parts(loaded):
+    """`shared_window_words` back as (B share, row group words, row group words)."""
+    return unpad_slots(loaded[:5], 2), list(loaded[5:10]), list(loaded[10:])
 
 
 def m64_exchange(b, win, ACT_ELEM, WGMMA):
