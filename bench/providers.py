@@ -47,12 +47,13 @@ def make_operands(pair, m, n, k, device, seed):
 
 
 def weight_layouts(b, k):
-    """The data layouts of weights `b` that are validated and timed: k_order, and for packed
-    fp4 block_pairs (K holds whole block pairs) and mma_m16k16 (16-row groups, 64-K windows)."""
+    """The data layouts of weights `b` that are validated and timed: k_order, for packed
+    fp4 block_pairs (K holds whole block pairs), and for fp4 and fp8 mma_m16k16 (16-row groups,
+    64-K windows)."""
     weights = {"k_order": b}
     if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
         weights["block_pairs"] = b.with_data_layout("block_pairs")
-    if b.fmt.is_packed and mma.holds_shape(b.rows, k):
+    if b.fmt.element in mma.ELEMENTS and mma.holds_shape(b.rows, k):
         weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
     return weights
 
@@ -150,7 +151,7 @@ def blockscaled_pairs_fn(a, b, out_dtype):
 
 
 def blockscaled_mma_fn(a, b, out_dtype):
-    """This project with fp4 weights arranged once as "mma_m16k16": the tensor-core decode
+    """This project with fp4 / fp8 weights arranged once as "mma_m16k16": the tensor-core decode
     kernel, for the pairs it runs (others would time the k_order path again)."""
     from blockscaled.kernels.api import MMA_PAIRS, _fmt_name
 

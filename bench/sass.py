@@ -35,7 +35,7 @@ from .providers import FORMAT_PAIRS, make_operands
 
 H100_SMS = 132
 COUNTS = {  # column: SASS opcode pattern
-    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"HGMMA\b",
+    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"[HQ]GMMA\b",
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
@@ -175,7 +175,7 @@ def mma_kernel_code(args, a, b, variant):
     "mma_m16k16" QTensor, `variant` may set max_split, row_groups and shared_b; 32 weights per thread,
     row group and window."""
     with planned_as_h100():
-        options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor))
+        options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor), not b.fmt.is_packed)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     kernel = api.mma_kernel(args.M)
@@ -195,8 +195,10 @@ def main(argv=None):
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
-        if b.fmt.is_packed and args.backend in ("block_dot", "mma"):
-            b = b.with_data_layout("block_pairs" if args.backend == "block_dot" else "mma_m16k16")
+        if args.backend == "mma":
+            b = b.with_data_layout("mma_m16k16")
+        elif b.fmt.is_packed and args.backend == "block_dot":
+            b = b.with_data_layout("block_pairs")
         words = args.backend == "gemv"  # as scaled_mm
         if args.backend == "mma":  # the mma kernel takes the tensors themselves
             a_parts, b_parts = a, b

@@ -54,7 +54,7 @@ def parse_args(argv=None):
 
 
 def weights_as(b, data_layout):
-    return b.with_data_layout(data_layout) if b.fmt.is_packed else b
+    return b.with_data_layout(data_layout) if b.fmt.is_packed or data_layout == "mma_m16k16" else b
 
 
 def backend_and_fields(variant):

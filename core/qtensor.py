@@ -11,18 +11,19 @@ from .formats import BlockFormat, get_format
 from blockscaled.layouts import (
     arrange_mma_m16k16,
     check_data_layout,
+    element_bytes,
+    element_codes,
     factor_bytes,
     from_layout,
     pair_blocks,
-    pack_codes,
     padded_scale_shape,
     stored_scale_shape,
     zero_scale_codes,
     to_layout,
     unarrange_mma_m16k16,
-    unpack_codes,
     unpair_blocks,
 )
+from blockscaled.layouts.mma import ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class QTensor:
     layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
     global_scale: float32 scalar tensor for nvfp4, None otherwise.
     shape:        the logical (rows, K).
-    data_layout:  fp4 element order, "k_order" (above), "block_pairs" (the block-dot
-                  kernel's pre-arranged weights) or "mma_m16k16" (the tensor-core decode
-                  kernel's), see `blockscaled.layouts.data`.
+    data_layout:  element order, "k_order" (above), "block_pairs" (fp4: the block-dot
+                  kernel's pre-arranged weights) or "mma_m16k16" (fp4 and fp8: the
+                  tensor-core decode kernel's), see `blockscaled.layouts.data`.
     """
 
     data: torch.Tensor
@@ -105,11 +106,12 @@ class QTensor:
 
     @functools.cached_property
     def kernel_words(self) -> torch.Tensor:
-        """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads, flat for
-        "mma_m16k16" data (what mma_gemv reads); cached like `kernel_scale` (a view per call
-        costs ~1 us of host time)."""
-        words = self.data.view(torch.int32)
-        return words.view(-1) if self.data_layout == "mma_m16k16" else words
+        """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads; for
+        "mma_m16k16" data (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
+        each); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
+        if self.data_layout == "mma_m16k16":
+            return self.data.view(torch.int32 if self.fmt.is_packed else torch.int64).view(-1)
+        return self.data.view(torch.int32)
 
     @functools.cached_property
     def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,12 +119,13 @@ class QTensor:
         2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
         if self.data_layout != "mma_m16k16":
             raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
-        return self._mma_factors(unpack_codes(self.data_k_order()))
+        return self._mma_factors(element_codes(self.data_k_order(), self.fmt.element))
 
     def _mma_factors(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`kernel_mma_factors` from this tensor's codes [rows, K]."""
-        zero = (codes.reshape(self.rows, -1, self.fmt.block_size) & 7 == 0).all(-1)
-        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size, zero)
+        zero = (codes.reshape(self.rows, -1, self.fmt.block_size) & ELEMENTS[self.fmt.element].magnitude_mask == 0).all(-1)
+        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size, zero,
+                                     self.fmt.element)
         post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
         if self.global_scale is not None:
             post = post * self.global_scale.reshape(1)
@@ -162,16 +165,17 @@ class QTensor:
         if self.data_layout == "k_order":
             return self.data
         if self.data_layout == "mma_m16k16":
-            return unarrange_mma_m16k16(self.data)
+            return unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
         return unpair_blocks(self.data, self.fmt.block_size)
 
     def with_data_layout(self, data_layout: str) -> QTensor:
-        """The same tensor with its fp4 elements stored in `data_layout` (scales are shared).
+        """The same tensor with its elements stored in `data_layout` (scales are shared).
 
         "block_pairs" and "mma_m16k16" are pre-arranged weight layouts of the small-M
         kernels; arrange once per weight, not per call. "mma_m16k16" keeps values, not
         codes: nvfp4 blocks of scale 0 get zero codes; it raises ValueError for scales its
-        bf16 factors cannot hold (NaN, negative, E8M0 sets spanning over 2^126)."""
+        bf16 factors cannot hold (NaN, negative, E8M0 sets spanning over 2^126 for fp4, 2^124
+        for fp8) and for fp8 NaN elements."""
         if data_layout == self.data_layout:
             return self
         check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed, self.rows)
@@ -179,8 +183,11 @@ class QTensor:
         if data_layout == "block_pairs":
             data = pair_blocks(data, self.fmt.block_size)
         if data_layout == "mma_m16k16":
-            codes = zero_scale_codes(unpack_codes(data), self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size)
-            arranged = replace(self, data=arrange_mma_m16k16(pack_codes(codes)), data_layout=data_layout)
+            element = self.fmt.element
+            codes = zero_scale_codes(element_codes(data, element), self.scale_rowmajor(), self.fmt.scale_encoding,
+                                     self.fmt.block_size)
+            arranged = arrange_mma_m16k16(element_bytes(codes, element), element).view(self.fmt.storage_dtype)
+            arranged = replace(self, data=arranged, data_layout=data_layout)
             # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
             # keeps it) from the codes at hand rather than un-arranging the data again
             arranged.__dict__["kernel_mma_factors"] = arranged._mma_factors(codes)

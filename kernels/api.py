@@ -129,19 +129,21 @@ def _block_dot_wins(pair: str, m: int, k: int, fb: BlockFormat) -> bool:
 
 def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, block_m: int, device: torch.device, fold: bool) -> int:
     """DOT code: fp8 dots when both operands are MX and A is narrow (every value then is
-    E4M3 times a power of two) and the M tile stays below 64, bf16 dots otherwise; float32
+    E4M3 times a power of two) and the M tile stays below 32, bf16 dots otherwise; float32
     where the PTX decode cannot run (CPU interpreter, AMD).
 
-    From BM = 64 Triton uses Hopper's fp8 wgmma, whose accumulator keeps fewer bits: H100,
-    M = 64, fp32 output, max_rel_err 4.9e-5 (mxfp8 x mxfp8, K = 8192) against 1e-7 with the
-    mma.sync fp8 dots at BM = 16 (bench/results/h100_gpu_tests_block_dot_2026-11-22.log).
+    From BM = 32 Triton uses Hopper's fp8 wgmma (sm_90 SASS: QGMMA.64 at M = 17, a 32-row tile;
+    HMMA.16816 at a 16-row one), whose accumulator keeps fewer bits: H100, fp32 output,
+    max_rel_err 4.9e-5 at M = 64 (mxfp8 x mxfp8, K = 8192) and 4.6e-5 at M = 17 (N = 1088,
+    K = 2048) against 1e-7 with the mma.sync fp8 dots at BM = 16
+    (bench/results/h100_gpu_tests_block_dot_2026-11-22.log, h100_gpu_tests_mma_fp8_*_2026-11-23.log).
     `fold` (scales multiplied into the decoded operands) needs bf16: scaled values leave E4M3."""
     from .block_dot_mm import DOT_CODES
 
     if not _ptx_decodes(device):
         return DOT_CODES["float32"]
     both_mx = fa is not None and fa.scale_encoding == "e8m0" and fb.scale_encoding == "e8m0"
-    return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 64 and not fold else "bfloat16"]
+    return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 32 and not fold else "bfloat16"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -231,7 +233,7 @@ def scaled_mm(
     elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        options = _mma_options(config, m, n, isinstance(a, QTensor))
+        options = _mma_options(config, m, n, isinstance(a, QTensor), not b.fmt.is_packed)
         key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
         plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
         return _mma_run(key, plan, a, b, bias, out)
@@ -396,11 +398,11 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
     return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
 
 
-# The tensor-core decode kernel (mma_gemv.py): fp4 weights in the "mma_m16k16" layout, bf16,
+# The tensor-core decode kernel (mma_gemv.py): fp4 or fp8 weights in the "mma_m16k16" layout, bf16,
 # fp4 or fp8 activations (k_order data, any scale layout). Up to MMA_WARP_M (two column groups
 # of 8) `mma_gemv_kernel`, whose warps each take their own B; above it, up to MMA_MAX_M,
 # `mma_m64_kernel`: 8 warps of 16 rows each, one B window exchanged through shared memory.
-MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4")
+MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4", "bf16xmxfp8", "mxfp8xmxfp8")
 MMA_WARP_M = 16
 MMA_MAX_M = 64
 MMA_M64_PROGRAM_ROWS = 128  # weight rows per program of mma_m64_kernel (8 warps x 16)
@@ -459,6 +461,11 @@ MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
 MMA_AHEAD = 0
+# fp8 weights at 8 < M <= 16 (a window is twice the bytes of fp4's): split up to 8, no wave rule.
+# H100, M = 16, x cuBLAS bf16, default (wave rule, cap 16) / cap 8 / cap 4
+# (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
+# bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
+MMA_FP8_M16_MAX_SPLIT = 8
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -486,17 +493,17 @@ class MmaOptions(NamedTuple):
     ahead: int  # windows loaded ahead (AHEAD)
 
 
-def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
+def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0), "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
+    column groups; 2 needs N % 128 == 0; `fp8_weights` at M = 16: `MMA_FP8_M16_MAX_SPLIT`), "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
     0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
     if config is None:
-        return _default_mma_options(m, n, narrow)
+        return _default_mma_options(m, n, narrow, fp8_weights)
     if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead"}:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma' and "
                          f"'ahead', or None, got {config!r}")
@@ -515,6 +522,8 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
             raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
         default_split = MMA_MAX_SPLIT[col_groups, row_groups]
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
+        if fp8_weights and col_groups == 2:
+            default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
         shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
     max_split = int(config.get("max_split", default_split))
     if max_split < 1:
@@ -532,11 +541,11 @@ def _mma_options(config, m: int, n: int, narrow: bool) -> MmaOptions:
 
 
 @functools.lru_cache(maxsize=None)
-def _default_mma_options(m: int, n: int, narrow: bool) -> MmaOptions:
+def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> MmaOptions:
     """`_mma_options` without a config, once per shape: it runs on every call. With this and
     the flat `kernel_words`, the mma path of `scaled_mm` without the launch went from 146,837
     to 94,340 x86 instructions per call (callgrind, bf16 x nvfp4, M = 1, 2-core CPU machine)."""
-    return _mma_options({}, m, n, narrow)
+    return _mma_options({}, m, n, narrow, fp8_weights)
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
@@ -566,7 +575,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # AHEAD
     tail = ((split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead))
-    consts = (m, n, k, b.fmt.block_size, operand_codes(b.fmt)[1], act_elem, act_scale, block_a, a_layout, has_bias,
+    w_elem, w_scale = operand_codes(b.fmt)[:2]
+    consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:

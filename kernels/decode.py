@@ -162,40 +162,54 @@ def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[in
 
 
 # "mma_m16k16" weights (`blockscaled.layouts.mma`) -> mma.sync A fragments, exact.
-# Inputs $16-$19: a window's 4 words (one per mma step), $20: the 16-bit factor word
-# (R0 byte, R1 byte). Outputs $4s..$4s+3: step s's A registers (R0 j0/1, R1 j0/1, R0 j2/3,
-# R1 j2/3) as bf16x2 of code * scale * 2^-shift. 11 integer ops place the codes as
-# bf16(code * 2^-126) (register 0's bits are in place, 1 and 2 shift by 3 and 6, 3 takes
-# three shifts); one bf16x2 FMA with -0 (sm_80's exact multiply) per register applies the
-# row's factor f = scale * 2^(126 - shift), subnormals kept.
-def _mma_a_fragments(factor_shift: int, factor_bias: int) -> str:
+# Inputs $16-$19: a window's 4 words (one per mma step; int32 for E2M1, int64 for E4M3), $20:
+# the 16-bit factor word (R0 byte, R1 byte). Outputs $4s..$4s+3: step s's A registers (R0 j0/1,
+# R1 j0/1, R0 j2/3, R1 j2/3) as bf16x2 of element * scale * 2^-shift. Integer ops place the
+# codes as bf16(element * 2^-decode_shift): E2M1 11 per word of 8 (register 0's bits are in
+# place, 1 and 2 shift by 3 and 6, 3 takes three shifts), E4M3 6 per 32 bits of 4 (registers
+# 0 / 2 a mask, 1 / 3 two shifts, two masks and an or); one bf16x2 FMA with -0 (sm_80's exact
+# multiply) per register applies the row's factor f = scale * 2^(decode_shift - shift),
+# subnormals kept.
+def _a_registers_e2m1(word: str, r: list[str]) -> str:
+    return (f"and.b32 {r[0]}, {word}, 0x81C081C0; shl.b32 t, {word}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
+            f"shl.b32 t, {word}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {word}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
+            f"shr.b32 t, {word}, 5; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
+            f"shl.b32 t, {word}, 1; and.b32 t, t, 0x80008000; or.b32 {r[3]}, {r[3]}, t; ")
+
+
+def _a_registers_e4m3(word: str, r: list[str]) -> str:
+    return f"mov.b64 {{lo, hi}}, {word}; " + "".join(
+        f"and.b32 {r[2 * h]}, {half}, 0x87F087F0; shl.b32 t, {half}, 4; and.b32 t, t, 0x80F080F0; "
+        f"shr.b32 u, {half}, 4; and.b32 u, u, 0x07000700; or.b32 {r[2 * h + 1]}, t, u; "
+        for h, half in enumerate(("lo", "hi"))
+    )
+
+
+def _mma_a_fragments(element: int, factor_shift: int, factor_bias: int) -> str:
     def factor(reg: str, sel: str) -> str:
         add = f"add.u32 {reg}, {reg}, {factor_bias * 0x10001:#x}; " if factor_bias else ""
         return f"prmt.b32 {reg}, $20, 0, {sel}; shl.b32 {reg}, {reg}, {factor_shift}; " + add
 
+    place = _a_registers_e2m1 if element == ELEMENT_CODES["e2m1"] else _a_registers_e4m3
     steps = []
     for s in range(4):
-        q, r = f"${16 + s}", [f"r{4 * s + i}" for i in range(4)]
-        steps.append(
-            f"and.b32 {r[0]}, {q}, 0x81C081C0; shl.b32 t, {q}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
-            f"shl.b32 t, {q}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {q}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
-            f"shr.b32 t, {q}, 5; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
-            f"shl.b32 t, {q}, 1; and.b32 t, t, 0x80008000; or.b32 {r[3]}, {r[3]}, t; "
-            + "".join(f"fma.rn.bf16x2 {r[i]}, {r[i]}, {'f0' if i % 2 == 0 else 'f1'}, z; " for i in range(4))
-        )
+        r = [f"r{4 * s + i}" for i in range(4)]
+        steps.append(place(f"${16 + s}", r)
+                     + "".join(f"fma.rn.bf16x2 {r[i]}, {r[i]}, {'f0' if i % 2 == 0 else 'f1'}, z; " for i in range(4)))
     regs = ", ".join(f"r{i}" for i in range(16))
     return (
-        f"{{ .reg .b32 t, f0, f1, z, {regs}; mov.b32 z, 0x80008000; "
+        f"{{ .reg .b32 t, u, lo, hi, f0, f1, z, {regs}; mov.b32 z, 0x80008000; "
         + factor("f0", "0x4040") + factor("f1", "0x4141") + "".join(steps)
         + "".join(f"mov.b32 ${i}, r{i}; " for i in range(16)) + "}"
     )
 
 
-# by SCALE_CODES value: E8M0 factor bytes are the bf16 exponent field; E4M3 (nvfp4) ones a
-# 5-bit exponent over layouts.mma.NVFP4_BIAS and 3 mantissa bits
+# by (ELEMENT_CODES, SCALE_CODES) of the weights: E8M0 factor bytes are the bf16 exponent
+# field; E4M3 (nvfp4) ones a 5-bit exponent over layouts.mma.NVFP4_BIAS and 3 mantissa bits
 MMA_A_FRAGMENTS_PTX = {
-    SCALE_CODES["e8m0"]: _mma_a_fragments(7, 0),
-    SCALE_CODES["e4m3"]: _mma_a_fragments(4, NVFP4_BIAS << 7),
+    (ELEMENT_CODES["e2m1"], SCALE_CODES["e8m0"]): _mma_a_fragments(ELEMENT_CODES["e2m1"], 7, 0),
+    (ELEMENT_CODES["e2m1"], SCALE_CODES["e4m3"]): _mma_a_fragments(ELEMENT_CODES["e2m1"], 4, NVFP4_BIAS << 7),
+    (ELEMENT_CODES["e4m3"], SCALE_CODES["e8m0"]): _mma_a_fragments(ELEMENT_CODES["e4m3"], 7, 0),
 }
 # fp4 and fp8 activations -> mma.sync B fragments, exact. A lane's 16 K of a window (one
 # int64 of fp4 codes, two of fp8 bytes) are its B column's k pairs: step s takes K 4s, 4s+1

@@ -83,11 +83,13 @@ def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
     return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
 
 
-def a_fragments(loaded, ENCODING):
-    """The 16 bf16x2 A registers of a window from its `a_words`."""
+def a_fragments(loaded, W_ELEM, ENCODING):
+    """The 16 bf16x2 A registers of a window from its `a_words` (int32 words of E2M1, int64 of
+    E4M3)."""
+    kind = "r" if W_ELEM == ELEMENT_CODES["e2m1"] else "l"
     return hl.inline_asm_elementwise(
-        MMA_A_FRAGMENTS_PTX[ENCODING], ",".join(["=r"] * 16 + ["r"] * 5), list(loaded), dtype=(torch.int32,) * 16, is_pure=True,
-        pack=1,
+        MMA_A_FRAGMENTS_PTX[W_ELEM, ENCODING], ",".join(["=r"] * 16 + [kind] * 4 + ["r"]), list(loaded),
+        dtype=(torch.int32,) * 16, is_pure=True, pack=1,
     )
 
 
@@ -252,6 +254,7 @@ def mma_gemv_kernel(
     N: hl.constexpr,
     K: hl.constexpr,
     BLOCK: hl.constexpr,
+    W_ELEM: hl.constexpr,
     ENCODING: hl.constexpr,
     ACT_ELEM: hl.constexpr,
     ACT_SCALE: hl.constexpr,
@@ -266,8 +269,8 @@ def mma_gemv_kernel(
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
-    of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words and factor words
-    ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
+    of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words (ELEMENT_CODES value
+    W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
     program row) are zero before and after."""
     windows = K // 64
     steps = windows // SPLIT
@@ -316,12 +319,12 @@ def mma_gemv_kernel(
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
-            frags = a_fragments(loads_a0, ENCODING)
+            frags = a_fragments(loads_a0, W_ELEM, ENCODING)
             a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
             if COL_GROUPS == 2:
                 b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
             if ROW_GROUPS == 2:
-                frags = a_fragments(loads_a1, ENCODING)
+                frags = a_fragments(loads_a1, W_ELEM, ENCODING)
                 c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
                 if COL_GROUPS == 2:
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
@@ -427,6 +430,7 @@ def mma_m64_kernel(
     N: hl.constexpr,
     K: hl.constexpr,
     BLOCK: hl.constexpr,
+    W_ELEM: hl.constexpr,
     ENCODING: hl.constexpr,
     ACT_ELEM: hl.constexpr,
     ACT_SCALE: hl.constexpr,
@@ -486,7 +490,7 @@ def mma_m64_kernel(
                 BLOCK_A, A_LAYOUT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM, WGMMA)
-            frags = a_fragments([p5, p6, p7, p8, p9], ENCODING)
+            frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (

@@ -1,4 +1,4 @@
-"""Element-data layouts of packed fp4 (`blockscaled.layouts`): forward and exact inverse.
+"""Element-data layouts of packed fp4 (and fp8 for "mma_m16k16") (`blockscaled.layouts`): forward and exact inverse.
 
 - "k_order":     byte i of a row holds elements 2i (low nibble) and 2i+1 (high nibble):
                  the OCP / torch.float4_e2m1fn_x2 packing every kernel reads by default.
@@ -8,7 +8,8 @@
                  blocks with no interleave: the decode kernel's weight layout (Marlin-style
                  pre-arrangement of static weights, done once).
 - "mma_m16k16":  mma.sync A fragments with the bits placed for a bf16 decode, 16-row
-                 groups (`blockscaled.layouts.mma`): the tensor-core decode kernel's weights.
+                 groups (`blockscaled.layouts.mma`): the tensor-core decode kernel's weights,
+                 fp4 and (the one layout here that takes them) fp8.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ def check_data_layout(layout: str, k: int, block: int, packed: bool, rows: int =
     if layout not in DATA_LAYOUTS:
         raise ValueError(f"data_layout: expected one of {DATA_LAYOUTS}, got {layout!r}")
     if layout == "mma_m16k16":
-        if not packed:
-            raise ValueError("data_layout: 'mma_m16k16' applies to packed fp4 formats only")
         check_mma_shape(rows, k)
     if layout == "block_pairs":
         if not packed:

@@ -62,14 +62,18 @@ def block_dot_folded(pair, m):
 
 
 def decodes_every_byte(fmt, device, backend, data_layout="k_order"):
-    """Row r of fp4 weights repeats byte r; one-hot activations pick the low (even K) and
-    high (odd K) nibble of every byte at K positions of every word, register slot and lane
-    (both layouts): each output is one code times its scale, exact."""
+    """Row r of fp4 / fp8 weights repeats byte r ("mma_m16k16" fp8, which holds no NaN: 1.0 for
+    the NaN bytes); one-hot activations pick the low (even K) and high (odd K) nibble of
+    every fp4 byte, or the fp8 byte, at K positions of every word, register slot and lane:
+    each output is one code times its scale, exact."""
     f = bs.FORMATS[fmt]
     k = 4 * f.block_size
-    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
+    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, f.data_cols(k)).contiguous()
+    if not f.is_packed and data_layout == "mma_m16k16":
+        data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     scales = torch.full((256, k // f.block_size), 0.5, device=device).to(f.scale_dtype)
-    b = bs.QTensor(data, scales, fmt, global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
+    b = bs.QTensor(data.view(f.storage_dtype), scales, fmt,
+                   global_scale=torch.ones((), device=device) if fmt == "nvfp4" else None)
     b = b.with_data_layout(data_layout)
     for col in (0, 1, 2, 3, 5, 18, 39, k - 2, k - 1):
         a = torch.zeros(1, k, dtype=torch.bfloat16, device=device)
@@ -103,17 +107,18 @@ def raw_qtensor(data, scale_codes, fmt):
 
 
 def fp4_weights(data, scale_codes, fmt, data_layout):
-    """`raw_qtensor` of fp4 weights, stored in `data_layout`."""
+    """`raw_qtensor` of fp4 (or fp8) weights, stored in `data_layout`."""
     return raw_qtensor(data, scale_codes, fmt).with_data_layout(data_layout)
 
 
 def decodes_every_scale(fmt, device, backend, code_sets=(range(256),), data_layout="k_order"):
-    """Row r of fp4 weights holds code 1.0 everywhere and scale code r of a set in every
+    """Row r of fp4 / fp8 weights holds 1.0 everywhere and scale code r of a set in every
     block (default: all 256, NaN codes included); a one-hot activation picks one element:
     each output is that scale, exact (NaN where the scale is NaN)."""
     f = bs.FORMATS[fmt]
     k = 4 * f.block_size
-    data = torch.full((256, k // 2), 0x22, dtype=torch.uint8, device=device)  # E2M1 1.0 in both nibbles
+    one = 0x22 if f.is_packed else 0x38  # E2M1 1.0 in both nibbles, E4M3 1.0
+    data = torch.full((256, f.data_cols(k)), one, dtype=torch.uint8, device=device)
     for codes in code_sets:
         codes = torch.as_tensor(codes, dtype=torch.int32).to(torch.uint8).to(device).unsqueeze(1).expand(256, k // f.block_size)
         b = fp4_weights(data, codes, fmt, data_layout)
@@ -138,12 +143,17 @@ def assert_split_k_workspaces_zero():
 
 def mma_scale_code_sets(fmt):
     """Scale codes one "mma_m16k16" tensor can hold, 256 rows each: every finite
-    non-negative E4M3 code (zero and subnormals included) twice, or the E8M0 codes 2..128 and
-    128..254 (the bf16 factor holds a 2^126 span per tensor)."""
+    non-negative E4M3 code (zero and subnormals included) twice, or E8M0 codes over the lower
+    and the upper end of their range: 2..128 and 128..254 for fp4 elements (the bf16 factor
+    holds a 2^126 span per tensor), 10..134 and 130..254 for fp8 (2^124)."""
+    from blockscaled.layouts.mma import ELEMENTS
+
     r = torch.arange(256, dtype=torch.int32)
     if fmt == "nvfp4":
         return [torch.where((r & 0x7F) == 0x7F, 0x38, r & 0x7F)]
-    return [2 + r * 126 // 255, 128 + r * 126 // 255]
+    place = ELEMENTS[bs.FORMATS[fmt].element]
+    low, span = 1 - place.min_exp, 254 - place.decode_shift - (1 - place.min_exp)
+    return [low + r * span // 255, 254 - span + r * span // 255]
 
 
 def picking_weights(fmt, n, k, stride, device):

@@ -244,9 +244,10 @@ def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
     assert sass.serial_reads(chain) == 3  # R9 is used before the LDG, R11 (the LDG's second word) before the last
 
 
-def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():
-    """pad_m runs M = 1 as a whole config tile: a 64-row tile must not get fp8 dots (Hopper's
-    fp8 wgmma failed the fp32 bound), a 16-row one keeps them."""
+def test_h100_plan_takes_fp8_dots_only_below_a_32_row_m_tile():
+    """pad_m runs M = 1 as a whole config tile: 64- and 32-row tiles must not get fp8 dots
+    (Hopper's fp8 wgmma, which Triton takes from 32 rows, failed the fp32 bound), a 16-row one
+    keeps them."""
     from blockscaled.kernels import api, configs
     from blockscaled.kernels.block_dot_mm import DOT_CODES
 
@@ -254,7 +255,7 @@ def test_h100_plan_takes_fp8_dots_only_below_a_64_row_m_tile():
 
     _, _, a, b = cli.make_operands(("mxfp8", "mxfp4"), 1, 64, 256, "cpu", seed=0)
     a_op, b_op = api._parts(a, b.device), api._parts(b, b.device)
-    for bm, dot in ((64, "bfloat16"), (16, "float8_e4m3fn")):
+    for bm, dot in ((64, "bfloat16"), (32, "bfloat16"), (16, "float8_e4m3fn")):
         fields = configs.freeze_entry({"pad_m": True, "config": {"block_sizes": [bm, 64]}})
         with sass.planned_as_h100():
             plan = api._block_dot_plan("mxfp8xmxfp4", a_op, b_op, "k_order", False, 1, 64, 256, fields)

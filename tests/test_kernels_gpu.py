@@ -41,7 +41,7 @@ def test_8192_cubed(pair, gen):
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 16, 17, 64])
 def test_block_dot_pairs(pair, m, gen):
     """The small-M kernel with its PTX decodes: block_pairs fp4 weights, fp8 weights as is."""
     data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
@@ -103,7 +103,8 @@ def test_gemv_multiplies_every_code_pair(fmt):
     gemv_multiplies_every_code_pair(fmt, "cuda")
 
 
-MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")]
+MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
+             ("bf16", "mxfp8"), ("mxfp8", "mxfp8")]
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
@@ -168,7 +169,7 @@ def test_mma_layout_elsewhere(pair, m, gen):
 
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
 def test_mma_decodes_every_byte_and_scale(fmt):
     """Every code in every register slot and lane, and every scale code the layout holds
     (zero, negative and subnormal E4M3 scales; E8M0 codes over both halves of their range):
@@ -177,7 +178,7 @@ def test_mma_decodes_every_byte_and_scale(fmt):
     decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout="mma_m16k16")
 
 
-@pytest.mark.parametrize("pair", MMA_PAIRS[2:], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("pair", MMA_PAIRS[2:5], ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_decodes_every_activation_code_and_scale(pair):
     """Narrow activations' B decode: every code at every window position in both column
     groups, every scale code (NaN, negative, zero, subnormal E4M3; E8M0 2..255): exact."""

@@ -9,22 +9,25 @@ import torch
 
 import blockscaled as bs
 from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
-from blockscaled.layouts.mma import SLOTS
+from blockscaled.layouts.mma import ELEMENTS, SLOTS
 
 from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scale_code_sets, run_and_check
 
 U32 = 0xFFFFFFFF
 
 
-def ptx_registers(word: torch.Tensor) -> list[torch.Tensor]:
-    """The integer ops of `decode.MMA_A_FRAGMENTS_PTX` on uint32 words (int64 tensors):
-    the four bf16x2 bit patterns of code * 2^-126."""
-    return [
-        word & 0x81C081C0,
-        (word << 3) & 0x81C081C0 & U32,
-        (word << 6) & 0x81C081C0 & U32,
-        ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & 0x80008000 & U32),
-    ]
+def ptx_registers(word: torch.Tensor, element: str) -> list[torch.Tensor]:
+    """The integer ops of `decode.MMA_A_FRAGMENTS_PTX` on the layout's words (E2M1: uint32 in
+    int64 tensors, E4M3: int64): the four bf16x2 bit patterns of element * 2^-decode_shift."""
+    if element == "e2m1":
+        return [
+            word & 0x81C081C0,
+            (word << 3) & 0x81C081C0 & U32,
+            (word << 6) & 0x81C081C0 & U32,
+            ((word >> 4) & 0x00C000C0) | ((word >> 5) & 0x01000100) | ((word << 1) & 0x80008000 & U32),
+        ]
+    halves = (word & U32, (word >> 32) & U32)
+    return [r for h in halves for r in (h & 0x87F087F0, ((h << 4) & 0x80F080F0) | ((h >> 4) & 0x07000700))]
 
 
 def bf16_bits_value(bits: torch.Tensor) -> torch.Tensor:
@@ -42,8 +45,9 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     f = factor_value(factors.view(torch.uint8), b.fmt.scale_encoding)
     blocks = 64 // b.fmt.block_size
     f = f.double().reshape(n // 16, k // 64, blocks, 8, 2)
-    word = b.data.contiguous().view(torch.int32).to(torch.int64).reshape(n // 16, k // 64, 4, 32) & U32
-    regs = ptx_registers(word)
+    raw = b.data.contiguous().view(torch.uint8)
+    word = raw.view(torch.int32).to(torch.int64) & U32 if b.fmt.is_packed else raw.view(torch.int64)
+    regs = ptx_registers(word.reshape(n // 16, k // 64, 4, 32), b.fmt.element)
     w = torch.full((n, k), float("nan"), dtype=torch.float64)
     for gr in range(n // 16):
         for win in range(k // 64):
@@ -59,22 +63,28 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     return w
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
 def test_fragments_decode_to_the_reference(fmt, gen):
     """Every weight the kernel's decode gives equals the reference dequantization times
-    2^-shift, bit for bit (zero and subnormal nvfp4 scales included)."""
+    2^-shift, bit for bit (zero and subnormal nvfp4 scales included; fp8: every non-NaN
+    byte, subnormals included)."""
     w = torch.randn(32, 128, generator=gen) * torch.exp2(torch.randint(-6, 7, (32, 1), generator=gen))
-    q = bs.quantize(w, fmt)
+    q = bs.quantize(w * (2.0**10 if fmt == "mxfp8" else 1.0), fmt)
     scale = q.scale.view(torch.uint8).clone()
+    data = q.data.view(torch.uint8).clone()
     if fmt == "nvfp4":
         scale[0, :4] = torch.tensor([0x00, 0x80, 0x03, 0x05], dtype=torch.uint8)  # +0, -0, subnormals
-    q = bs.QTensor(q.data, scale.view(q.scale.dtype), fmt, global_scale=q.global_scale)
+    if fmt == "mxfp8":
+        every = torch.arange(256, dtype=torch.uint8)
+        data[:2] = torch.where(every & 0x7F == 0x7F, 0x00, every).reshape(2, 128)
+    q = bs.QTensor(data.view(q.data.dtype), scale.view(q.scale.dtype), fmt, global_scale=q.global_scale)
     b = q.with_data_layout("mma_m16k16")
     _, post = b.kernel_mma_factors
-    shift = 7 if fmt == "nvfp4" else max(0, int(q.scale.view(torch.uint8).max()) - 128)
-    assert shift > 0  # rows up to 2^6 reach E8M0 codes above 128
+    place = ELEMENTS[q.fmt.element]
+    shift = 7 if fmt == "nvfp4" else max(0, int(q.scale.view(torch.uint8).max()) + place.decode_shift - 254)
+    assert shift > 0  # rows up to 2^6 (2^16 for mxfp8) reach E8M0 codes above 128 (134)
     assert post.item() == 2.0**shift * (1.0 if q.global_scale is None else q.global_scale.item())
-    ref = bs.reference.codecs.decode_elements(q.data, "e2m1").double() * bs.reference.codecs.decode_scales(
+    ref = bs.reference.codecs.decode_elements(q.data, q.fmt.element).double() * bs.reference.codecs.decode_scales(
         q.scale_rowmajor(), q.fmt.scale_encoding).double().repeat_interleave(q.fmt.block_size, 1)
     torch.testing.assert_close(emulate_fragments(b), ref * 2.0**-shift, rtol=0, atol=0)
 
@@ -164,14 +174,23 @@ def test_register_slots_tile_the_word():
     assert bits == list(range(16))
 
 
-def test_round_trip(gen):
-    data = torch.randint(0, 256, (48, 96), generator=gen, dtype=torch.uint8)  # K = 192
-    arranged = arrange_mma_m16k16(data)
+def test_e4m3_positions_tile_the_word():
+    """The four registers' E4M3 code bits use each of the 64 bits of the word exactly once."""
+    bits = sorted(p for reg in ELEMENTS["e4m3"].positions for part in reg for p in part)
+    assert bits == list(range(64))
+
+
+@pytest.mark.parametrize("element", ["e2m1", "e4m3"])
+def test_round_trip(element, gen):
+    data = torch.randint(0, 256, (48, 96 if element == "e2m1" else 192), generator=gen, dtype=torch.uint8)  # K = 192
+    if element == "e4m3":
+        data = torch.where(data & 0x7F == 0x7F, 0x38, data)
+    arranged = arrange_mma_m16k16(data, element)
     assert arranged.shape == data.shape and not torch.equal(arranged, data)
-    assert torch.equal(unarrange_mma_m16k16(arranged), data)
+    assert torch.equal(unarrange_mma_m16k16(arranged, element), data)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
 def test_values_kept(fmt, gen):
     q = bs.quantize(torch.randn(64, 256, generator=gen), fmt)
     m = q.with_data_layout("mma_m16k16")
@@ -184,8 +203,16 @@ def test_bad_shapes_and_formats():
         bs.quantize(torch.randn(24, 128), "mxfp4", data_layout="mma_m16k16")
     with pytest.raises(ValueError, match="K % 64"):
         bs.quantize(torch.randn(32, 96), "mxfp4", data_layout="mma_m16k16")
-    with pytest.raises(ValueError, match="packed fp4"):
-        bs.quantize(torch.randn(32, 128), "mxfp8", data_layout="mma_m16k16")
+    with pytest.raises(ValueError, match="element: 'mma_m16k16' holds"):
+        arrange_mma_m16k16(torch.zeros(16, 64, dtype=torch.uint8), "bf16")
+
+
+def test_fp8_nan_elements_refused():
+    data = torch.full((16, 64), 0x38, dtype=torch.uint8)
+    data[7, 9] = 0xFF
+    codes = torch.full((16, 2), 127, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="NaN elements"):
+        fp4_weights(data, codes, "mxfp8", "mma_m16k16")
 
 
 @pytest.mark.parametrize("fmt,nan", [("mxfp4", 255), ("nvfp4", 0x7F)])
@@ -207,12 +234,19 @@ def test_negative_nvfp4_scales_refused():
         fp4_weights(data, codes, "nvfp4", "mma_m16k16")
 
 
-def test_mx_scale_span_refused():
-    data = torch.full((16, 32), 0x22, dtype=torch.uint8)
+@pytest.mark.parametrize("fmt,low", [("mxfp4", 74), ("mxfp8", 76)])
+def test_mx_scale_span_refused(fmt, low):
+    """Codes up to 200 take shift 72 (E2M1) or 66 (E4M3); below shift + 2 (0.5 the smallest
+    E2M1) or shift + 10 (2^-9 the smallest E4M3) the smallest element's product would leave
+    bf16's normal range, so the layout refuses them."""
+    one = 0x22 if fmt == "mxfp4" else 0x38
+    data = torch.full((16, 32 if fmt == "mxfp4" else 64), one, dtype=torch.uint8)
     codes = torch.full((16, 2), 200, dtype=torch.uint8)
-    codes[0, 0] = 70  # shift 72: codes below 74 would leave bf16's normal range
-    with pytest.raises(ValueError, match="E8M0 codes below 74"):
-        fp4_weights(data, codes, "mxfp4", "mma_m16k16")
+    codes[0, 0] = low - 1
+    with pytest.raises(ValueError, match=f"E8M0 codes below {low}"):
+        fp4_weights(data, codes, fmt, "mma_m16k16")
+    codes[0, 0] = low
+    fp4_weights(data, codes, fmt, "mma_m16k16")
 
 
 def test_mma_backend_needs_the_layout(gen):
@@ -223,15 +257,15 @@ def test_mma_backend_needs_the_layout(gen):
         bs.scaled_mm(a, b.with_data_layout("mma_m16k16"), backend="mma")
 
 
-@pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")],
-                         ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
+                                  ("bf16", "mxfp8"), ("mxfp8", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
 def test_other_kernels_read_the_k_order_copy(pair, gen):
     """On CPU (and for pairs or sizes the mma kernel does not run) "mma_m16k16" weights
     take the k_order path."""
     run_and_check(pair, 3, 64, 128, "cpu", gen, data_layout="mma_m16k16", bias=True)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
 def test_every_byte_and_scale_cpu(fmt):
     decodes_every_byte(fmt, "cpu", None, data_layout="mma_m16k16")
     decodes_every_scale(fmt, "cpu", None, mma_scale_code_sets(fmt), data_layout="mma_m16k16")
