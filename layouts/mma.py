@@ -1,4 +1,4 @@
-"""The "mma_m16k16" fp4 weight layout: mma.sync A fragments, ready to decode in registers.
+"""The "mma_m16k16" fp4 / fp8 weight layout: mma.sync A fragments, ready to decode in registers.
 
 `kernels/mma_gemv.py` multiplies fp4 weights on bf16 tensor cores (mma.sync m16n8k16) at
 decode sizes. Each thread of a warp holds the A fragment of one 16-row x 16-K tile in four

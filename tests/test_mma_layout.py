@@ -299,6 +299,9 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0)  # bf16 activations: one, B not shared
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
         assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0)
+        # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0)
+        assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
     assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0)
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
