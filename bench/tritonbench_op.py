@@ -99,11 +99,10 @@ class Operator(BenchmarkOperator):
 
     @register_benchmark()
     def blockscaled_mma(self, pair_name, x, w):
-        """fp4 weights arranged once as "mma_m16k16", the tensor-core decode kernel's layout
-        (bf16 x fp4 and fp4 x fp4 at M <= 64; other pairs and sizes read its k_order copy);
-        fp8 weights as they are."""
+        """fp4 and fp8 weights arranged once as "mma_m16k16", the tensor-core decode kernel's
+        layout (every pair at M <= 64; other sizes read its k_order copy)."""
         a, b = self._operands(pair_name, x, w)
-        if b.fmt.is_packed and mma.holds_shape(b.rows, b.K):
+        if b.fmt.element in mma.ELEMENTS and mma.holds_shape(b.rows, b.K):
             b = b.with_data_layout("mma_m16k16")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)

@@ -318,6 +318,10 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(op.blockscaled_pairs(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     torch.testing.assert_close(op.blockscaled_mma(*inputs[0])().float(), got.float(), rtol=0, atol=0)
+    fp8 = module.Operator(args, ["--pair", "bf16xmxfp8", "-M", "3", "--n", "32", "--k", "64"])  # fp8 weights arranged too
+    fp8_inputs = list(fp8.get_input_iter())
+    torch.testing.assert_close(fp8.blockscaled_mma(*fp8_inputs[0])().float(), fp8.blockscaled(*fp8_inputs[0])().float(),
+                               rtol=0, atol=0)
     assert op.flops("blockscaled", inputs[0], None) == 2 * 3 * 32 * 64
     metrics = types.SimpleNamespace(latency=1.0)  # ms
     fn = op.blockscaled(*inputs[0])
