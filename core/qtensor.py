@@ -31,7 +31,9 @@ class QTensor:
     """A block-scaled matrix of logical shape [rows, K] (weights follow nn.Linear: [N, K]).
 
     data:         fp4: uint8 [rows, K // 2], even-K element in the low nibble (view as
-                  torch.float4_e2m1fn_x2 freely); mxfp8: float8_e4m3fn [rows, K].
+                  torch.float4_e2m1fn_x2 freely); mxfp8: float8_e4m3fn [rows, K]; in
+                  k_order (above) unless `data_layout` says otherwise ("mma_m16k16" bytes
+                  are bit-placed codes, not values: read them with `data_k_order()`).
     scale:        float8_e8m0fnu (mx) or float8_e4m3fn (nvfp4), stored in `layout`.
     fmt:          the format descriptor (or its name).
     layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
