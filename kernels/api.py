@@ -497,7 +497,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0; `fp8_weights` at M = 16: `MMA_FP8_M16_MAX_SPLIT`), "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
+    column groups; 2 needs N % 128 == 0; fp8 weights at 8 < M <= 16: split cap
+    `MMA_FP8_M16_MAX_SPLIT`, no wave rule),
+    "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
     0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
