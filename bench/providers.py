@@ -53,7 +53,7 @@ def weight_layouts(b, k):
     weights = {"k_order": b}
     if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
         weights["block_pairs"] = b.with_data_layout("block_pairs")
-    if b.fmt.element in mma.ELEMENTS and mma.holds_shape(b.rows, k):
+    if mma.holds(b.fmt.element, b.rows, k):
         weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
     return weights
 

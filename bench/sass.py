@@ -175,7 +175,7 @@ def mma_kernel_code(args, a, b, variant):
     "mma_m16k16" QTensor, `variant` may set max_split, row_groups and shared_b; 32 weights per thread,
     row group and window."""
     with planned_as_h100():
-        options = api._mma_options(variant or None, args.M, args.N, isinstance(a, bs.QTensor), not b.fmt.is_packed)
+        options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     kernel = api.mma_kernel(args.M)

@@ -102,7 +102,7 @@ class Operator(BenchmarkOperator):
         """fp4 and fp8 weights arranged once as "mma_m16k16", the tensor-core decode kernel's
         layout (every pair at M <= 64; other sizes read its k_order copy)."""
         a, b = self._operands(pair_name, x, w)
-        if b.fmt.element in mma.ELEMENTS and mma.holds_shape(b.rows, b.K):
+        if mma.holds(b.fmt.element, b.rows, b.K):
             b = b.with_data_layout("mma_m16k16")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)

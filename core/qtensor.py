@@ -9,9 +9,8 @@ import torch
 
 from .formats import BlockFormat, get_format
 from blockscaled.layouts import (
-    arrange_mma_m16k16,
+    arrange_mma_codes,
     check_data_layout,
-    element_bytes,
     element_codes,
     factor_bytes,
     from_layout,
@@ -112,7 +111,7 @@ class QTensor:
         "mma_m16k16" data (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
         each); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
         if self.data_layout == "mma_m16k16":
-            return self.data.view(torch.int32 if self.fmt.is_packed else torch.int64).view(-1)
+            return self.data.view(torch.int32 if ELEMENTS[self.fmt.element].word_bits == 32 else torch.int64).view(-1)
         return self.data.view(torch.int32)
 
     @functools.cached_property
@@ -188,7 +187,7 @@ class QTensor:
             element = self.fmt.element
             codes = zero_scale_codes(element_codes(data, element), self.scale_rowmajor(), self.fmt.scale_encoding,
                                      self.fmt.block_size)
-            arranged = arrange_mma_m16k16(element_bytes(codes, element), element).view(self.fmt.storage_dtype)
+            arranged = arrange_mma_codes(codes, element).view(self.fmt.storage_dtype)
             arranged = replace(self, data=arranged, data_layout=data_layout)
             # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
             # keeps it) from the codes at hand rather than un-arranging the data again

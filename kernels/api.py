@@ -233,7 +233,7 @@ def scaled_mm(
     elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        options = _mma_options(config, m, n, isinstance(a, QTensor), not b.fmt.is_packed)
+        options = mma_options_for(config, a, b, m, n)
         key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
         plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
         return _mma_run(key, plan, a, b, bias, out)
@@ -540,6 +540,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
     return MmaOptions(max_split, 0 if "max_split" in config else programs_per_sm, row_groups, shared_b, wgmma, ahead)
+
+
+def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
+    """`_mma_options` for activation `a` [m, K] and "mma_m16k16" weights `b` [n, K] (what
+    `scaled_mm` runs)."""
+    return _mma_options(config, m, n, isinstance(a, QTensor), not b.fmt.is_packed)
 
 
 @functools.lru_cache(maxsize=None)

@@ -273,9 +273,10 @@ def mma_gemv_kernel(
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
-    of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f: the weights' words (ELEMENT_CODES value
-    W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32, one per
-    program row) are zero before and after."""
+    of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f:
+    the weights' words (ELEMENT_CODES value W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and
+    factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
+    one per program row) are zero before and after."""
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4

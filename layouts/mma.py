@@ -86,6 +86,11 @@ def holds_shape(rows: int, k: int) -> bool:
     return rows % GROUP_ROWS == 0 and k % WINDOW_K == 0
 
 
+def holds(element: str, rows: int, k: int) -> bool:
+    """Whether [rows, K] elements of this encoding can be stored "mma_m16k16"."""
+    return element in ELEMENTS and holds_shape(rows, k)
+
+
 def check_mma_shape(rows: int, k: int) -> None:
     if not holds_shape(rows, k):
         raise ValueError(
@@ -128,20 +133,25 @@ def arrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1") -> torch.Tenso
     """k_order bytes -> "mma_m16k16" uint8 bytes of the same shape: E2M1 [rows, K/2] or E4M3
     [rows, K] (any 1-byte dtype). Raises ValueError for E4M3 NaN codes (no bf16 holds them
     in place)."""
+    return arrange_mma_codes(element_codes(data, element), element)
+
+
+def arrange_mma_codes(codes: torch.Tensor, element: str) -> torch.Tensor:
+    """Codes [rows, K] (`element_codes`) -> "mma_m16k16" uint8 bytes [rows, K * code bits / 8]
+    (`arrange_mma_m16k16` without reading the codes out of k_order bytes)."""
     place = _placement(element)
-    codes = element_codes(data, element)
     rows, k = codes.shape
     check_mma_shape(rows, k)
     if place.code_bits == 8 and bool(((codes & 0x7F) == 0x7F).any()):
         raise ValueError("data: NaN elements (E4M3 0x7F / 0xFF) cannot be arranged as 'mma_m16k16'; keep k_order")
     frag = _fragments(codes)
-    word = torch.zeros(frag.shape[:5], dtype=torch.int64, device=data.device)
+    word = torch.zeros(frag.shape[:5], dtype=torch.int64, device=codes.device)
     for reg, (row_half, j0) in enumerate(_REGS):
         for part in range(2):
             code = frag[..., row_half, j0 + part]
             for bit, pos in enumerate(place.positions[reg][part]):
                 word |= ((code >> bit) & 1) << pos
-    return _word_bytes(word, place.word_bits).reshape(data.shape).contiguous()
+    return _word_bytes(word, place.word_bits).reshape(rows, k * place.code_bits // 8).contiguous()
 
 
 def unarrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1") -> torch.Tensor:
