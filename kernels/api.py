@@ -466,6 +466,22 @@ MMA_AHEAD = 0
 # (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
 # bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
 MMA_FP8_M16_MAX_SPLIT = 8
+# K split over the warps of a program (K_WARPS, `mma_gemv_kernel`) for bf16 activations at M = 1:
+# one launch with no global atomics or tickets. The split-K epilogue (relaxed adds, a CTA barrier,
+# the acq_rel ticket, the last program's reads) cost 0.7-3.6 us of 15-19 us at 8192^2
+# (bench/results/h100_probe_fixed_cost_83d66b2_2026-11-23.log: the same kernel without it).
+# H100, M = 1, one row group, x cuBLAS bf16, split-K default / k_warps 8 / 16, 10240 x 8192 /
+# 57344 x 8192 / 8192 x 28672 / 8192^2 (h100_mma_k_warps_m1{,b}_2026-11-23.log):
+# - bf16 x mxfp4 2.85 / 3.35 / 2.93, 3.24 / 3.63 / 3.64, 3.25 / 3.24 / 3.49, 2.73 / 2.86 / 3.04x
+# - bf16 x nvfp4 2.72 / 3.18 / 2.78, 3.18 / 3.53 / 3.59, 3.09 / 3.03 / 3.28, 2.61 / 2.74 / 2.94x
+# - bf16 x mxfp8 1.85 / 1.87 / 1.83, 2.00 / 2.06 / 2.09, 1.95 / 1.73 / 1.98, 1.78 / 1.67 / 1.84x
+# 16 warps lose where their programs (4 per SM at <= 32 registers) make 1.2 waves (10240 x 8192),
+# 8 warps where theirs fill half of one (8192 x 28672). So: the first of MMA_K_WARPS whose
+# programs fill 0.5 to 1 wave or make >= 3 waves, else split-K (`_mma_k_warps`). Not taken:
+# fp4 / fp8 activations (each warp decodes its own B: nvfp4 x nvfp4 at 2.48-3.18x
+# default against 2.14-3.10x) and M = 16 (B read once per warp: 0.88-3.04x against 2.12-3.11x,
+# h100_mma_k_warps_m16_2026-11-23.log).
+MMA_K_WARPS = (16, 8)
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -491,6 +507,7 @@ class MmaOptions(NamedTuple):
     shared_b: bool  # the program's threads decode B once and share it through shared memory
     wgmma: bool  # M > MMA_WARP_M: wgmma where the device has it (else mma.sync)
     ahead: int  # windows loaded ahead (AHEAD)
+    k_warps: int  # warps splitting K inside a program (K_WARPS; > 1: split 1, no shared B)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -499,17 +516,27 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
     column groups; 2 needs N % 128 == 0; fp8 weights at 8 < M <= 16: split cap
     `MMA_FP8_M16_MAX_SPLIT`, no wave rule),
-    "shared_b": bool (default `MMA_SHARED_B`) and "ahead":
-    0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD).
+    "shared_b": bool (default `MMA_SHARED_B`), "ahead":
+    0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD) and
+    "k_warps": 1, 2, 4, 8 or 16 (> 1: a program is that many warps on one row group (two with
+    row_groups 2), each over its share of K, summed in shared memory: no split-K across
+    programs, so no "max_split", and no shared B).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead"}:
-        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma' and "
-                         f"'ahead', or None, got {config!r}")
+    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps"}:
+        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
+                         f"'ahead' and 'k_warps', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
+    auto = m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}
+    k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` once K is known
+    if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
+        raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
+    if k_warps > 1 and (wide_m or "max_split" in config or config.get("shared_b") or config.get("ahead")):
+        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' (split 1), shared_b or "
+                         f"ahead, got {config!r} at M = {m}")
     if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
@@ -526,8 +553,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
         if fp8_weights and col_groups == 2:
             default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
-        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
-    max_split = int(config.get("max_split", default_split))
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups] and k_warps == 1)
+    max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
     wgmma = config.get("wgmma", wide_m)
@@ -539,7 +566,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if type(ahead) is not int or not low <= ahead <= high:
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
-    return MmaOptions(max_split, 0 if "max_split" in config else programs_per_sm, row_groups, shared_b, wgmma, ahead)
+    return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
+                      wgmma, ahead, k_warps)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -572,17 +600,32 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
     return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
 
 
+def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
+    """K_WARPS by `MMA_K_WARPS`: the first that divides the windows and whose `programs` (64 // k_warps
+    resident per SM: <= 32 registers, `tests/test_bench.py`) fill 0.5 to 1 wave or make >= 3; else 1."""
+    for k_warps in MMA_K_WARPS:
+        waves = programs / (64 // k_warps * _sm_count(device))
+        if windows % k_warps == 0 and (0.5 <= waves <= 1 or waves >= 3):
+            return k_warps
+    return 1
+
+
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps)."""
     wide_m = m > MMA_WARP_M
-    row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 64 * options.row_groups)
+    if not options.k_warps:
+        options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
+    if (k // 64) % options.k_warps:
+        raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
+    row_warps = 4 if options.k_warps == 1 else 1
+    row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
     split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
-    # AHEAD
+    # AHEAD, K_WARPS
     tail = ((split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m
-            else (options.row_groups, split, options.shared_b, options.ahead))
+            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
@@ -590,7 +633,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else 4, num_stages=1)
+    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1)
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 

@@ -352,6 +352,37 @@ def _shared_b_exchange(col_groups: int, wide: bool) -> str:
     )
 
 
+# K split over the warps of a program (`mma_gemv_kernel` with K_WARPS > 1): each warp holds
+# partial sums of the same rows over its own K; warps 1 .. K_WARPS - 1 write theirs into shared
+# memory (value j of warp w at word 32 ((w - 1) n + j) + lane: a warp's 32 stores hit 32 banks),
+# one CTA barrier, and warp 0 adds them to its own. No global atomics, no ticket, one launch.
+def _k_warp_sum(values: int, k_warps: int) -> str:
+    """Outputs $0 .. $(n - 1): inputs $n .. $(2n - 1) (fp32) summed over the K_WARPS warps of
+    the program, valid in warp 0 (the other warps get their own values back)."""
+    n, stride = values, 128 * values  # bytes between two warps' slices
+    writes = "".join(f"@p st.shared.f32 [w+{128 * j}], ${n + j}; " for j in range(n))
+    adds = "".join(
+        f"@!p ld.shared.f32 v, [a+{stride * (s - 1) + 128 * j}]; @!p add.f32 s{j}, s{j}, v; "
+        for s in range(1, k_warps) for j in range(n)
+    )
+    return (
+        f"{{ .shared .align 16 .b8 kr[{(k_warps - 1) * stride}]; .reg .b32 t, a, w; .reg .pred p; "
+        f".reg .f32 v, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, 5; setp.ne.u32 p, w, 0; "
+        f"and.b32 t, t, 31; mov.u32 a, kr; mad.lo.u32 a, t, 4, a; "
+        # warp w > 0 writes at a + (w - 1) * stride
+        f"mad.lo.u32 w, w, {stride}, a; sub.u32 w, w, {stride}; "
+        + writes + "bar.sync 0; "
+        + "".join(f"mov.b32 s{j}, ${n + j}; " for j in range(n))
+        + adds
+        + "".join(f"mov.b32 ${j}, s{j}; " for j in range(n))
+        + "}"
+    )
+
+
+# by (values per thread: `mma_gemv.output_slots`, warps)
+MMA_K_WARP_SUM_PTX = {(n, w): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)}
+
+
 # by (column groups, bf16 activation)
 MMA_SHARED_B_PTX = {(c, wide): _shared_b_exchange(c, wide) for c in (1, 2) for wide in (False, True)}
 

@@ -33,7 +33,10 @@ before window w's barrier (72-77 registers at M = 16 instead of 56-61).
 
 Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
 into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
-stores. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv,
+stores. With K_WARPS > 1 the split is inside the program instead: K_WARPS warps on the same
+16 * ROW_GROUPS rows, each over its K_WARPS-th of K, summed through shared memory
+(`decode.MMA_K_WARP_SUM_PTX`): no workspace, atomics or ticket. The split-K epilogue cost 0.7-3.6 us
+of 15-19 us at N = K = 8192, M = 1 (H100); bf16 activations at M = 1 take K_WARPS 8 or 16 by default. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv,
 2026-11-23, 3ff6825), x cuBLAS bf16: M = 1 2.45x-3.41x, M = 16 2.11x-3.12x.
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
@@ -52,8 +55,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_M64_EXCHANGE_PTX,
-                     MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
+from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
+                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
                      WGMMA_STEPS_PTX, mma_b_factor)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
@@ -214,11 +217,27 @@ def output_slots(M, ROW_GROUPS, COL_GROUPS):
     return [(r, c, i) for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4) if 8 * c + (i & 1) < M]
 
 
-def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
-    """SPLIT == 1: the accumulators into `out`."""
+def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, owner=None):
+    """SPLIT == 1: the accumulators into `out` (only threads where `owner` is true, if given)."""
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N)
-        store_out(out, bias, index, valid, sums[r][c][i] * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
+
+
+def k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, K_WARPS):
+    """`sums` with every output slot summed over the program's K_WARPS warps, in warp 0
+    (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
+    slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
+    n = len(slots)
+    # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
+    totals = hl.inline_asm_elementwise(
+        MMA_K_WARP_SUM_PTX[n, K_WARPS], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
+        dtype=(torch.float32,) * n, is_pure=True, pack=1,
+    )
+    summed = [[list(col) for col in row] for row in sums]
+    for (r, c, i), total in zip(slots, totals if n > 1 else (totals,), strict=True):
+        summed[r][c][i] = total
+    return summed
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
@@ -270,32 +289,36 @@ def mma_gemv_kernel(
     SPLIT: hl.constexpr,
     SHARED_B: hl.constexpr,
     AHEAD: hl.constexpr,
+    K_WARPS: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
     of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f:
     the weights' words (ELEMENT_CODES value W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and
     factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
-    one per program row) are zero before and after."""
+    one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1, no shared B): a
+    program is K_WARPS warps on the same 16 ROW_GROUPS rows, each over its own K_WARPS-th of K,
+    summed through shared memory at the end (`k_warp_sums`) instead of 4 warps on 4 row groups."""
+    row_warps = 4 if K_WARPS == 1 else 1
     windows = K // 64
-    steps = windows // SPLIT
+    steps = windows // (SPLIT * K_WARPS)
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // (64 * ROW_GROUPS), SPLIT], block_size=[1, 1]):
-        tid = thread_ids()
+    for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
+        tid = thread_ids(32 * row_warps * K_WARPS)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS  # the warp's first row group
+        gr = (tile_p.begin * row_warps + (tid >> 5) % row_warps) * ROW_GROUPS  # the warp's first row group
         # B column g of column group c is activation row 8c + g (the last row past M)
         row_0 = torch.where(g < M, g, M - 1)
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)
         # accumulators (Helion carries tensors, not tuples, through loops): a row group 0 x
         # column group 0, b 0 x 1, c 1 x 0, d 1 x 1
-        a0, a1, a2, a3 = zero_sums()
-        b0, b1, b2, b3 = zero_sums()
-        c0, c1, c2, c3 = zero_sums()
-        d0, d1, d2, d3 = zero_sums()
-        first = part.begin * steps
+        a0, a1, a2, a3 = zero_sums(32 * row_warps * K_WARPS)
+        b0, b1, b2, b3 = zero_sums(32 * row_warps * K_WARPS)
+        c0, c1, c2, c3 = zero_sums(32 * row_warps * K_WARPS)
+        d0, d1, d2, d3 = zero_sums(32 * row_warps * K_WARPS)
+        first = (part.begin * K_WARPS + (tid >> 5) // row_warps) * steps  # the warp's first window
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -336,7 +359,10 @@ def mma_gemv_kernel(
         x_scale = x_post[0]
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
-        if SPLIT == 1:
+        if K_WARPS > 1:
+            store_groups(out, bias, k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, K_WARPS), gr, q, g, scale, M, N,
+                         HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32)
+        elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:
             add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS)

@@ -210,6 +210,24 @@ def test_mma_registers_fit_the_wave_rule(capfd, narrow, col_groups, row_groups):
         assert_programs_fit(pair, counts, MMA_PROGRAMS_PER_SM[narrow, col_groups, row_groups], warps=4)
 
 
+def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
+    """`api._mma_k_warps` counts 64 // k_warps resident programs per SM (<= 32 registers): true
+    for the sm_90 registers and shared memory of every bf16-activation pair at M = 1, N = K =
+    8192, with every k_warps of `MMA_K_WARPS`."""
+    from blockscaled.kernels.api import MMA_K_WARPS
+
+    from bench import sass
+
+    formats = mma_formats(False)
+    argv = ["--backend", "mma", "--format", *formats, "-M", "1", "-N", "8192", "-K", "8192",
+            "--variants", json.dumps([{"k_warps": k} for k in MMA_K_WARPS])]
+    assert sass.main(argv) == 0
+    out = capfd.readouterr().out
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
+        for k_warps, counts in zip(MMA_K_WARPS, sass_rows(out, pair), strict=True):
+            assert_programs_fit(pair, counts, 64 // k_warps, warps=k_warps)
+
+
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
 def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192,

@@ -133,6 +133,23 @@ def test_mma_pairs(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_mma_k_warps(pair, m, gen):
+    """K split over the warps of a program (k_warps > 1, summed in shared memory): 2 to 16
+    warps, one and two row groups, one window per warp (K = 64 k_warps), bias and bf16 / fp16
+    out. No workspace is touched."""
+    for k_warps, row_groups in itertools.product((2, 4, 16), (1, 2)):
+        config = {"k_warps": k_warps, "row_groups": row_groups}
+        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
+        run_and_check(pair, m, 256, 64 * k_warps, "cuda", gen, data_layout="mma_m16k16", config=config)
+    run_and_check(pair, m, 128, 1024, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"k_warps": 8})
+    run_and_check(pair, m, 1024, 1536, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True,
+                  config={"k_warps": 8, "row_groups": 1})
+    assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [17, 40, 64])
 def test_mma_m64_pairs(pair, m, gen):
     """16 < M <= 64 (mma_m64_kernel: 8 warps of 16 rows, one B window per program exchanged

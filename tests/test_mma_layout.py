@@ -292,21 +292,22 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
-    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0)  # N % 128 != 0: one, the wave rule
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0)  # bf16 activations: one, B not shared
+    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1)  # N % 128 != 0: one, the wave rule
+    # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 1)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 1)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 1)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD, 1)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -326,6 +327,119 @@ def test_split_fills_the_last_wave(monkeypatch):
     # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
     m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 8, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
+
+
+def test_k_warps_options(monkeypatch):
+    """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
+    where their programs (4 per SM, 132 SMs) fill 0.5-1 wave or make >= 3, else 8, else split-K;
+    given, it excludes max_split, shared B and ahead, and must divide the windows."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (1024, 1984)]
+    # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
+    assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
+        (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, False, False, 0, 8)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4)
+    for narrow in (True, False):  # not by default: fp4 / fp8 activations, M > 1, a split or shared B asked for
+        assert api._mma_options(None, 1, 8192, True).k_warps == 1
+        assert api._mma_options(None, 3, 8192, narrow).k_warps == 1
+        assert api._mma_options(None, 16, 8192, narrow).k_warps == 1
+    assert api._mma_options({"max_split": 16}, 1, 8192, False).k_warps == 1
+    assert api._mma_options({"shared_b": True}, 1, 8192, False).k_warps == 1
+    assert api._mma_options({"row_groups": 2}, 1, 8192, False).k_warps == 0
+    for bad in (3, 32, 0, True, 2.0):
+        with pytest.raises(ValueError, match="k_warps must be 1, 2, 4, 8 or 16"):
+            api._mma_options({"k_warps": bad}, 1, 8192, False)
+    for bad, m in (({"k_warps": 4, "max_split": 4}, 1), ({"k_warps": 4, "shared_b": True}, 16),
+                   ({"k_warps": 4, "ahead": 1}, 16), ({"k_warps": 4}, 17)):
+        with pytest.raises(ValueError, match="k_warps > 1 runs at M <= 16 without 'max_split'"):
+            api._mma_options(bad, m, 8192, True)
+    a, b = torch.randn(1, 1984).to(torch.bfloat16), bs.quantize(torch.randn(64, 1984), "mxfp4").with_data_layout("mma_m16k16")
+    with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
+        api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
+    plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
+    assert plan.consts[-1] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+
+
+@pytest.mark.parametrize("values,k_warps", [(2, 2), (4, 16), (6, 4), (16, 16), (12, 8)])
+def test_k_warp_sum_adds_every_warp(values, k_warps, gen):
+    """`decode.MMA_K_WARP_SUM_PTX`, run for the 32 k_warps threads of a program (a small
+    interpreter of the instructions it uses, fp32 adds rounded as the GPU's): warp 0's lane l
+    gets value j of lane l summed over the warps, in warp order; the other warps keep their own;
+    every shared access is aligned and inside the declared buffer, and nothing is read that was
+    not written."""
+    import struct
+
+    from blockscaled.kernels.decode import MMA_K_WARP_SUM_PTX
+
+    def f32(x):
+        return struct.unpack("f", struct.pack("f", x))[0]
+
+    body = MMA_K_WARP_SUM_PTX[values, k_warps].strip()[1:-1]
+    size = int(re.search(r"\.shared \.align 16 \.b8 kr\[(\d+)\];", body).group(1))
+    code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
+    barrier = code.index("bar.sync 0")
+    threads = 32 * k_warps
+    inputs = [[f32(x) for x in row] for row in torch.randn(threads, values, generator=gen).tolist()]
+    memory, outputs = {}, [[None] * values for _ in range(threads)]
+    alu = {"shr.u32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "sub.u32": lambda x, y: (x - y) & U32}
+
+    def run(tid, lines, regs):
+        def val(operand):
+            if operand.startswith("$"):
+                return inputs[tid][int(operand[1:]) - values]
+            return regs[operand] if operand in regs else int(operand, 0)
+
+        for line in lines:
+            guard, line = re.match(r"(@!?p )?(.*)", line).groups()
+            if guard and (guard == "@p ") != regs["p"]:
+                continue
+            op, args = line.split(None, 1)
+            if op in ("st.shared.f32", "ld.shared.f32"):
+                base, offset = re.search(r"\[(\w+)\+(\d+)\]", args).groups()
+                addr = regs[base] + int(offset)
+                assert addr % 4 == 0 and 0 <= addr < size, (op, addr)
+                if op.startswith("st"):
+                    memory[addr] = val(args.split(", ")[1])
+                else:
+                    assert addr in memory, addr
+                    regs[args.split(",")[0]] = memory[addr]
+                continue
+            dst, *srcs = args.split(", ")
+            if op == "mov.u32":
+                regs[dst] = tid if srcs[0] == "%tid.x" else 0  # the buffer's address: 0
+            elif op == "mov.b32" and dst.startswith("$"):
+                outputs[tid][int(dst[1:])] = regs[srcs[0]]
+            elif op == "mov.b32":
+                regs[dst] = val(srcs[0])
+            elif op == "setp.ne.u32":
+                regs[dst] = val(srcs[0]) != val(srcs[1])
+            elif op == "mad.lo.u32":
+                regs[dst] = (val(srcs[0]) * val(srcs[1]) + val(srcs[2])) & U32
+            elif op == "add.f32":
+                regs[dst] = f32(val(srcs[0]) + val(srcs[1]))
+            else:
+                regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
+        return regs
+
+    regs = [run(t, code[:barrier], {}) for t in range(threads)]  # every store first
+    for t in range(threads):
+        run(t, code[barrier + 1:], regs[t])
+    assert len(memory) * 4 == size  # warps 1 .. k_warps - 1 write every word once
+    for t in range(threads):
+        if t < 32:
+            expected = []
+            for j in range(values):
+                total = inputs[t][j]
+                for w in range(1, k_warps):
+                    total = f32(total + inputs[32 * w + t][j])
+                expected.append(total)
+            assert outputs[t] == expected, t
+        else:
+            assert outputs[t] == inputs[t], t
 
 
 def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = ()):
