@@ -620,7 +620,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     row_warps = 4 if options.k_warps == 1 else 1
     row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
-    split = _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm, b.device)
+    split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
+                                                     b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
     # AHEAD, K_WARPS

@@ -362,6 +362,11 @@ def test_k_warps_options(monkeypatch):
         api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
     plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
     assert plan.consts[-1] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+    # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
+    b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
+    monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
+    plan = api._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, api._mma_options(None, 1, 8192, False))
+    assert (plan.consts[-1], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
 
 
 @pytest.mark.parametrize("values,k_warps", [(2, 2), (4, 16), (6, 4), (16, 16), (12, 8)])
