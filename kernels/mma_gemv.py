@@ -36,8 +36,10 @@ into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, a
 stores. With K_WARPS > 1 the split is inside the program instead: K_WARPS warps on the same
 16 * ROW_GROUPS rows, each over its K_WARPS-th of K, summed through shared memory
 (`decode.MMA_K_WARP_SUM_PTX`): no workspace, atomics or ticket. The split-K epilogue cost 0.7-3.6 us
-of 15-19 us at N = K = 8192, M = 1 (H100); bf16 activations at M = 1 take K_WARPS 8 or 16 by default. H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv,
-2026-11-23, 3ff6825), x cuBLAS bf16: M = 1 2.45x-3.41x, M = 16 2.11x-3.12x.
+of 15-19 us at N = K = 8192, M = 1 (H100); bf16 activations at M = 1 take K_WARPS 8 or 16 by default.
+H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 2026-11-23), x cuBLAS
+bf16: M = 1 2.45x-3.41x (3ff6825), bf16 activations 2.96x-3.65x with K_WARPS (0f702e6); M = 16
+2.11x-3.12x (3ff6825).
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
