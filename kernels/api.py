@@ -613,7 +613,9 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
-    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps)."""
+    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
+    (`_mma_k_warps` where the options leave it 0) one program of k_warps warps per 16 * row_groups
+    rows and no split."""
     wide_m = m > MMA_WARP_M
     if not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))

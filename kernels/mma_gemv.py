@@ -61,9 +61,9 @@ from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
                      WGMMA_STEPS_PTX, mma_b_factor)
 
-# One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows
-# (written as literals in the kernel and its helpers: Helion passes module constants as
-# extra arguments).
+# One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows, or
+# with K_WARPS > 1 K_WARPS warps on 16 or 32 rows (written as literals in the kernel and its
+# helpers: Helion passes module constants as extra arguments).
 
 
 def thread_ids(threads=128):
@@ -310,7 +310,14 @@ def mma_gemv_kernel(
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = (tile_p.begin * row_warps + (tid >> 5) % row_warps) * ROW_GROUPS  # the warp's first row group
+        if K_WARPS == 1:  # the warp's first row group, and the program's first window
+            gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS
+            first = part.begin * steps
+        else:  # one row group (pair) per program; warp w from window w * steps, a per-thread value,
+            # so only here (for K_WARPS 1 too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and
+            # bf16 x mxfp4 a second load round trip: tests/test_bench.py)
+            gr = tile_p.begin * ROW_GROUPS
+            first = (part.begin * K_WARPS + (tid >> 5)) * steps
         # B column g of column group c is activation row 8c + g (the last row past M)
         row_0 = torch.where(g < M, g, M - 1)
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)
@@ -320,7 +327,6 @@ def mma_gemv_kernel(
         b0, b1, b2, b3 = zero_sums(32 * row_warps * K_WARPS)
         c0, c1, c2, c3 = zero_sums(32 * row_warps * K_WARPS)
         d0, d1, d2, d3 = zero_sums(32 * row_warps * K_WARPS)
-        first = (part.begin * K_WARPS + (tid >> 5) // row_warps) * steps  # the warp's first window
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
