@@ -472,7 +472,9 @@ MMA_FP8_M16_MAX_SPLIT = 8
 # the acq_rel ticket, the last program's reads) cost 0.7-3.6 us of 15-19 us at 8192^2
 # (bench/results/h100_probe_fixed_cost_83d66b2_2026-11-23.log: the same kernel without it).
 # H100, M = 1, one row group, x cuBLAS bf16, split-K default / k_warps 8 / 16, 10240 x 8192 /
-# 57344 x 8192 / 8192 x 28672 / 8192^2 (h100_mma_k_warps_m1{,b}_2026-11-23.log):
+# 57344 x 8192 / 8192 x 28672 / 8192^2 (h100_mma_k_warps_m1{,b}_2026-11-23.log; the split-K column
+# ran a loop 526ff11 had slowed, bench/DECODE_NOTES.md: at 3ff6825 bf16 x mxfp4 read 2.98 / 3.24 /
+# 3.40 / 2.90x):
 # - bf16 x mxfp4 2.85 / 3.35 / 2.93, 3.24 / 3.63 / 3.64, 3.25 / 3.24 / 3.49, 2.73 / 2.86 / 3.04x
 # - bf16 x nvfp4 2.72 / 3.18 / 2.78, 3.18 / 3.53 / 3.59, 3.09 / 3.03 / 3.28, 2.61 / 2.74 / 2.94x
 # - bf16 x mxfp8 1.85 / 1.87 / 1.83, 2.00 / 2.06 / 2.09, 1.95 / 1.73 / 1.98, 1.78 / 1.67 / 1.84x
