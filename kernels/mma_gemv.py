@@ -66,6 +66,11 @@ from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B
 # helpers: Helion passes module constants as extra arguments).
 
 
+def program_row_warps(K_WARPS):
+    """Warps of a program on different row groups: 4, or 1 when K_WARPS > 1 warps split K."""
+    return 4 if K_WARPS == 1 else 1
+
+
 def thread_ids(threads=128):
     """%tid.x of each thread, as a [threads] tensor holding one value per thread."""
     return hl.inline_asm_elementwise(
@@ -237,7 +242,7 @@ def k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, K_WARPS):
         dtype=(torch.float32,) * n, is_pure=True, pack=1,
     )
     summed = [[list(col) for col in row] for row in sums]
-    for (r, c, i), total in zip(slots, totals if n > 1 else (totals,), strict=True):
+    for (r, c, i), total in zip(slots, totals, strict=True):  # n >= 2: a tuple
         summed[r][c][i] = total
     return summed
 
@@ -301,12 +306,12 @@ def mma_gemv_kernel(
     one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1, no shared B): a
     program is K_WARPS warps on the same 16 ROW_GROUPS rows, each over its own K_WARPS-th of K,
     summed through shared memory at the end (`k_warp_sums`) instead of 4 warps on 4 row groups."""
-    row_warps = 4 if K_WARPS == 1 else 1
+    threads = 32 * program_row_warps(K_WARPS) * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
-        tid = thread_ids(32 * row_warps * K_WARPS)
+    for tile_p, part in hl.tile([N // (16 * program_row_warps(K_WARPS) * ROW_GROUPS), SPLIT], block_size=[1, 1]):
+        tid = thread_ids(threads)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
@@ -323,10 +328,10 @@ def mma_gemv_kernel(
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)
         # accumulators (Helion carries tensors, not tuples, through loops): a row group 0 x
         # column group 0, b 0 x 1, c 1 x 0, d 1 x 1
-        a0, a1, a2, a3 = zero_sums(32 * row_warps * K_WARPS)
-        b0, b1, b2, b3 = zero_sums(32 * row_warps * K_WARPS)
-        c0, c1, c2, c3 = zero_sums(32 * row_warps * K_WARPS)
-        d0, d1, d2, d3 = zero_sums(32 * row_warps * K_WARPS)
+        a0, a1, a2, a3 = zero_sums(threads)
+        b0, b1, b2, b3 = zero_sums(threads)
+        c0, c1, c2, c3 = zero_sums(threads)
+        d0, d1, d2, d3 = zero_sums(threads)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
