@@ -137,7 +137,7 @@ def test_mma_pairs(pair, m, gen):
 def test_mma_k_warps(pair, m, gen):
     """K split over the warps of a program (k_warps > 1, summed in shared memory): 2 to 16
     warps, one and two row groups, one window per warp (K = 64 k_warps), bias and bf16 / fp16
-    out. No workspace is touched."""
+    out (that such plans take no split-K workspace is checked on the CPU, test_k_warps_options)."""
     for k_warps, row_groups in itertools.product((2, 4, 16), (1, 2)):
         config = {"k_warps": k_warps, "row_groups": row_groups}
         run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
