@@ -510,7 +510,7 @@ class MmaOptions(NamedTuple):
     shared_b: bool  # the program's threads decode B once and share it through shared memory
     wgmma: bool  # M > MMA_WARP_M: wgmma where the device has it (else mma.sync)
     ahead: int  # windows loaded ahead (AHEAD)
-    k_warps: int  # warps splitting K inside a program (K_WARPS; > 1: split 1, no shared B)
+    k_warps: int  # warps (K slices of 4 warps with shared B) splitting K inside a program (K_WARPS; > 1: split 1)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -522,8 +522,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "shared_b": bool (default `MMA_SHARED_B`), "ahead":
     0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD) and
     "k_warps": 1, 2, 4, 8 or 16 (> 1: a program is that many warps on one row group (two with
-    row_groups 2), each over its share of K, summed in shared memory: no split-K across
-    programs, so no "max_split", and no shared B).
+    row_groups 2), or with shared B that many K slices of 4 warps on 4 row groups (pairs), up to 8,
+    each over its share of K, summed in shared memory: no split-K across programs, so no
+    "max_split").
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
@@ -537,9 +538,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
-    if k_warps > 1 and (wide_m or "max_split" in config or config.get("shared_b") or config.get("ahead")):
-        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' (split 1), shared_b or "
-                         f"ahead, got {config!r} at M = {m}")
+    if k_warps > 1 and (wide_m or "max_split" in config):
+        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' (split 1), got {config!r} "
+                         f"at M = {m}")
     if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
@@ -556,7 +557,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
         if fp8_weights and col_groups == 2:
             default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
-        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups] and k_warps == 1)
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
@@ -569,6 +570,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if type(ahead) is not int or not low <= ahead <= high:
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
+    if shared_b is True and k_warps > 8 and not wide_m:
+        raise ValueError(f"config: k_warps with shared_b is at most 8 (slices of 4 warps, 32 in all), got {config!r}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps)
 
@@ -617,7 +620,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     (`_mma_k_warps` where the options leave it 0) one program of k_warps warps per 16 * row_groups
-    rows and no split."""
+    rows (with shared B k_warps K slices of 4 warps per 64 * row_groups rows) and no split."""
     wide_m = m > MMA_WARP_M
     if not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
@@ -625,7 +628,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
-    row_warps = program_row_warps(options.k_warps)
+    row_warps = program_row_warps(options.k_warps, options.shared_b)
     row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device)

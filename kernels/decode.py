@@ -328,10 +328,12 @@ MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}
 MMA_SHARED_B_ROW = 144
 
 
-def _shared_b_exchange(col_groups: int, wide: bool) -> str:
+def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
     """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the
     thread's 16 bytes (2 int64 if `wide`, else 4 int32), then the window's parity. The
-    offsets come from %tid.x."""
+    offsets come from %tid.x. With `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
+    K_WARPS > 1) each 128 threads t >> 7 exchange their own window in their own two buffers and
+    wait at their own named barrier (1 + t >> 7, 128 threads), not at the CTA's."""
     first, row = 8 * col_groups, MMA_SHARED_B_ROW
     n_in = 2 if wide else 4
     ins = ", ".join(f"${first + i}" for i in range(n_in))
@@ -340,51 +342,79 @@ def _shared_b_exchange(col_groups: int, wide: bool) -> str:
         f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
         for c in range(col_groups) for h in range(2)
     )
+    own = ("" if slices == 1 else
+           f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; ")  # the slice's buffers, barrier
     return (
-        f"{{ .shared .align 16 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u; mov.u32 t, %tid.x; mov.u32 b, sb; "
-        f"mad.lo.u32 b, ${first + n_in}, {size}, b; "
+        f"{{ .shared .align 16 .b8 sb[{2 * size * slices}]; .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"mad.lo.u32 b, ${first + n_in}, {size}, b; " + own +
         # write: row (t >> 3) mod 8c, byte 16 (t & 7)
         f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
-        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; bar.sync 0; "
+        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
+        + ("bar.sync 0; " if slices == 1 else "bar.sync s, 128; ") +
         # read: row g = lane >> 2, byte 32 q
         f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
         + loads + "}"
     )
 
 
-# K split over the warps of a program (`mma_gemv_kernel` with K_WARPS > 1): each warp holds
-# partial sums of the same rows over its own K; warps 1 .. K_WARPS - 1 write theirs into shared
-# memory (value j of warp w at word 32 ((w - 1) n + j) + lane: a warp's 32 stores hit 32 banks),
-# one CTA barrier, and warp 0 adds them to its own. No global atomics, no ticket, one launch.
-def _k_warp_sum(values: int, k_warps: int) -> str:
-    """Outputs $0 .. $(n - 1): inputs $n .. $(2n - 1) (fp32) summed over the K_WARPS warps of
-    the program, valid in warp 0 (the other warps get their own values back)."""
-    n, stride = values, 128 * values  # bytes between two warps' slices
-    writes = "".join(f"@p st.shared.f32 [w+{128 * j}], ${n + j}; " for j in range(n))
-    adds = "".join(
-        f"@!p ld.shared.f32 v, [a+{stride * (s - 1) + 128 * j}]; @!p add.f32 s{j}, s{j}, v; "
-        for s in range(1, k_warps) for j in range(n)
-    )
+def shared_b_bytes(col_groups: int, slices: int) -> int:
+    """Shared memory of `MMA_SHARED_B_PTX[col_groups, _, slices]`."""
+    return 2 * 8 * col_groups * MMA_SHARED_B_ROW * slices
+
+
+# K split over the warps of a program (`mma_gemv_kernel` with K_WARPS > 1): each group of
+# `group` threads (a warp, or with shared B a K slice of 4 warps) holds partial sums of the same
+# rows over its own K; groups 1 .. K_WARPS - 1 write theirs into shared memory (value j of group w
+# at word group ((w - 1) n + j) + thread: a warp's 32 stores hit 32 banks), one CTA barrier, and
+# group 0 adds them to its own. No global atomics, no ticket, one launch. `rounds` > 1 passes the
+# n values in that many rounds through a buffer of n / rounds values per thread (a barrier after
+# each round's adds too): static shared memory ends at 48 KB, which the shared B buffers share.
+STATIC_SHARED_BYTES = 48 * 1024
+
+
+def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1) -> str:
+    """Outputs $0 .. $(n - 1): inputs $n .. $(2n - 1) (fp32) summed over the K_WARPS groups of
+    `group` threads of the program, valid in group 0 (the other groups get their own values back)."""
+    n, per = values, values // rounds
+    stride = 4 * group * per  # bytes between two groups' slices
+    body = ""
+    for r in range(rounds):
+        js = range(r * per, (r + 1) * per)
+        body += "".join(f"@p st.shared.f32 [w+{4 * group * (j - r * per)}], ${n + j}; " for j in js) + "bar.sync 0; "
+        body += "".join(
+            f"@!p ld.shared.f32 v, [a+{stride * (s - 1) + 4 * group * (j - r * per)}]; @!p add.f32 s{j}, s{j}, v; "
+            for s in range(1, k_warps) for j in js
+        )
+        body += "bar.sync 0; " if r < rounds - 1 else ""  # the reads before the next round's writes
+    shift = group.bit_length() - 1
     return (
         f"{{ .shared .align 16 .b8 kr[{(k_warps - 1) * stride}]; .reg .b32 t, a, w; .reg .pred p; "
-        f".reg .f32 v, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, 5; setp.ne.u32 p, w, 0; "
-        f"and.b32 t, t, 31; mov.u32 a, kr; mad.lo.u32 a, t, 4, a; "
-        # warp w > 0 writes at a + (w - 1) * stride
+        f".reg .f32 v, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, {shift}; setp.ne.u32 p, w, 0; "
+        f"and.b32 t, t, {group - 1}; mov.u32 a, kr; mad.lo.u32 a, t, 4, a; "
+        # group w > 0 writes at a + (w - 1) * stride
         f"mad.lo.u32 w, w, {stride}, a; sub.u32 w, w, {stride}; "
-        + writes + "bar.sync 0; "
         + "".join(f"mov.b32 s{j}, ${n + j}; " for j in range(n))
-        + adds
+        + body
         + "".join(f"mov.b32 ${j}, s{j}; " for j in range(n))
         + "}"
     )
 
 
-# by (values per thread: `mma_gemv.output_slots`, warps)
-MMA_K_WARP_SUM_PTX = {(n, w): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)}
+def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int) -> int:
+    """The fewest rounds (dividing `values`) whose `_k_warp_sum` buffer fits beside `other_bytes`
+    of static shared memory."""
+    return next(r for r in range(1, values + 1)
+                if values % r == 0 and (k_warps - 1) * 4 * group * (values // r) + other_bytes <= STATIC_SHARED_BYTES)
 
 
-# by (column groups, bf16 activation)
-MMA_SHARED_B_PTX = {(c, wide): _shared_b_exchange(c, wide) for c in (1, 2) for wide in (False, True)}
+# by (values per thread: `mma_gemv.output_slots`, warps or K slices, threads per group, rounds)
+MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)} | {
+    (n, w, 128, r): _k_warp_sum(n, w, 128, r) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8) for r in range(1, n + 1)
+    if n % r == 0}
+
+
+# by (column groups, bf16 activation, K slices)
+MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2) for wide in (False, True) for s in (1, 2, 4, 8)}
 
 
 # 16 < M <= 64 (`mma_gemv.mma_m64_kernel`): the 256 threads of a program (8 warps) write one

@@ -59,16 +59,17 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
-                     WGMMA_STEPS_PTX, mma_b_factor)
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, mma_b_factor, shared_b_bytes)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows, or
 # with K_WARPS > 1 K_WARPS warps on 16 or 32 rows (written as literals in the kernel and its
 # helpers: Helion passes module constants as extra arguments).
 
 
-def program_row_warps(K_WARPS):
-    """Warps of a program on different row groups: 4, or 1 when K_WARPS > 1 warps split K."""
-    return 4 if K_WARPS == 1 else 1
+def program_row_warps(K_WARPS, SHARED_B):
+    """Warps of a program on different row groups: 4, or 1 when K_WARPS > 1 warps split K
+    without shared B (with it, K_WARPS slices of 4 warps: the exchange takes 128 threads)."""
+    return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
 def thread_ids(threads=128):
@@ -158,9 +159,10 @@ def window_parity(like, win):
     return torch.zeros_like(like, dtype=torch.int32) + (win & 1)
 
 
-def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
+def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
-    fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory."""
+    fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
+    K_WARPS K slices of 128 threads)."""
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         chunk = loaded
     else:
@@ -178,7 +180,7 @@ def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS):
     # memory, which ptxas refused). Every thread runs it once per window, unconditionally,
     # and its inputs differ per window, so it is neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_PTX[COL_GROUPS, wide], ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"]),
+        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS], ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"]),
         [*chunk, parity], dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
@@ -231,14 +233,16 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, K_WARPS):
-    """`sums` with every output slot summed over the program's K_WARPS warps, in warp 0
-    (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
+def k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS):
+    """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
+    group = 32 * program_row_warps(K_WARPS, SHARED_B)
+    rounds = k_warp_sum_rounds(n, K_WARPS, group, shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else 0)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
-        MMA_K_WARP_SUM_PTX[n, K_WARPS], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
+        MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
         dtype=(torch.float32,) * n, is_pure=True, pack=1,
     )
     summed = [[list(col) for col in row] for row in sums]
@@ -303,14 +307,15 @@ def mma_gemv_kernel(
     of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f:
     the weights' words (ELEMENT_CODES value W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and
     factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
-    one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1, no shared B): a
-    program is K_WARPS warps on the same 16 ROW_GROUPS rows, each over its own K_WARPS-th of K,
-    summed through shared memory at the end (`k_warp_sums`) instead of 4 warps on 4 row groups."""
-    threads = 32 * program_row_warps(K_WARPS) * K_WARPS
+    one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1): a program is
+    K_WARPS warps on the same 16 ROW_GROUPS rows (with SHARED_B K_WARPS slices of the 4 warps on
+    64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
+    end (`k_warp_sums`)."""
+    threads = 32 * program_row_warps(K_WARPS, SHARED_B) * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // (16 * program_row_warps(K_WARPS) * ROW_GROUPS), SPLIT], block_size=[1, 1]):
+    for tile_p, part in hl.tile([N // (16 * program_row_warps(K_WARPS, SHARED_B) * ROW_GROUPS), SPLIT], block_size=[1, 1]):
         tid = thread_ids(threads)
         lane = tid & 31
         g = lane >> 2
@@ -318,6 +323,9 @@ def mma_gemv_kernel(
         if K_WARPS == 1:  # the warp's first row group, and the program's first window
             gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS
             first = part.begin * steps
+        elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
+            gr = (tile_p.begin * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
+            first = (part.begin * K_WARPS + (tid >> 7)) * steps
         else:  # one row group (pair) per program; warp w from window w * steps, a per-thread value,
             # so only here (for K_WARPS 1 too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and
             # bf16 x mxfp4 a second load round trip: tests/test_bench.py)
@@ -356,7 +364,7 @@ def mma_gemv_kernel(
                 loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
-                b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS)
+                b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
@@ -373,8 +381,8 @@ def mma_gemv_kernel(
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            store_groups(out, bias, k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, K_WARPS), gr, q, g, scale, M, N,
-                         HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32)
+            store_groups(out, bias, k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS), gr, q, g, scale, M,
+                         N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * program_row_warps(K_WARPS, SHARED_B))
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:

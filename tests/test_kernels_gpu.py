@@ -136,16 +136,21 @@ def test_mma_pairs(pair, m, gen):
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_k_warps(pair, m, gen):
     """K split over the warps of a program (k_warps > 1, summed in shared memory): 2 to 16
-    warps, one and two row groups, one window per warp (K = 64 k_warps), bias and bf16 / fp16
-    out (that such plans take no split-K workspace is checked on the CPU, test_k_warps_options)."""
-    for k_warps, row_groups in itertools.product((2, 4, 16), (1, 2)):
-        config = {"k_warps": k_warps, "row_groups": row_groups}
+    warps, or with shared B 2 to 8 K slices of 4 warps (each slice exchanging its own B, one
+    with windows loaded ahead), one and two row groups, one window per warp or slice (K = 64
+    k_warps), bias and bf16 / fp16 out (that such plans take no split-K workspace is checked on
+    the CPU, test_k_warps_options)."""
+    for shared_b, k_warps, row_groups in [(False, k, r) for k in (2, 4, 16) for r in (1, 2)] + [
+            (True, k, r) for k in (2, 4, 8) for r in (1, 2)]:
+        config = {"k_warps": k_warps, "row_groups": row_groups, "shared_b": shared_b}
         run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
         run_and_check(pair, m, 256, 64 * k_warps, "cuda", gen, data_layout="mma_m16k16", config=config)
+    run_and_check(pair, m, 2048, 4096, "cuda", gen, data_layout="mma_m16k16",
+                  config={"k_warps": 4, "row_groups": 1, "shared_b": True, "ahead": 1})
     run_and_check(pair, m, 128, 1024, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  config={"k_warps": 8})
+                  config={"k_warps": 8, "shared_b": False})
     run_and_check(pair, m, 1024, 1536, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True,
-                  config={"k_warps": 8, "row_groups": 1})
+                  config={"k_warps": 8, "row_groups": 1, "shared_b": True})
     assert backend_used(pair, m) == "mma"
 
 

@@ -332,7 +332,8 @@ def test_split_fills_the_last_wave(monkeypatch):
 def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
     where their programs (4 per SM, 132 SMs) fill 0.5-1 wave or make >= 3, else 8, else split-K;
-    given, it excludes max_split, shared B and ahead, and must divide the windows."""
+    given, it excludes max_split, must divide the windows and, with shared B (K slices of 4 warps),
+    is at most 8."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
@@ -341,7 +342,9 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, False, False, 0, 8)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4)
     assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations, M > 1, a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
@@ -353,10 +356,14 @@ def test_k_warps_options(monkeypatch):
     for bad in (3, 32, 0, True, 2.0):
         with pytest.raises(ValueError, match="k_warps must be 1, 2, 4, 8 or 16"):
             api._mma_options({"k_warps": bad}, 1, 8192, False)
-    for bad, m in (({"k_warps": 4, "max_split": 4}, 1), ({"k_warps": 4, "shared_b": True}, 16),
-                   ({"k_warps": 4, "ahead": 1}, 16), ({"k_warps": 4}, 17)):
+    for bad, m in (({"k_warps": 4, "max_split": 4}, 1), ({"k_warps": 4}, 17)):
         with pytest.raises(ValueError, match="k_warps > 1 runs at M <= 16 without 'max_split'"):
             api._mma_options(bad, m, 8192, True)
+    for bad in ({"k_warps": 16}, {"k_warps": 16, "shared_b": True, "row_groups": 1}):
+        with pytest.raises(ValueError, match="k_warps with shared_b is at most 8"):
+            api._mma_options(bad, 16, 8192, True)
+    with pytest.raises(ValueError, match="ahead must be an int in 0 .. 0 at M = 1 without shared_b"):
+        api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, False)
     a, b = torch.randn(1, 1984).to(torch.bfloat16), bs.quantize(torch.randn(64, 1984), "mxfp4").with_data_layout("mma_m16k16")
     with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
         api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
@@ -367,15 +374,22 @@ def test_k_warps_options(monkeypatch):
     monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
     plan = api._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, api._mma_options(None, 1, 8192, False))
     assert (plan.consts[-1], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
+    # K slices with shared B: 4 warps each, 64 rows per row group of the program
+    x = bs.quantize(torch.randn(16, 1024), "nvfp4").with_data_layout("k_order")
+    b = bs.quantize(torch.randn(8192, 1024), "nvfp4").with_data_layout("mma_m16k16")
+    plan = api._mma_plan(x, b, False, 16, 8192, 1024, api._mma_options({"k_warps": 4, "row_groups": 1}, 16, 8192, True))
+    assert (plan.consts[-3:], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == ((True, 0, 4), 1, None, 16)
 
 
-@pytest.mark.parametrize("values,k_warps", [(2, 2), (4, 16), (6, 4), (16, 16), (12, 8)])
-def test_k_warp_sum_adds_every_warp(values, k_warps, gen):
-    """`decode.MMA_K_WARP_SUM_PTX`, run for the 32 k_warps threads of a program (a small
-    interpreter of the instructions it uses, fp32 adds rounded as the GPU's): warp 0's lane l
-    gets value j of lane l summed over the warps, in warp order; the other warps keep their own;
-    every shared access is aligned and inside the declared buffer, and nothing is read that was
-    not written."""
+@pytest.mark.parametrize("values,k_warps,group,rounds", [(2, 2, 32, 1), (4, 16, 32, 1), (6, 4, 32, 1), (16, 16, 32, 1),
+                                                          (12, 8, 32, 1), (4, 8, 128, 1), (16, 4, 128, 2), (8, 8, 128, 4)])
+def test_k_warp_sum_adds_every_warp(values, k_warps, group, rounds, gen):
+    """`decode.MMA_K_WARP_SUM_PTX`, run for the k_warps groups of `group` threads of a program
+    (a small interpreter of the instructions it uses, fp32 adds rounded as the GPU's; every
+    thread runs to a barrier before any goes past it): thread t < group gets value j of thread t
+    summed over the groups, in group order; the others keep their own; every shared access is
+    aligned and inside the declared buffer, every round writes each word of it once, and
+    nothing is read that was not written in the same round."""
     import struct
 
     from blockscaled.kernels.decode import MMA_K_WARP_SUM_PTX
@@ -383,16 +397,18 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, gen):
     def f32(x):
         return struct.unpack("f", struct.pack("f", x))[0]
 
-    body = MMA_K_WARP_SUM_PTX[values, k_warps].strip()[1:-1]
+    body = MMA_K_WARP_SUM_PTX[values, k_warps, group, rounds].strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 kr\[(\d+)\];", body).group(1))
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
-    barrier = code.index("bar.sync 0")
-    threads = 32 * k_warps
+    barriers = [i for i, line in enumerate(code) if line == "bar.sync 0"]
+    assert len(barriers) == 2 * rounds - 1
+    phases = [code[a + 1:b] for a, b in zip([-1, *barriers], [*barriers, len(code)], strict=True)]
+    threads = group * k_warps
     inputs = [[f32(x) for x in row] for row in torch.randn(threads, values, generator=gen).tolist()]
     memory, outputs = {}, [[None] * values for _ in range(threads)]
     alu = {"shr.u32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "sub.u32": lambda x, y: (x - y) & U32}
 
-    def run(tid, lines, regs):
+    def run(tid, lines, regs, written):
         def val(operand):
             if operand.startswith("$"):
                 return inputs[tid][int(operand[1:]) - values]
@@ -408,7 +424,9 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, gen):
                 addr = regs[base] + int(offset)
                 assert addr % 4 == 0 and 0 <= addr < size, (op, addr)
                 if op.startswith("st"):
+                    assert addr not in written, addr
                     memory[addr] = val(args.split(", ")[1])
+                    written.add(addr)
                 else:
                     assert addr in memory, addr
                     regs[args.split(",")[0]] = memory[addr]
@@ -430,21 +448,43 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, gen):
                 regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
         return regs
 
-    regs = [run(t, code[:barrier], {}) for t in range(threads)]  # every store first
+    regs = [{} for _ in range(threads)]
+    for phase in phases:
+        written = set()
+        for t in range(threads):
+            run(t, phase, regs[t], written)
+        assert not written or len(written) * 4 == size  # a round's writes: every word once
     for t in range(threads):
-        run(t, code[barrier + 1:], regs[t])
-    assert len(memory) * 4 == size  # warps 1 .. k_warps - 1 write every word once
-    for t in range(threads):
-        if t < 32:
+        if t < group:
             expected = []
             for j in range(values):
                 total = inputs[t][j]
                 for w in range(1, k_warps):
-                    total = f32(total + inputs[32 * w + t][j])
+                    total = f32(total + inputs[group * w + t][j])
                 expected.append(total)
             assert outputs[t] == expected, t
         else:
             assert outputs[t] == inputs[t], t
+
+
+def test_k_warp_sum_fits_static_shared_memory():
+    """Every mma_gemv_kernel plan with k_warps > 1 finds its sum PTX, and with it and its shared
+    B buffers fits in the 48 KB of static shared memory (M = 16, two row groups, 8 slices: the
+    16 sums pass in 8 rounds of 2)."""
+    from blockscaled.kernels.decode import MMA_K_WARP_SUM_PTX, STATIC_SHARED_BYTES, k_warp_sum_rounds, shared_b_bytes
+    from blockscaled.kernels.mma_gemv import output_slots, program_row_warps
+
+    for m, row_groups, shared_b in itertools.product(range(1, 17), (1, 2), (False, True)):
+        col_groups = -(-m // 8)
+        for k_warps in (2, 4, 8) if shared_b else (2, 4, 8, 16):
+            n = len(output_slots(m, row_groups, col_groups))
+            group = 32 * program_row_warps(k_warps, shared_b)
+            exchange = shared_b_bytes(col_groups, k_warps) if shared_b else 0
+            rounds = k_warp_sum_rounds(n, k_warps, group, exchange)
+            ptx = MMA_K_WARP_SUM_PTX[n, k_warps, group, rounds]
+            size = int(re.search(r"kr\[(\d+)\]", ptx).group(1))
+            assert size + exchange <= STATIC_SHARED_BYTES, (m, row_groups, k_warps)
+    assert k_warp_sum_rounds(16, 8, 128, shared_b_bytes(2, 8)) == 8
 
 
 def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = ()):
@@ -458,7 +498,7 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
     body = ptx.strip()[1:-1]
     size = int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg", "fence"))]
-    barrier = code.index("bar.sync 0")
+    barrier = next(i for i, line in enumerate(code) if line.startswith("bar.sync"))  # one, every thread waits there
     memory, outputs = {}, [[] for _ in range(threads)]
     alu = {"shr.b32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "shl.b32": lambda x, y: x << y,
            "add.u32": lambda x, y: x + y, "or.b32": lambda x, y: x | y}
@@ -521,19 +561,24 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
 
 @pytest.mark.parametrize("col_groups", [1, 2])
 @pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
-def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide):
-    """The shared-B PTX, run for 128 threads: thread t writes K 8 (t & 7) .. + 8 of B row
-    (t >> 3) mod 8c; every lane (g, q) of every warp reads back, per column group c, the 16 K
-    16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers hold.
-    The two buffers (window parity) lie inside the declared array and do not overlap."""
+@pytest.mark.parametrize("slices", [1, 2, 8])
+def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices):
+    """The shared-B PTX, run for 128 threads per K slice: thread t writes K 8 (t & 7) .. + 8 of
+    B row (t >> 3) mod 8c; every lane (g, q) of every warp reads back, per column group c, the
+    16 K 16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers
+    hold, written by its own slice. The two buffers (window parity) of every slice lie inside
+    the declared array and do not overlap; one slice waits at the CTA barrier, more at their
+    own named barriers of 128 threads."""
     from blockscaled.kernels.decode import MMA_SHARED_B_PTX
 
+    ptx = MMA_SHARED_B_PTX[col_groups, wide, slices]
+    assert ("bar.sync 0;" in ptx) == (slices == 1) and ("bar.sync s, 128;" in ptx) == (slices > 1)
     written = []
     for parity in (0, 1):
-        outputs, memory, size, _ = run_shared_b_exchange(MMA_SHARED_B_PTX[col_groups, wide], parity, 8 * col_groups)
+        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices)
         addresses = set(memory)
         written.append(addresses)
-        assert size == 2 * 8 * col_groups * 144  # two buffers of 8c rows, 144 bytes apart
+        assert size == 2 * 8 * col_groups * 144 * slices  # per slice two buffers of 8c rows, 144 bytes apart
         for tid, regs in enumerate(outputs):
             lane = tid & 31
             g, q = lane >> 2, lane & 3
@@ -543,6 +588,7 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide):
                     k_byte = 32 * q + 4 * i  # the bf16 bytes of K 16 q + 2 i and + 1
                     writer = word[0][0]
                     assert (writer >> 3) % (8 * col_groups) == 8 * c + g and writer & 7 == k_byte // 16
+                    assert writer >> 7 == tid >> 7  # the reader's slice
                     assert word == [(writer, k_byte % 16 + b) for b in range(4)]
     assert written[0] and not written[0] & written[1]
 
