@@ -328,9 +328,18 @@ MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}
 MMA_SHARED_B_ROW = 144
 
 
+def shared_buffer_ptx(size: int) -> str:
+    """PTX of the shared address of a new `size`-byte buffer. Declared once, before a kernel's K
+    loop, and passed to the asm in the loop: a `.shared` declared in the loop's own asm is one
+    buffer per copy of it, and LLVM fully unrolls short loops (3 windows x 8 K slices x 18 KB
+    went past the 48 KB of static shared memory)."""
+    return f"{{ .shared .align 16 .b8 sb[{size}]; mov.u32 $0, sb; }}"
+
+
 def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
     """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the
-    thread's 16 bytes (2 int64 if `wide`, else 4 int32), then the window's parity. The
+    thread's 16 bytes (2 int64 if `wide`, else 4 int32), the window's parity, then the shared
+    address of a `shared_b_bytes(c, slices)` buffer (`shared_buffer_ptx`). The
     offsets come from %tid.x. With `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
     K_WARPS > 1) each 128 threads t >> 7 exchange their own window in their own two buffers and
     wait at their own named barrier (1 + t >> 7, 128 threads), not at the CTA's."""
@@ -345,7 +354,7 @@ def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
     own = ("" if slices == 1 else
            f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; ")  # the slice's buffers, barrier
     return (
-        f"{{ .shared .align 16 .b8 sb[{2 * size * slices}]; .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"{{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, ${first + n_in + 1}; "
         f"mad.lo.u32 b, ${first + n_in}, {size}, b; " + own +
         # write: row (t >> 3) mod 8c, byte 16 (t & 7)
         f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "

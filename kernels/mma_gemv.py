@@ -59,7 +59,8 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, mma_b_factor, shared_b_bytes)
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, mma_b_factor, shared_b_bytes,
+                     shared_buffer_ptx)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows, or
 # with K_WARPS > 1 K_WARPS warps on 16 or 32 rows (written as literals in the kernel and its
@@ -159,7 +160,14 @@ def window_parity(like, win):
     return torch.zeros_like(like, dtype=torch.int32) + (win & 1)
 
 
-def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
+def shared_buffer(size, threads):
+    """The shared address of a new `size`-byte buffer (`decode.shared_buffer_ptx`), one value per
+    thread: made once, before the K loop."""
+    return hl.inline_asm_elementwise(shared_buffer_ptx(size), "=r,r", [hl.zeros([threads], dtype=torch.int32)],
+                                     dtype=torch.int32, is_pure=True, pack=1)
+
+
+def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
     K_WARPS K slices of 128 threads)."""
@@ -180,8 +188,9 @@ def shared_b_registers(loaded, win, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
     # memory, which ptxas refused). Every thread runs it once per window, unconditionally,
     # and its inputs differ per window, so it is neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS], ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"]),
-        [*chunk, parity], dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
+        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
+        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r", "r"]), [*chunk, parity, buffer],
+        dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
@@ -340,6 +349,8 @@ def mma_gemv_kernel(
         b0, b1, b2, b3 = zero_sums(threads)
         c0, c1, c2, c3 = zero_sums(threads)
         d0, d1, d2, d3 = zero_sums(threads)
+        if SHARED_B:
+            b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -364,7 +375,7 @@ def mma_gemv_kernel(
                 loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
-                b_0, b_1 = shared_b_registers(loads_b, win, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
+                b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0

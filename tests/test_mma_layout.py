@@ -487,16 +487,19 @@ def test_k_warp_sum_fits_static_shared_memory():
     assert k_warp_sum_rounds(16, 8, 128, shared_b_bytes(2, 8)) == 8
 
 
-def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = ()):
+def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = (),
+                          size: int | None = None):
     """Run the PTX of `decode.MMA_SHARED_B_PTX`, `MMA_M64_EXCHANGE_PTX` or `WGMMA_EXCHANGE_PTX`
     for the threads of a program, its instructions as written (a small interpreter for the
     ones it uses): every thread up to the barrier, its input bytes ($first_input on, in order)
     labelled (thread, byte offset in its inputs), then every thread after it, then the `reads`
     (PTX of `ld.shared` instructions, such as those of `MMA_STEPS_M64_PTX`) with $20 = the
     thread's $0. Returns each thread's loaded registers (4 labels each), the bytes written
-    (address: label), the declared size of the buffer and each thread's registers."""
+    (address: label), the size of the buffer (declared, or `size` for a buffer passed in as an
+    address: then 0) and each thread's registers."""
     body = ptx.strip()[1:-1]
-    size = int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
+    size = size or int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
+    address = re.search(r"mov\.u32 b, (\$\d+);", body)  # a buffer passed in
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg", "fence"))]
     barrier = next(i for i, line in enumerate(code) if line.startswith("bar.sync"))  # one, every thread waits there
     memory, outputs = {}, [[] for _ in range(threads)]
@@ -508,6 +511,8 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
         def val(operand):
             if operand == parity_operand:
                 return parity
+            if address and operand == address.group(1):
+                return 0
             return regs[operand] if operand in regs else int(operand, 0)
 
         def labels(operand, width):  # an input's bytes, or a register holding some
@@ -569,13 +574,14 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices):
     hold, written by its own slice. The two buffers (window parity) of every slice lie inside
     the declared array and do not overlap; one slice waits at the CTA barrier, more at their
     own named barriers of 128 threads."""
-    from blockscaled.kernels.decode import MMA_SHARED_B_PTX
+    from blockscaled.kernels.decode import MMA_SHARED_B_PTX, shared_b_bytes
 
     ptx = MMA_SHARED_B_PTX[col_groups, wide, slices]
     assert ("bar.sync 0;" in ptx) == (slices == 1) and ("bar.sync s, 128;" in ptx) == (slices > 1)
     written = []
     for parity in (0, 1):
-        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices)
+        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices,
+                                                         size=shared_b_bytes(col_groups, slices))
         addresses = set(memory)
         written.append(addresses)
         assert size == 2 * 8 * col_groups * 144 * slices  # per slice two buffers of 8c rows, 144 bytes apart
