@@ -485,6 +485,22 @@ MMA_FP8_M16_MAX_SPLIT = 8
 # default against 2.14-3.10x) and M = 16 (B read once per warp: 0.88-3.04x against 2.12-3.11x,
 # h100_mma_k_warps_m16_2026-11-23.log).
 MMA_K_WARPS = (16, 8)
+# K slices with shared B at 8 < M <= 16 (K_WARPS slices of 4 warps, `_mma_k_slices`) for bf16
+# activations and fp8 weights: no split-K epilogue, whose atomics grow with the split (16 at
+# 57344 x 8192). H100, M = 16, x cuBLAS bf16, split-K default / 8 slices of one row group / 4
+# of two, 10240 x 8192 / 57344 x 8192 / 8192 x 28672 / 8192^2
+# (bench/results/h100_mma_k_slices_m16_8a4604e_2026-11-23.log):
+# - bf16 x mxfp4 2.60 / 1.91 / 1.87, 2.93 / 2.80 / 3.22, 3.07 / 2.94 / 1.60, 2.07 / 2.52 / 1.49x
+# - mxfp8 x mxfp8 1.77 / 1.39 / 1.56, 1.79 / 1.86 / 2.02, 1.77 / 1.78 / 1.34, 1.52 / 1.67 / 1.26x
+# - nvfp4 x nvfp4 2.51 / 1.59 / 1.66, 2.86 / 2.36 / 2.79, 2.82 / 2.48 / 1.36, 2.06 / 2.11 / 1.24x
+# So: 4 slices of two row groups where their programs (64 registers x 512 threads: 2 per SM) make
+# >= 1 wave, 8 of one where theirs (1024 threads) fill 0.9-1 wave, and only at K <= 8192: at
+# 8192 x 28672 the split-K epilogue is a small share of the K loop and 8 slices lost 4% for
+# bf16 x mxfp4. Not taken: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
+# the rule would take slices), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
+# activations 0.92x-3.36x against the split-K default's 1.76x-3.45x, within 2% at best).
+MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf")), (8, 1, 1, 0.9, 1.0))  # (slices, row groups, resident, waves low, high)
+MMA_K_SLICES_MAX_WINDOWS = 128
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -524,7 +540,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "k_warps": 1, 2, 4, 8 or 16 (> 1: a program is that many warps on one row group (two with
     row_groups 2), or with shared B that many K slices of 4 warps on 4 row groups (pairs), up to 8,
     each over its share of K, summed in shared memory: no split-K across programs, so no
-    "max_split").
+    "max_split"; default once K is known: `_mma_k_warps` for bf16 activations at M = 1,
+    `_mma_k_slices` (which sets row_groups too) at 8 < M <= 16 for bf16 activations or fp8
+    weights, where the config sets none of max_split, row_groups, shared_b and ahead; else 1).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
@@ -534,8 +552,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead' and 'k_warps', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
-    auto = m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}
-    k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` once K is known
+    auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
+        not wide_m and _mma_column_groups(m) == 2 and (not narrow or fp8_weights)
+        and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
+    k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` / `_mma_k_slices` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
     if k_warps > 1 and (wide_m or "max_split" in config):
@@ -616,13 +636,29 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     return 1
 
 
+def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int] | None:
+    """(K slices, row groups) at 8 < M <= 16 by `MMA_K_SLICES`: 4 slices of two row groups where
+    their programs (2 resident per SM) make at least one wave, else 8 of one where theirs (1 per
+    SM) fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
+    sms = _sm_count(device)
+    if windows <= MMA_K_SLICES_MAX_WINDOWS:
+        for slices, row_groups, resident, low, high in MMA_K_SLICES:
+            programs = n // (64 * row_groups)
+            if windows % slices == 0 and n % (64 * row_groups) == 0 and low <= programs / (resident * sms) <= high:
+                return slices, row_groups
+    return None
+
+
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     (`_mma_k_warps` where the options leave it 0) one program of k_warps warps per 16 * row_groups
     rows (with shared B k_warps K slices of 4 warps per 64 * row_groups rows) and no split."""
     wide_m = m > MMA_WARP_M
-    if not options.k_warps:
+    if not options.k_warps and _mma_column_groups(m) == 2:  # 8 < M <= 16: K slices or split-K
+        slices, row_groups = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups)
+        options = options._replace(k_warps=slices, row_groups=row_groups)
+    elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")

@@ -244,6 +244,24 @@ def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
             assert_programs_fit(pair, counts, 64 // k_warps, warps=k_warps)
 
 
+def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
+    """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
+    4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every pair it runs
+    (bf16 activations, fp8 weights) at M = 16, N = K = 8192."""
+    from blockscaled.kernels.api import MMA_K_SLICES
+
+    from bench import sass
+
+    formats = [f for f in FORMAT_PAIRS if f in mma_formats(False) or f == "mxfp8"]
+    argv = ["--backend", "mma", "--format", *formats, "-M", "16", "-N", "8192", "-K", "8192",
+            "--variants", json.dumps([{"k_warps": k, "row_groups": r} for k, r, *_ in MMA_K_SLICES])]
+    assert sass.main(argv) == 0
+    out = capfd.readouterr().out
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
+        for (slices, _, resident, *_), counts in zip(MMA_K_SLICES, sass_rows(out, pair), strict=True):
+            assert_programs_fit(pair, counts, resident, warps=4 * slices)
+
+
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
 def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192,

@@ -298,12 +298,13 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
     assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0)  # split-K as before if 1
-    for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 1)
+    for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0) but for fp4 x fp4
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, int(narrow))
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 1)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
     assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 1)
+    assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD, 1)
@@ -346,10 +347,10 @@ def test_k_warps_options(monkeypatch):
     assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16)
     assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4)
     assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4)
-    for narrow in (True, False):  # not by default: fp4 / fp8 activations, M > 1, a split or shared B asked for
+    for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1, 1 < M <= 8, a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 1
-        assert api._mma_options(None, 16, 8192, narrow).k_warps == 1
+        assert api._mma_options(None, 16, 8192, narrow).k_warps == int(narrow)  # fp4 activations on fp4 weights: split-K
     assert api._mma_options({"max_split": 16}, 1, 8192, False).k_warps == 1
     assert api._mma_options({"shared_b": True}, 1, 8192, False).k_warps == 1
     assert api._mma_options({"row_groups": 2}, 1, 8192, False).k_warps == 0
@@ -379,6 +380,35 @@ def test_k_warps_options(monkeypatch):
     b = bs.quantize(torch.randn(8192, 1024), "nvfp4").with_data_layout("mma_m16k16")
     plan = api._mma_plan(x, b, False, 16, 8192, 1024, api._mma_options({"k_warps": 4, "row_groups": 1}, 16, 8192, True))
     assert (plan.consts[-3:], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == ((True, 0, 4), 1, None, 16)
+
+
+def test_k_slices_options(monkeypatch):
+    """K slices by default at 8 < M <= 16 for bf16 activations and fp8 weights (132 SMs): 4
+    slices of two row groups where their programs (2 per SM) make >= 1 wave, else 8 of one row
+    group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
+    takes the slices' row groups, split 1, no workspace and 16 / 32 warps."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (8448, 8192), (8192, 192)]
+    # 57344: 448 programs of two groups = 1.7 waves; 8192: 128 of one = 0.97; 10240: 160 = 1.21, 80 = 0.30
+    assert {(n, k): api._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
+        (8192, 8192): (8, 1), (10240, 8192): None, (57344, 8192): (4, 2), (8192, 28672): None, (1024, 8192): None,
+        (8448, 8192): (8, 1), (8192, 192): None}  # 3 windows: no 8 slices
+    x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
+    for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (1, 2, 4))):
+        b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
+        plan = api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(None, x, b, 16, n))
+        row_groups, split, shared_b, ahead, k_warps = plan.consts[-5:]
+        assert (k_warps, row_groups, plan.cfg.config["num_warps"]) == expected and shared_b
+        assert (split == 1) == (k_warps > 1) and (plan.workspace is None) == (k_warps > 1)
+    bf16 = torch.randn(16, 8192).to(torch.bfloat16)
+    b = bs.quantize(torch.randn(8192, 8192), "mxfp4").with_data_layout("mma_m16k16")
+    plan = api._mma_plan(bf16[:9], b, False, 9, 8192, 8192, api.mma_options_for(None, bf16[:9], b, 9, 8192))
+    assert plan.consts[-5:] == (1, 1, True, 0, 8) and plan.workspace is None
+    plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
+    assert plan.consts[-1] == 1 and plan.split > 1  # a config that sets row_groups: split-K
 
 
 @pytest.mark.parametrize("values,k_warps,group,rounds", [(2, 2, 32, 1), (4, 16, 32, 1), (6, 4, 32, 1), (16, 16, 32, 1),
