@@ -328,12 +328,12 @@ MMA_STEPS_PTX = {4: _mma_steps(4), 8: _mma_steps(8)}
 MMA_SHARED_B_ROW = 144
 
 
-def shared_buffer_ptx(size: int) -> str:
+def shared_buffer_ptx(size: int, align: int = 16) -> str:
     """PTX of the shared address of a new `size`-byte buffer. Declared once, before a kernel's K
     loop, and passed to the asm in the loop: a `.shared` declared in the loop's own asm is one
     buffer per copy of it, and LLVM fully unrolls short loops (3 windows x 8 K slices x 18 KB
     went past the 48 KB of static shared memory)."""
-    return f"{{ .shared .align 16 .b8 sb[{size}]; mov.u32 $0, sb; }}"
+    return f"{{ .shared .align {align} .b8 sb[{size}]; mov.u32 $0, sb; }}"
 
 
 def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
@@ -437,9 +437,16 @@ MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2)
 MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
 
 
+def m64_exchange_bytes(wgmma: bool) -> int:
+    """Shared memory of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX` (aligned to 128 for wgmma):
+    two buffers of one window."""
+    return 2 * MMA_M64_B_ROWS * (128 if wgmma else MMA_SHARED_B_ROW)
+
+
 def _m64_exchange(wide: bool) -> str:
     """Output $0: the address; inputs: the thread's 32 bytes (4 int64 if `wide`, else 8
-    int32), then the window's parity."""
+    int32), the window's parity, then the address of an `m64_exchange_bytes(False)` buffer
+    (`shared_buffer_ptx`)."""
     row, n_in = MMA_SHARED_B_ROW, 4 if wide else 8
     size = MMA_M64_B_ROWS * row
     vec = "v2.b64" if wide else "v4.b32"
@@ -448,7 +455,7 @@ def _m64_exchange(wide: bool) -> str:
         f"st.shared.{vec} [a+{16 * h}], {{{', '.join(f'${1 + half * h + i}' for i in range(half))}}}; " for h in range(2)
     )
     return (
-        f"{{ .shared .align 16 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"{{ .reg .b32 t, a, b, u; mov.u32 t, %tid.x; mov.u32 b, ${2 + n_in}; "
         f"mad.lo.u32 b, ${1 + n_in}, {size}, b; "
         # write: row t >> 2, byte 32 (t & 3)
         f"shr.b32 u, t, 2; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
@@ -477,14 +484,15 @@ WGMMA_LBO, WGMMA_SBO = 128, 1024
 def _wgmma_exchange(wide: bool) -> str:
     """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
-    int64 if `wide`), then the window's parity."""
+    int64 if `wide`), the window's parity, then the address of an `m64_exchange_bytes(True)`
+    buffer aligned to 128 (`shared_buffer_ptx`)."""
     size = MMA_M64_B_ROWS * 128
     n_in = 4 if wide else 8
     regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide
             else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(8)))
     stores = "".join(f"st.shared.b32 [a+{WGMMA_LBO * j}], w{j}; " for j in range(8))
     return (
-        f"{{ .shared .align 128 .b8 sb[{2 * size}]; .reg .b32 t, a, b, u, lo, w<8>; mov.u32 t, %tid.x; mov.u32 b, sb; "
+        f"{{ .reg .b32 t, a, b, u, lo, w<8>; mov.u32 t, %tid.x; mov.u32 b, ${2 + n_in}; "
         f"mad.lo.u32 b, ${1 + n_in}, {size}, b; " + regs
         # row r = t >> 2: 1024 (r >> 3) + 16 (r & 7); byte 4 (t & 3)
         + f"shr.b32 u, t, 5; mad.lo.u32 a, u, {WGMMA_SBO}, b; bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, 16, a; "

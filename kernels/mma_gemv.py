@@ -63,7 +63,7 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, mma_b_factor, shared_b_bytes,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_bytes, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows, or
@@ -164,10 +164,10 @@ def window_parity(like, win):
     return torch.zeros_like(like, dtype=torch.int32) + (win & 1)
 
 
-def shared_buffer(size, threads):
+def shared_buffer(size, threads, align=16):
     """The shared address of a new `size`-byte buffer (`decode.shared_buffer_ptx`), one value per
     thread: made once, before the K loop."""
-    return hl.inline_asm_elementwise(shared_buffer_ptx(size), "=r,r", [hl.zeros([threads], dtype=torch.int32)],
+    return hl.inline_asm_elementwise(shared_buffer_ptx(size, align), "=r,r", [hl.zeros([threads], dtype=torch.int32)],
                                      dtype=torch.int32, is_pure=True, pack=1)
 
 
@@ -448,15 +448,16 @@ def shared_window_parts(loaded):
     return unpad_slots(loaded[:5], 2), list(loaded[5:10]), list(loaded[10:])
 
 
-def m64_exchange(b, win, ACT_ELEM, WGMMA):
+def m64_exchange(b, win, buffer, ACT_ELEM, WGMMA):
     """The window's B (the thread's share as `b_registers`) into shared memory: for mma.sync
     the address of the lane's column-group-0 registers (`decode.MMA_M64_EXCHANGE_PTX`), for
-    wgmma the window's matrix descriptor (`decode.WGMMA_EXCHANGE_PTX`). Not pure: it stores
-    and waits at a barrier, and has one output, so Helion writes it once."""
+    wgmma the window's matrix descriptor (`decode.WGMMA_EXCHANGE_PTX`), in `buffer` (`shared_buffer`).
+    Not pure: it stores and waits at a barrier, and has one output, so Helion writes it once."""
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
     return hl.inline_asm_elementwise(
         (WGMMA_EXCHANGE_PTX if WGMMA else MMA_M64_EXCHANGE_PTX)[wide],
-        ",".join(["=l" if WGMMA else "=r"] + ["l" if wide else "r"] * len(b) + ["r"]), [*b, window_parity(b[0], win)],
+        ",".join(["=l" if WGMMA else "=r"] + ["l" if wide else "r"] * len(b) + ["r", "r"]),
+        [*b, window_parity(b[0], win), buffer],
         dtype=torch.int64 if WGMMA else torch.int32, is_pure=False, pack=1,
     )
 
@@ -542,6 +543,7 @@ def mma_m64_kernel(
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
         first = part.begin * steps
+        b_buffer = shared_buffer(m64_exchange_bytes(WGMMA), 256, 128 if WGMMA else 16)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
                                                               ACT_ELEM, BLOCK_A, A_LAYOUT)
         if AHEAD > 1:
@@ -556,7 +558,7 @@ def mma_m64_kernel(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
                 BLOCK_A, A_LAYOUT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
-            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, ACT_ELEM, WGMMA)
+            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
