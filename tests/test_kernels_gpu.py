@@ -170,6 +170,8 @@ def test_mma_m64_pairs(pair, m, gen):
             run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, **config})
     # 2 windows, fewer than 3 ahead: the loads wrap around
     run_and_check(pair, m, 128, 128, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "ahead": 3})
+    for wgmma in (True, False):  # 3 windows: a loop LLVM unrolls, with one exchange buffer for every copy
+        run_and_check(pair, m, 128, 192, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "wgmma": wgmma})
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 128, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)
