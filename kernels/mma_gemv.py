@@ -66,9 +66,10 @@ from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_bytes, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx)
 
-# One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows, or
-# with K_WARPS > 1 K_WARPS warps on 16 or 32 rows (written as literals in the kernel and its
-# helpers: Helion passes module constants as extra arguments).
+# One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
+# K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
+# (written as literals in the kernel and its helpers: Helion passes module constants as extra
+# arguments).
 
 
 def program_row_warps(K_WARPS, SHARED_B):
