@@ -590,7 +590,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if type(ahead) is not int or not low <= ahead <= high:
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
-    if shared_b is True and k_warps > 8 and not wide_m:
+    if shared_b and k_warps > 8:  # (above MMA_WARP_M k_warps > 1 was refused)
         raise ValueError(f"config: k_warps with shared_b is at most 8 (slices of 4 warps, 32 in all), got {config!r}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps)

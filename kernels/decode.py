@@ -437,15 +437,15 @@ MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2)
 MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
 
 
-def m64_exchange_bytes(wgmma: bool) -> int:
-    """Shared memory of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX` (aligned to 128 for wgmma):
-    two buffers of one window."""
-    return 2 * MMA_M64_B_ROWS * (128 if wgmma else MMA_SHARED_B_ROW)
+def m64_exchange_buffer(wgmma: bool) -> tuple[int, int]:
+    """(bytes, alignment) of the buffer of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX`: two
+    windows, aligned to 128 for wgmma's matrix descriptor."""
+    return (2 * MMA_M64_B_ROWS * 128, 128) if wgmma else (2 * MMA_M64_B_ROWS * MMA_SHARED_B_ROW, 16)
 
 
 def _m64_exchange(wide: bool) -> str:
     """Output $0: the address; inputs: the thread's 32 bytes (4 int64 if `wide`, else 8
-    int32), the window's parity, then the address of an `m64_exchange_bytes(False)` buffer
+    int32), the window's parity, then the address of an `m64_exchange_buffer(False)` buffer
     (`shared_buffer_ptx`)."""
     row, n_in = MMA_SHARED_B_ROW, 4 if wide else 8
     size = MMA_M64_B_ROWS * row
@@ -484,8 +484,8 @@ WGMMA_LBO, WGMMA_SBO = 128, 1024
 def _wgmma_exchange(wide: bool) -> str:
     """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
-    int64 if `wide`), the window's parity, then the address of an `m64_exchange_bytes(True)`
-    buffer aligned to 128 (`shared_buffer_ptx`)."""
+    int64 if `wide`), the window's parity, then the address of an `m64_exchange_buffer(True)`
+    buffer (`shared_buffer_ptx`)."""
     size = MMA_M64_B_ROWS * 128
     n_in = 4 if wide else 8
     regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide

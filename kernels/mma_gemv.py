@@ -63,7 +63,7 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_bytes, mma_b_factor, shared_b_bytes,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
@@ -325,11 +325,12 @@ def mma_gemv_kernel(
     K_WARPS warps on the same 16 ROW_GROUPS rows (with SHARED_B K_WARPS slices of the 4 warps on
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
     end (`k_warp_sums`)."""
-    threads = 32 * program_row_warps(K_WARPS, SHARED_B) * K_WARPS
+    row_warps = program_row_warps(K_WARPS, SHARED_B)
+    threads = 32 * row_warps * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // (16 * program_row_warps(K_WARPS, SHARED_B) * ROW_GROUPS), SPLIT], block_size=[1, 1]):
+    for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
         tid = thread_ids(threads)
         lane = tid & 31
         g = lane >> 2
@@ -398,7 +399,7 @@ def mma_gemv_kernel(
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
             store_groups(out, bias, k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS), gr, q, g, scale, M,
-                         N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * program_row_warps(K_WARPS, SHARED_B))
+                         N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:
@@ -544,7 +545,8 @@ def mma_m64_kernel(
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
         first = part.begin * steps
-        b_buffer = shared_buffer(m64_exchange_bytes(WGMMA), 256, 128 if WGMMA else 16)
+        size, align = m64_exchange_buffer(WGMMA)
+        b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
                                                               ACT_ELEM, BLOCK_A, A_LAYOUT)
         if AHEAD > 1:

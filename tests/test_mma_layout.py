@@ -636,12 +636,12 @@ def test_m64_exchange_gives_each_lane_its_b(wide):
     K 16 (t & 3) .. + 16); every lane (g, q) of every warp reads, per column group c, the 32
     bytes of row 8c + g at K 16q, in order: thread 4 (8c + g) + q's. The two buffers lie inside
     the declared array and do not overlap."""
-    from blockscaled.kernels.decode import MMA_M64_EXCHANGE_PTX, MMA_STEPS_M64_PTX, m64_exchange_bytes
+    from blockscaled.kernels.decode import MMA_M64_EXCHANGE_PTX, MMA_STEPS_M64_PTX, m64_exchange_buffer
 
     written = []
     for parity in (0, 1):
         outputs, memory, size, _ = run_shared_b_exchange(MMA_M64_EXCHANGE_PTX[wide], parity, 1, 256, MMA_STEPS_M64_PTX,
-                                                         size=m64_exchange_bytes(False))
+                                                         size=m64_exchange_buffer(False)[0])
         addresses = set(memory)
         written.append(addresses)
         assert size == 2 * 64 * 144 and len(addresses) == 64 * 128
@@ -663,11 +663,11 @@ def test_wgmma_exchange_gives_each_step_its_b(wide):
     the weights' K order (mma.sync's B registers) has it: bytes 2 (j & 1) of the writer's
     register 2s + (j >> 1), writer 4n + q. Every thread gets the same descriptor; the two
     buffers lie inside the declared array and do not overlap."""
-    from blockscaled.kernels.decode import WGMMA_EXCHANGE_PTX, m64_exchange_bytes
+    from blockscaled.kernels.decode import WGMMA_EXCHANGE_PTX, m64_exchange_buffer
 
     written = []
     for parity in (0, 1):
-        _, memory, size, regs = run_shared_b_exchange(WGMMA_EXCHANGE_PTX[wide], parity, 1, 256, size=m64_exchange_bytes(True))
+        _, memory, size, regs = run_shared_b_exchange(WGMMA_EXCHANGE_PTX[wide], parity, 1, 256, size=m64_exchange_buffer(True)[0])
         written.append(set(memory))
         assert size == 2 * 64 * 128 and len(memory) == 64 * 128
         (descriptor,) = {r["$0"] for r in regs}
