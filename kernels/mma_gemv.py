@@ -189,9 +189,10 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
     parity = window_parity(chunk[0], win)
     # pure although it stores and waits: Helion writes one asm call per output, and LLVM
-    # merges them into one only when they are pure (not pure: 16 copies, 72 KB of shared
-    # memory, which ptxas refused). Every thread runs it once per window, unconditionally,
-    # and its inputs differ per window, so it is neither hoisted nor merged across windows.
+    # merges them into one only when they are pure (not pure: 16 copies, each storing and
+    # waiting; when each also declared its buffer, 72 KB, which ptxas refused). Every thread
+    # runs it once per window, unconditionally, and its inputs differ per window, so it is
+    # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
         MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
         ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r", "r"]), [*chunk, parity, buffer],
