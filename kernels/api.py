@@ -652,8 +652,10 @@ def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int]
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
-    (`_mma_k_warps` where the options leave it 0) one program of k_warps warps per 16 * row_groups
-    rows (with shared B k_warps K slices of 4 warps per 64 * row_groups rows) and no split."""
+    one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
+    warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
+    `_mma_k_slices` at 8 < M <= 16 (with its row groups; split-K where it gives none), else from
+    `_mma_k_warps`."""
     wide_m = m > MMA_WARP_M
     if not options.k_warps and _mma_column_groups(m) == 2:  # 8 < M <= 16: K slices or split-K
         slices, row_groups = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups)

@@ -437,10 +437,16 @@ MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2)
 MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
 
 
+def _m64_window_bytes(wgmma: bool) -> int:
+    """Bytes of one exchanged B window of `mma_m64_kernel`: 64 rows of 64 bf16 (wgmma's core
+    matrices, 128 bytes a row) or of MMA_SHARED_B_ROW bytes (padded rows read with ld.shared)."""
+    return MMA_M64_B_ROWS * (128 if wgmma else MMA_SHARED_B_ROW)
+
+
 def m64_exchange_buffer(wgmma: bool) -> tuple[int, int]:
     """(bytes, alignment) of the buffer of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX`: two
     windows, aligned to 128 for wgmma's matrix descriptor."""
-    return (2 * MMA_M64_B_ROWS * 128, 128) if wgmma else (2 * MMA_M64_B_ROWS * MMA_SHARED_B_ROW, 16)
+    return 2 * _m64_window_bytes(wgmma), 128 if wgmma else 16
 
 
 def _m64_exchange(wide: bool) -> str:
@@ -448,7 +454,7 @@ def _m64_exchange(wide: bool) -> str:
     int32), the window's parity, then the address of an `m64_exchange_buffer(False)` buffer
     (`shared_buffer_ptx`)."""
     row, n_in = MMA_SHARED_B_ROW, 4 if wide else 8
-    size = MMA_M64_B_ROWS * row
+    size = _m64_window_bytes(False)
     vec = "v2.b64" if wide else "v4.b32"
     half = n_in // 2
     stores = "".join(
@@ -486,7 +492,7 @@ def _wgmma_exchange(wide: bool) -> str:
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
     int64 if `wide`), the window's parity, then the address of an `m64_exchange_buffer(True)`
     buffer (`shared_buffer_ptx`)."""
-    size = MMA_M64_B_ROWS * 128
+    size = _m64_window_bytes(True)
     n_in = 4 if wide else 8
     regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide
             else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(8)))
