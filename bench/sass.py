@@ -179,7 +179,8 @@ def mma_kernel_code(args, a, b, variant):
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
     kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
     kernel = api.mma_kernel(args.M)
-    return kernel.bind(kargs).to_triton_code(plan.cfg), kernel.fn, kargs, plan, 32 * options.row_groups
+    row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it
+    return kernel.bind(kargs).to_triton_code(plan.cfg), kernel.fn, kargs, plan, 32 * row_groups
 
 
 def main(argv=None):

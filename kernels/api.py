@@ -13,7 +13,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import operand_codes
+from .decode import MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, operand_codes, staged_b_bytes
 from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
@@ -527,6 +527,7 @@ class MmaOptions(NamedTuple):
     wgmma: bool  # M > MMA_WARP_M: wgmma where the device has it (else mma.sync)
     ahead: int  # windows loaded ahead (AHEAD)
     k_warps: int  # warps (K slices of 4 warps with shared B) splitting K inside a program (K_WARPS; > 1: split 1)
+    stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -542,15 +543,19 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     each over its share of K, summed in shared memory: no split-K across programs, so no
     "max_split"; default once K is known: `_mma_k_warps` for bf16 activations at M = 1,
     `_mma_k_slices` (which sets row_groups too) at 8 < M <= 16 for bf16 activations or fp8
-    weights, where the config sets none of max_split, row_groups, shared_b and ahead; else 1).
+    weights, where the config sets none of max_split, row_groups, shared_b and ahead; else 1) and
+    "stage_b": bool (fp4 / fp8 activations at M <= 8 with "k_warps" > 1 and without shared B: each warp
+    decodes its K range of the activation once, into shared memory; default at M = 1 for them where
+    the config sets none of the other keys: by `_mma_stage_b` once K is known, else False).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    if not isinstance(config, dict) or not set(config) <= {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps"}:
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b"}
+    if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead' and 'k_warps', or None, got {config!r}")
+                         f"'ahead', 'k_warps' and 'stage_b', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         not wide_m and _mma_column_groups(m) == 2 and (not narrow or fp8_weights)
@@ -592,8 +597,14 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
     if shared_b and k_warps > 8:  # (above MMA_WARP_M k_warps > 1 was refused)
         raise ValueError(f"config: k_warps with shared_b is at most 8 (slices of 4 warps, 32 in all), got {config!r}")
+    stage_b = config.get("stage_b", None if m == 1 and narrow and not config else False)
+    if stage_b is not None and not isinstance(stage_b, bool):
+        raise ValueError(f"config: stage_b must be a bool, got {stage_b!r}")
+    if stage_b and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1 and not shared_b):
+        raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False, "
+                         f"got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps)
+                      wgmma, ahead, k_warps, stage_b)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -649,14 +660,31 @@ def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int]
     return None
 
 
+def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
+    """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
+    16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
+    steps = k // 64 // k_warps
+    return (k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and (m * steps) % 8 == 0
+            and m * steps // 8 in MMA_STAGED_B_STORE_PTX)
+
+
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
     """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 8 < M <= 16 (with its row groups; split-K where it gives none), else from
-    `_mma_k_warps`."""
+    `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
+    with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
+    if options.stage_b is None:
+        k_warps = _mma_k_warps(k // 64, n // 16, b.device)
+        staged = _mma_stage_b(m, k, k_warps)
+        options = options._replace(stage_b=staged, **(dict(row_groups=1, shared_b=False, ahead=0, k_warps=k_warps,
+                                                           max_split=1, programs_per_sm=0) if staged else {}))
+    if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
+        raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
+                         f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and _mma_column_groups(m) == 2:  # 8 < M <= 16: K slices or split-K
         slices, row_groups = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups)
         options = options._replace(k_warps=slices, row_groups=row_groups)
@@ -672,9 +700,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                                      b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
-    # AHEAD, K_WARPS
+    # AHEAD, K_WARPS, STAGE_B
     tail = ((split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m
-            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps))
+            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)

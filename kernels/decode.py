@@ -371,6 +371,57 @@ def shared_b_bytes(col_groups: int, slices: int) -> int:
     return 2 * 8 * col_groups * MMA_SHARED_B_ROW * slices
 
 
+# Staged B (`mma_gemv_kernel` with STAGE_B: fp4 / fp8 activations, M <= 8, K split over the warps):
+# before its K loop each warp decodes its own K range of the activation once, as bf16 in K order,
+# into shared memory (row r at r * staged_b_row_bytes(K), 16 bytes past 2K so that 8 rows fall on
+# distinct banks), and every window reads its lanes' B registers there with two ld.shared.v4: no
+# per-window activation loads or decodes, and no CTA barrier (a warp reads only what it wrote,
+# after `bar.warp.sync`, which orders the warp's shared-memory accesses).
+def staged_b_row_bytes(k: int) -> int:
+    """Bytes between two activation rows of a staged B buffer."""
+    return 2 * k + 16
+
+
+def staged_b_bytes(m: int, k: int) -> int:
+    """Shared memory of a staged B buffer of m rows of K."""
+    return m * staged_b_row_bytes(k)
+
+
+def staged_b_chunk(lane, j: int, first, steps: int):
+    """(activation row, 16-K chunk of the row) that `lane` of a warp stages as its j-th: of the
+    warp's M x 4 steps chunks from window `first` on, lane l takes l, l + 32, ... (ints or tensors)."""
+    chunk = j * 32 + lane
+    return chunk // (4 * steps), first * 4 + chunk % (4 * steps)
+
+
+def staged_b_offset(row, k16, k: int):
+    """Byte offset of activation row `row`'s 16-K chunk `k16` (K 16 k16 .. + 16, 32 bytes of bf16)
+    in a staged B buffer; window w's B registers of lane q are chunk 4 w + q."""
+    return row * staged_b_row_bytes(k) + k16 * 32
+
+
+def _staged_b_store(chunks: int) -> str:
+    """Output $0: the buffer address (a token the window reads take, so that they come after);
+    inputs: the lane's `chunks` x 8 B registers (16 decoded elements each), their byte offsets
+    in the buffer, then the buffer's address (`shared_buffer_ptx`)."""
+    offsets, base = 1 + 8 * chunks, 1 + 9 * chunks
+    stores = "".join(
+        f"add.u32 a, ${base}, ${offsets + j}; "
+        + "".join(f"st.shared.v4.b32 [a+{16 * h}], {{{', '.join(f'${1 + 8 * j + 4 * h + i}' for i in range(4))}}}; "
+                  for h in range(2))
+        for j in range(chunks)
+    )
+    return f"{{ .reg .b32 a; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
+
+
+# by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps)
+MMA_STAGED_B_STORE_PTX = {c: _staged_b_store(c) for c in range(1, 17)}
+# Outputs $0 .. $7: a lane's 8 B registers of a window (step s: $2s, $2s + 1), input: their shared address
+MMA_STAGED_B_LOAD_PTX = "ld.shared.v4.b32 {$0, $1, $2, $3}, [$8]; ld.shared.v4.b32 {$4, $5, $6, $7}, [$8+16];"
+# Largest staged B buffer: with the K-warp sums' (at most 7.7 KB at M <= 8) inside 48 KB of static shared
+# memory, and 4 programs of 16 warps per SM (the K_WARPS rule's) inside the SM's 228 KB.
+MMA_STAGED_B_MAX_BYTES = 32 * 1024 + 16
+
 # K split over the warps of a program (`mma_gemv_kernel` with K_WARPS > 1): each group of
 # `group` threads (a warp, or with shared B a K slice of 4 warps) holds partial sums of the same
 # rows over its own K; groups 1 .. K_WARPS - 1 write theirs into shared memory (value j of group w

@@ -62,9 +62,10 @@ from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
-                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
-                     shared_buffer_ptx)
+                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
+                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX, WGMMA_STEPS_PTX, k_warp_sum_rounds,
+                     m64_exchange_buffer, mma_b_factor, shared_b_bytes, shared_buffer_ptx, staged_b_bytes,
+                     staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -201,6 +202,31 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
+def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT):
+    """Stage the warp's B (`decode.MMA_STAGED_B_STORE_PTX`): rows 0 .. M - 1 of the activation in
+    the warp's K range (`steps` windows from `first`), decoded by 16-K chunks (`b_words`,
+    `b_registers`, `decode.staged_b_chunk`) into a new shared buffer; returns the buffer's address,
+    which the window reads (`staged_b_registers`) take so that they come after."""
+    buffer = shared_buffer(staged_b_bytes(M, K), threads)
+    regs, offsets = [], []
+    for j in range(M * steps // 8):
+        row, k16 = staged_b_chunk(lane, j, first, steps)
+        regs += list(b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT), ACT_ELEM,
+                                 ACT_SCALE))
+        offsets.append(staged_b_offset(row, k16, K))
+    n = len(offsets)
+    return hl.inline_asm_elementwise(MMA_STAGED_B_STORE_PTX[n], ",".join(["=r"] + ["r"] * (9 * n + 1)),
+                                     [*regs, *offsets, buffer], dtype=torch.int32, is_pure=False, pack=1)
+
+
+def staged_b_registers(staged, row, win, q, K):
+    """The 8 B registers of the lane's column (activation `row`) in window `win` from a staged
+    buffer (`staged_b`): its 16-K chunk 4 win + q."""
+    return hl.inline_asm_elementwise(MMA_STAGED_B_LOAD_PTX, ",".join(["=r"] * 8 + ["r"]),
+                                     [staged + staged_b_offset(row, 4 * win + q, K)],
+                                     dtype=(torch.int32,) * 8, is_pure=True, pack=1)
+
+
 def activation_post(x_scale, ACT_SCALE):
     """What the sums are multiplied by for the activation: its global scale (nvfp4: times
     2^MMA_B_E4M3_SHIFT, which its B factors left out)."""
@@ -248,13 +274,14 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
     with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
-    rounds = k_warp_sum_rounds(n, K_WARPS, group, shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else 0)
+    other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
+    rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
         MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
@@ -316,6 +343,7 @@ def mma_gemv_kernel(
     SHARED_B: hl.constexpr,
     AHEAD: hl.constexpr,
     K_WARPS: hl.constexpr,
+    STAGE_B: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
@@ -325,7 +353,9 @@ def mma_gemv_kernel(
     one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1): a program is
     K_WARPS warps on the same 16 ROW_GROUPS rows (with SHARED_B K_WARPS slices of the 4 warps on
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
-    end (`k_warp_sums`)."""
+    end (`k_warp_sums`). STAGE_B (K_WARPS > 1, COL_GROUPS 1, fp4 / fp8 activations): each warp
+    decodes its K range of the activation into shared memory once (`staged_b`) and reads its B
+    registers there every window."""
     row_warps = program_row_warps(K_WARPS, SHARED_B)
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
@@ -358,6 +388,8 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums(threads)
         if SHARED_B:
             b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
+        if STAGE_B:
+            staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -378,11 +410,15 @@ def mma_gemv_kernel(
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
-                loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-                loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
+                if not STAGE_B:
+                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
+            elif STAGE_B:  # one column group
+                b_0 = staged_b_registers(staged, row_0, win, q, K)
+                b_1 = b_0
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
@@ -399,8 +435,8 @@ def mma_gemv_kernel(
         scale = post[0] * activation_post(x_scale, ACT_SCALE)
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            store_groups(out, bias, k_warp_sums(sums, M, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS), gr, q, g, scale, M,
-                         N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
+            store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:

@@ -53,6 +53,14 @@ def backend_used(pair, m):
     return [key[0] for key in api._LAUNCHES if key[1] == name and key[2] == m][-1]
 
 
+def mma_plan_staged(pair, m, n, k):
+    """Whether the mma plans cached for this pair and shape stage B (their last constexpr, STAGE_B)."""
+    from blockscaled.kernels import api
+
+    name = bs.SUPPORTED_PAIRS[pair]
+    return {plan.consts[-1] for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k)} == {True}
+
+
 def block_dot_folded(pair, m):
     """Whether the most recent block_dot plan cached for this pair and M folds its scales."""
     from blockscaled.kernels import api
@@ -173,7 +181,7 @@ def unit_scales(f, rows, k, device):
 def mma_decodes_every_activation_code(pair, device):
     """fp4 / fp8 activations on the mma kernel: 16 rows over K = 512 (fp4) or 1024 (fp8) put
     every code at every position of a 64-K window (every nibble or byte, lane, step and
-    register) and in both column groups (M = 16, each B path), and at M = 64 in all eight;
+    register) and in both column groups (M = 16, each B path), staged (M = 8, twice), and at M = 64 in all eight;
     picking weights return each element, exact. fp8 NaN bytes (which turn their whole output
     row NaN) are left to `..._activation_nan`."""
     fa, fb = pair
@@ -189,10 +197,13 @@ def mma_decodes_every_activation_code(pair, device):
         data = (torch.arange(k, device=device).unsqueeze(0) // 64 + 16 * r) % 256
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     b = picking_weights(fb, k, k, 1, device)
-    # each warp's B or the program's, and mma_m64_kernel's
-    runs = [*((m, {"shared_b": shared}) for m, shared in itertools.product((1, 16), (False, True))), (64, {})]
-    for m, config in runs:
-        a = raw_qtensor(data.to(torch.uint8)[:m].contiguous(), unit_scales(f, m, k, device), fa)
+    # each warp's B or the program's, staged (rows 0-7 and 8-15: fp8's two signs), and mma_m64_kernel's
+    staged = {"stage_b": True, "k_warps": 2, "shared_b": False, "row_groups": 1}
+    runs = [*((range(m), {"shared_b": shared}) for m, shared in itertools.product((1, 16), (False, True))),
+            (range(8), staged), (range(8, 16), staged), (range(64), {})]
+    for rows, config in runs:
+        m = len(rows)
+        a = raw_qtensor(data.to(torch.uint8)[rows.start:rows.stop].contiguous(), unit_scales(f, m, k, device), fa)
         out = torch.full((m, k), float("nan"), device=device)  # poison
         bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config=config)
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
@@ -220,9 +231,10 @@ def mma_decodes_every_activation_scale(pair, device):
     b = picking_weights(fb, 128, k, f.block_size, device)
     ref = ref_scaled_mm(a, b).float()
     assert ref[2:].isnan().all() and not ref[:2].isnan().any()
-    for shared_b in (False, True):
+    staged = {"stage_b": True, "k_warps": 2, "shared_b": False, "row_groups": 1}
+    for config in ({"shared_b": False}, {"shared_b": True}, staged):
         out = torch.full((rows, 128), 12345.5, device=device)  # poison: neither NaN nor any scale
-        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config={"shared_b": shared_b})
+        bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="mma", config=config)
         torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
 
 

@@ -10,7 +10,8 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
                    decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
-                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_scale_code_sets, run_and_check)
+                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_scale_code_sets,
+                   run_and_check)
 
 pytestmark = pytest.mark.gpu
 
@@ -152,6 +153,29 @@ def test_mma_k_warps(pair, m, gen):
     run_and_check(pair, m, 1024, 1536, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True,
                   config={"k_warps": 8, "row_groups": 1, "shared_b": True})
     assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS[2:5] + MMA_PAIRS[6:], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_mma_staged_b(pair, m, gen):
+    """fp4 / fp8 activations staged in shared memory (each warp decodes its K range once): 1 to 16
+    chunks of 16 K per lane, 2 to 16 warps, one and two row groups, the largest buffer (M = 1,
+    K = 16384), bias and bf16 / fp16 out, swizzled scales; the default at M = 1 (8192^2) stages."""
+    shapes = {1: [(2048, 8192, 16, 1), (256, 16384, 2, 2), (256, 1024, 2, 1)],
+              3: [(2048, 2048, 4, 1), (256, 4096, 2, 2)], 8: [(1024, 1024, 2, 2), (2048, 1536, 4, 1), (256, 1536, 2, 1)]}
+    for n, k, k_warps, row_groups in shapes[m]:
+        config = {"stage_b": True, "k_warps": k_warps, "row_groups": row_groups, "shared_b": False}
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
+    n, k, k_warps, _ = shapes[m][0]
+    config = {"stage_b": True, "k_warps": k_warps, "shared_b": False}
+    run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True, config=config)
+    run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True, config=config)
+    for layout in ("swizzle_32_4_4", "cdna4_16"):
+        run_and_check(pair, m, n, k, "cuda", gen, layout=layout, data_layout="mma_m16k16", config=config)
+    assert backend_used(pair, m) == "mma"
+    if m == 1:
+        run_and_check(pair, 1, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
+        assert mma_plan_staged(pair, 1, 8192, 8192)
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")

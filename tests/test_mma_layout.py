@@ -292,23 +292,23 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
-    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1)  # N % 128 != 0: one, the wave rule
+    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0) but for fp4 x fp4
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, int(narrow))
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, int(narrow), False)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 1)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 1, False)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD, 1)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD, 1, False)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -343,10 +343,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1, 1 < M <= 8, a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 1
@@ -369,17 +369,17 @@ def test_k_warps_options(monkeypatch):
     with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
         api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
     plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
-    assert plan.consts[-1] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
     monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
     plan = api._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, api._mma_options(None, 1, 8192, False))
-    assert (plan.consts[-1], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
+    assert (plan.consts[-2], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
     # K slices with shared B: 4 warps each, 64 rows per row group of the program
     x = bs.quantize(torch.randn(16, 1024), "nvfp4").with_data_layout("k_order")
     b = bs.quantize(torch.randn(8192, 1024), "nvfp4").with_data_layout("mma_m16k16")
     plan = api._mma_plan(x, b, False, 16, 8192, 1024, api._mma_options({"k_warps": 4, "row_groups": 1}, 16, 8192, True))
-    assert (plan.consts[-3:], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == ((True, 0, 4), 1, None, 16)
+    assert (plan.consts[-4:], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == ((True, 0, 4, False), 1, None, 16)
 
 
 def test_k_slices_options(monkeypatch):
@@ -400,15 +400,118 @@ def test_k_slices_options(monkeypatch):
     for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (1, 2, 4))):
         b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(None, x, b, 16, n))
-        row_groups, split, shared_b, ahead, k_warps = plan.consts[-5:]
+        row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
         assert (k_warps, row_groups, plan.cfg.config["num_warps"]) == expected and shared_b
         assert (split == 1) == (k_warps > 1) and (plan.workspace is None) == (k_warps > 1)
     bf16 = torch.randn(16, 8192).to(torch.bfloat16)
     b = bs.quantize(torch.randn(8192, 8192), "mxfp4").with_data_layout("mma_m16k16")
     plan = api._mma_plan(bf16[:9], b, False, 9, 8192, 8192, api.mma_options_for(None, bf16[:9], b, 9, 8192))
-    assert plan.consts[-5:] == (1, 1, True, 0, 8) and plan.workspace is None
+    assert plan.consts[-6:] == (1, 1, True, 0, 8, False) and plan.workspace is None
     plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
-    assert plan.consts[-1] == 1 and plan.split > 1  # a config that sets row_groups: split-K
+    assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
+
+
+def test_stage_b_options(monkeypatch):
+    """Staged B: by default for fp4 / fp8 activations at M = 1 (132 SMs) with `_mma_k_warps`'s warps,
+    one row group and no shared B, where M x (2 K + 16) <= 32 KB + 16 and the warps' K ranges split
+    evenly over their lanes (else the split-K default, as before); given, it needs fp4 / fp8
+    activations at M <= 8, k_warps > 1 and no shared B, and a plan it fits."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    # (N, K): (k_warps, staged); 8192 x 28672: 57 KB; 1024 x 8192: 64 programs, split-K; K = 16384: the largest
+    expected = {(8192, 8192): (16, True), (10240, 8192): (8, True), (57344, 8192): (16, True), (8192, 28672): (1, False),
+                (1024, 8192): (1, False), (8192, 16384): (16, True), (8192, 1024): (1, False)}  # K = 1024: 1 window per warp
+    for (n, k), want in expected.items():
+        b = bs.quantize(torch.randn(64, k), "nvfp4").with_data_layout("mma_m16k16")
+        options = api._mma_options(None, 1, n, True)
+        x = bs.quantize(torch.randn(1, k), "nvfp4").with_data_layout("k_order")
+        plan = api._mma_plan(x, b, False, 1, n, k, options)
+        row_groups, split, shared_b, ahead, k_warps, staged = plan.consts[-6:]
+        assert (k_warps, staged) == want, (n, k)
+        if staged:
+            assert (row_groups, split, shared_b, ahead, plan.workspace, plan.cfg.config["num_warps"]) == (
+                1, 1, False, 0, None, k_warps)
+        else:  # the split-K default of fp4 / fp8 activations: two row groups, shared B
+            assert (row_groups, shared_b, k_warps) == (2, True, 1) and split > 1
+    assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
+    assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
+    given = {"stage_b": True, "k_warps": 4, "shared_b": False}
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True)  # two row groups unless given
+    assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
+    for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
+                           ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
+        with pytest.raises(ValueError, match="stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1"):
+            api._mma_options(bad, m, 8192, narrow)
+    with pytest.raises(ValueError, match="stage_b must be a bool"):
+        api._mma_options({**given, "stage_b": 1}, 1, 8192, True)
+    b = bs.quantize(torch.randn(64, 16384), "nvfp4").with_data_layout("mma_m16k16")
+    x2 = bs.quantize(torch.randn(2, 16384), "nvfp4").with_data_layout("k_order")
+    with pytest.raises(ValueError, match=r"stage_b needs M x \(2 K \+ 16\) <= 32784 bytes"):
+        api._mma_plan(x2, b, False, 2, 64, 16384, api._mma_options({**given, "k_warps": 2}, 2, 64, True))
+
+
+def run_staged_b(m: int, k: int, k_warps: int):
+    """Interpret `MMA_STAGED_B_STORE_PTX` for every lane of every warp of a program (bytes labelled
+    (warp, row, 16-K chunk) of the chunk the lane decoded, by `staged_b_chunk`, at `staged_b_offset`),
+    then `MMA_STAGED_B_LOAD_PTX` for every lane and window of each warp: the bytes each read."""
+    from blockscaled.kernels.decode import (MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX, staged_b_bytes, staged_b_chunk,
+                                            staged_b_offset)
+
+    steps = k // 64 // k_warps
+    chunks = m * steps // 8
+    ptx = MMA_STAGED_B_STORE_PTX[chunks]
+    assert "bar.sync" not in ptx and ptx.count("bar.warp.sync -1;") == 1 and ptx.index("bar.warp") > ptx.rindex("st.shared")
+    memory, size = {}, staged_b_bytes(m, k)
+    for warp, lane in itertools.product(range(k_warps), range(32)):
+        first = warp * steps
+        ins = {}
+        for j in range(chunks):
+            row, k16 = staged_b_chunk(lane, j, first, steps)
+            ins |= {f"${1 + 8 * j + i}": [(warp, row, k16, 4 * i + b) for b in range(4)] for i in range(8)}
+            ins[f"${1 + 8 * chunks + j}"] = staged_b_offset(row, k16, k)
+        ins[f"${1 + 9 * chunks}"] = 0  # the buffer's address
+        regs = {}
+        for line in (x.strip() for x in ptx.strip()[1:-1].split(";")):
+            if line.startswith("add.u32"):
+                dst, x, y = line.split(None, 1)[1].split(", ")
+                regs[dst] = ins[x] + ins[y]
+            elif line.startswith("st.shared.v4.b32"):
+                base, off, values = re.match(r"st\.shared\.v4\.b32 \[(\w+)\+(\d+)\], \{([^}]*)\}", line).groups()
+                addr = regs[base] + int(off)
+                assert addr % 16 == 0 and 0 <= addr and addr + 16 <= size
+                for i, v in enumerate(values.split(", ")):
+                    for b, label in enumerate(ins[v]):
+                        assert addr + 4 * i + b not in memory, "a byte written twice"
+                        memory[addr + 4 * i + b] = label
+    reads = {}
+    loads = re.findall(r"ld\.shared\.v4\.b32 \{([^}]*)\}, \[\$8(?:\+(\d+))?\]", MMA_STAGED_B_LOAD_PTX)
+    for warp, lane, w in itertools.product(range(k_warps), range(32), range(steps)):
+        g, q = lane >> 2, lane & 3
+        row, win = min(g, m - 1), warp * steps + w
+        addr = staged_b_offset(row, 4 * win + q, k)
+        out = {}
+        for outs, off in loads:
+            for i, o in enumerate(outs.split(", ")):
+                out[int(o[1:])] = [memory.get(addr + int(off or 0) + 4 * i + b) for b in range(4)]
+        reads[warp, lane, win] = [out[r] for r in range(8)]
+    return memory, size, reads
+
+
+@pytest.mark.parametrize("m,k,k_warps", [(1, 8192, 16), (1, 16384, 2), (3, 2048, 4), (8, 1536, 2), (8, 1024, 2)])
+def test_staged_b_gives_each_lane_its_b(m, k, k_warps):
+    """Staged B, its PTX run for every lane of every warp: each warp writes each 16-K chunk of each
+    activation row in its K range once, inside the buffer; each lane (g, q) of each warp reads, in
+    every window w of its range, the 8 registers of row min(g, M - 1) at K 64 w + 16 q in order
+    (registers 2s, 2s + 1: step s), all written by its own warp (no barrier across warps)."""
+    memory, size, reads = run_staged_b(m, k, k_warps)
+    steps = k // 64 // k_warps
+    assert len(memory) == 2 * m * k and size == m * (2 * k + 16)
+    for (warp, lane, win), regs in reads.items():
+        row = min(lane >> 2, m - 1)
+        for i, word in enumerate(regs):
+            assert word == [(warp, row, 4 * win + (lane & 3), 4 * i + b) for b in range(4)], (warp, lane, win, i)
+        assert win // steps == warp
 
 
 @pytest.mark.parametrize("values,k_warps,group,rounds", [(2, 2, 32, 1), (4, 16, 32, 1), (6, 4, 32, 1), (16, 16, 32, 1),
