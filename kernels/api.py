@@ -481,8 +481,8 @@ MMA_FP8_M16_MAX_SPLIT = 8
 # 16 warps lose where their programs (4 per SM at <= 32 registers) make 1.2 waves (10240 x 8192),
 # 8 warps where theirs fill half of one (8192 x 28672). So: the first of MMA_K_WARPS whose
 # programs fill 0.5 to 1 wave or make >= 3 waves, else split-K (`_mma_k_warps`). Not taken:
-# fp4 / fp8 activations (each warp decodes its own B: nvfp4 x nvfp4 at 2.48-3.18x
-# default against 2.14-3.10x) and M = 16 (B read once per warp: 0.88-3.04x against 2.12-3.11x,
+# fp4 / fp8 activations with B decoded by each warp every window (nvfp4 x nvfp4 at 2.48-3.18x
+# default against 2.14-3.10x; staged once per warp they take it: `_mma_stage_b`) and M = 16 (B read once per warp: 0.88-3.04x against 2.12-3.11x,
 # h100_mma_k_warps_m16_2026-11-23.log).
 MMA_K_WARPS = (16, 8)
 # K slices with shared B at 8 < M <= 16 (K_WARPS slices of 4 warps, `_mma_k_slices`) for bf16
@@ -660,6 +660,16 @@ def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int]
     return None
 
 
+# Staged B for fp4 / fp8 activations at M = 1 (`mma_gemv.staged_b`): each warp decodes its K range of the
+# activation into shared memory once, so they run the K_WARPS loop of bf16 activations with B read from
+# shared memory (sm_90, N = K = 8192: nvfp4 x nvfp4 89 instructions per 32 weights at 29 registers,
+# against 246 per 64 for split-K with B exchanged per window). H100, M = 1, x cuBLAS bf16, split-K with
+# shared B (the default before) / staged, 8192^2 / 10240 x 8192 / 57344 x 8192
+# (bench/results/h100_mma_staged_b_m1_2fd43e4_2026-11-24.log): nvfp4 x nvfp4 2.51 / 2.89, 2.90 / 3.08,
+# 3.25 / 3.39x; mxfp4 x mxfp4 2.62 / 3.00, 2.99 / 3.23, 3.35 / 3.57x; mxfp8 x mxfp4 2.61 / 2.99, 2.99 /
+# 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
+# keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) lost
+# 10-35% in all 56 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""

@@ -31,6 +31,12 @@ groups: 247-255 instructions per window instead of 326-355 for fp4 / fp8 activat
 global loads instead of 18 for bf16. With shared B, AHEAD = 1 loads window w + 1's words
 before window w's barrier (72-77 registers at M = 16 instead of 56-61).
 
+With STAGE_B (fp4 / fp8 activations at M <= 8, K split over the warps) each warp decodes its K range
+of the activation into shared memory once, before its K loop (`staged_b`), and reads its lanes' B
+registers there every window with two ld.shared.v4: the loop of bf16 activations, without per-window
+activation loads or decodes, and no CTA barrier. The default at M = 1 where B fits (`api._mma_stage_b`):
+H100, 8192^2, x cuBLAS bf16, nvfp4 x nvfp4 2.51 -> 2.89x, mxfp4 x mxfp4 2.62 -> 3.00x (2fd43e4).
+
 Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
 into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
 stores. With K_WARPS > 1 the split is inside the program instead: K_WARPS warps on the same
