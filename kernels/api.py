@@ -456,8 +456,16 @@ MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2):
 # with caps 16 / 8 (bench/results/h100_mma_m64_split_77707b8_2026-11-23.log): 10240 x 8192 (80
 # row programs: split 16, 1280 programs, against 8, 640) 0.87-0.92x / 0.99-1.15x; where the rule
 # takes 4 (8192^2, 57344 x 8192, 8192 x 28672) 4 beat 8 and 16 in 12 of 16 cells.
+# Resident programs by (wgmma, fp4 / fp8 activations on fp4 weights): wgmma programs take 78-80
+# registers (3 per SM), mma.sync ones 83-88 (2). Counting 3 changes one shape of the four, 10240 x
+# 8192 (80 row programs: split 4, 320 programs, 0.81 of a wave, instead of 8). H100, M = 64, x cuBLAS
+# bf16, split 8 / 4 there (bench/results/h100_mma_m64_split4_10240_7729809_2026-11-24.log): bf16 x
+# mxfp4 1.20 / 1.33x, bf16 x nvfp4 1.21 / 1.30x, bf16 x mxfp8 1.02 / 1.23x, mxfp8 x mxfp8 1.02 /
+# 1.13x; but nvfp4 x nvfp4 1.33 / 1.19x, mxfp4 x mxfp4 1.37 / 1.29x, mxfp8 x mxfp4 1.35 / 1.26x
+# (issue-bound at 204 instructions per window against 117-195: a third program on 56 of the SMs
+# lengthens the slowest). So those three keep counting 2.
 MMA_M64_MAX_SPLIT = 8
-MMA_M64_PROGRAMS_PER_SM = {False: 2, True: 2}
+MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2, (False, True): 2}
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -482,8 +490,8 @@ MMA_FP8_M16_MAX_SPLIT = 8
 # 8 warps where theirs fill half of one (8192 x 28672). So: the first of MMA_K_WARPS whose
 # programs fill 0.5 to 1 wave or make >= 3 waves, else split-K (`_mma_k_warps`). Not taken:
 # fp4 / fp8 activations with B decoded by each warp every window (nvfp4 x nvfp4 at 2.48-3.18x
-# default against 2.14-3.10x; staged once per warp they take it: `_mma_stage_b`) and M = 16 (B read once per warp: 0.88-3.04x against 2.12-3.11x,
-# h100_mma_k_warps_m16_2026-11-23.log).
+# default against 2.14-3.10x; staged once per warp they take it: `_mma_stage_b`) and M = 16 (B read
+# once per warp: 0.88-3.04x against 2.12-3.11x, h100_mma_k_warps_m16_2026-11-23.log).
 MMA_K_WARPS = (16, 8)
 # K slices with shared B at 8 < M <= 16 (K_WARPS slices of 4 warps, `_mma_k_slices`) for bf16
 # activations and fp8 weights: no split-K epilogue, whose atomics grow with the split (16 at
@@ -499,7 +507,12 @@ MMA_K_WARPS = (16, 8)
 # bf16 x mxfp4. Not taken: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
 # the rule would take slices), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
 # activations 0.92x-3.36x against the split-K default's 1.76x-3.45x, within 2% at best).
-MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf")), (8, 1, 1, 0.9, 1.0))  # (slices, row groups, resident, waves low, high)
+# 8 slices of one row group load one window ahead (AHEAD 1) for bf16 activations on fp4 weights: H100,
+# M = 16, 8192^2, x cuBLAS bf16, ahead 0 / 1 (h100_mma_m16_slices_ahead_7729809_2026-11-24.log): bf16 x
+# mxfp4 2.53 / 2.66x, bf16 x nvfp4 2.46 / 2.56x; fp8 weights lose (bf16 x mxfp8 1.73 / 1.67x, mxfp8 x
+# mxfp8 1.68 / 1.64x: twice the words carried).
+# (slices, row groups, resident, waves low, high, ahead for bf16 x fp4)
+MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0), (8, 1, 1, 0.9, 1.0, 1))
 MMA_K_SLICES_MAX_WINDOWS = 128
 
 
@@ -570,7 +583,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
                              f"got {config!r}")
-        row_groups, default_split, programs_per_sm, shared_b = 1, MMA_M64_MAX_SPLIT, MMA_M64_PROGRAMS_PER_SM[narrow], True
+        # the mma.sync count; the plan takes wgmma's where the device runs it
+        programs_per_sm = MMA_M64_PROGRAMS_PER_SM[False, narrow and not fp8_weights]
+        row_groups, default_split, shared_b = 1, MMA_M64_MAX_SPLIT, True
     else:
         if "wgmma" in config:
             raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
@@ -647,16 +662,17 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     return 1
 
 
-def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int] | None:
-    """(K slices, row groups) at 8 < M <= 16 by `MMA_K_SLICES`: 4 slices of two row groups where
-    their programs (2 resident per SM) make at least one wave, else 8 of one where theirs (1 per
-    SM) fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
+def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int, int] | None:
+    """(K slices, row groups, ahead for bf16 x fp4) at 8 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
+    row groups where their programs (2 resident per SM) make at least one wave, else 8 of one where
+    theirs (1 per SM) fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None:
+    split-K."""
     sms = _sm_count(device)
     if windows <= MMA_K_SLICES_MAX_WINDOWS:
-        for slices, row_groups, resident, low, high in MMA_K_SLICES:
+        for slices, row_groups, resident, low, high, ahead in MMA_K_SLICES:
             programs = n // (64 * row_groups)
             if windows % slices == 0 and n % (64 * row_groups) == 0 and low <= programs / (resident * sms) <= high:
-                return slices, row_groups
+                return slices, row_groups, ahead
     return None
 
 
@@ -683,7 +699,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
-    `_mma_k_slices` at 8 < M <= 16 (with its row groups; split-K where it gives none), else from
+    `_mma_k_slices` at 8 < M <= 16 (with its row groups, and for bf16 x fp4 its ahead; split-K where it
+    gives none), else from
     `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
     with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
@@ -696,14 +713,19 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and _mma_column_groups(m) == 2:  # 8 < M <= 16: K slices or split-K
-        slices, row_groups = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups)
-        options = options._replace(k_warps=slices, row_groups=row_groups)
+        slices, row_groups, ahead = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups, options.ahead)
+        bf16_fp4 = not isinstance(a, QTensor) and b.fmt.is_packed
+        options = options._replace(k_warps=slices, row_groups=row_groups, ahead=ahead if bf16_fp4 else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
+    wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
+    if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
+        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[
+            wgmma, isinstance(a, QTensor) and b.fmt.is_packed])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
     row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
@@ -711,7 +733,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
     # AHEAD, K_WARPS, STAGE_B
-    tail = ((split, options.wgmma and _has_wgmma(b.device), options.ahead) if wide_m
+    tail = ((split, wgmma, options.ahead) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,

@@ -247,26 +247,32 @@ def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
 def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every pair it runs
-    (bf16 activations, fp8 weights) at M = 16, N = K = 8192."""
+    (bf16 activations, fp8 weights) at M = 16, N = K = 8192, with its windows ahead for bf16 x fp4."""
     from blockscaled.kernels.api import MMA_K_SLICES
 
     from bench import sass
 
     formats = [f for f in FORMAT_PAIRS if f in mma_formats(False) or f == "mxfp8"]
-    argv = ["--backend", "mma", "--format", *formats, "-M", "16", "-N", "8192", "-K", "8192",
-            "--variants", json.dumps([{"k_warps": k, "row_groups": r} for k, r, *_ in MMA_K_SLICES])]
+    variants = [{"k_warps": k, "row_groups": r} for k, r, *_ in MMA_K_SLICES]
+    variants += [{"k_warps": k, "row_groups": r, "ahead": ahead} for k, r, *_, ahead in MMA_K_SLICES if ahead]
+    argv = ["--backend", "mma", "--format", *formats, "-M", "16", "-N", "8192", "-K", "8192", "--variants", json.dumps(variants)]
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
-    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
-        for (slices, _, resident, *_), counts in zip(MMA_K_SLICES, sass_rows(out, pair), strict=True):
+    ahead = [entry for entry in MMA_K_SLICES if entry[-1]]
+    for fmt in formats:
+        pair = bs.SUPPORTED_PAIRS[FORMAT_PAIRS[fmt]]
+        rows = sass_rows(out, pair)
+        bf16_fp4 = fmt.startswith("w4a16")  # the pairs that load ahead by default
+        for (slices, _, resident, *_), counts in zip(MMA_K_SLICES + tuple(ahead if bf16_fp4 else ()), rows, strict=False):
             assert_programs_fit(pair, counts, resident, warps=4 * slices)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
 def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192,
-    with wgmma (sm_90: 4 HGMMA m64n64k16 per window) and with mma.sync (32 HMMA: 8 column groups
-    x 4 steps): registers and shared memory (two 64-row B windows) of every pair it covers."""
+    with wgmma (sm_90: 4 HGMMA m64n64k16 per window; 3 programs, 2 for fp4 / fp8 activations on fp4
+    weights) and with mma.sync (32 HMMA: 8 column groups x 4 steps; 2): registers and shared memory
+    (two 64-row B windows) of every pair."""
     from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM
 
     from bench import sass
@@ -278,8 +284,9 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
         wgmma, mma_sync = sass_rows(out, pair)
         assert (wgmma["HGMMA"], wgmma["HMMA"], mma_sync["HGMMA"], mma_sync["HMMA"]) == (4, 0, 0, 32), pair
-        for counts in (wgmma, mma_sync):
-            assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[narrow], warps=8)
+        issue_bound = narrow and not pair.endswith("mxfp8")
+        for kernel, counts in ((True, wgmma), (False, mma_sync)):
+            assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[kernel, issue_bound], warps=8)
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():

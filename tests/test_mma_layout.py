@@ -307,7 +307,8 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[False], 1, True, True, api.MMA_M64_AHEAD, 1, False)
+    # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False)
     assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
@@ -328,6 +329,18 @@ def test_split_fills_the_last_wave(monkeypatch):
     # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
     m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 8, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
+    # 3 (wgmma, 80 registers): 10240 x 8192 takes 4 (320 programs, 0.81 of 396; 8 ties and comes later)
+    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 3, cpu) for n, k in shapes}
+    assert m64 == {(8192, 8192): 4, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
+    # the plan: 3 with wgmma but for fp4 / fp8 activations on fp4 weights, 2 with mma.sync
+    bf16, nvfp4 = torch.randn(64, 8192).to(torch.bfloat16), bs.quantize(torch.randn(64, 8192), "nvfp4").with_data_layout("k_order")
+    mxfp8 = bs.quantize(torch.randn(64, 8192), "mxfp8").with_data_layout("k_order")
+    for has_wgmma, (x, w), split in [(True, (bf16, "mxfp4"), 4), (True, (mxfp8, "mxfp8"), 4), (True, (nvfp4, "nvfp4"), 8),
+                                     (True, (mxfp8, "mxfp4"), 8), (False, (bf16, "mxfp4"), 8)]:
+        monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
+        b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
+        plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
+        assert (plan.split, plan.consts[-2]) == (split, has_wgmma), (has_wgmma, w)
 
 
 def test_k_warps_options(monkeypatch):
@@ -386,7 +399,8 @@ def test_k_slices_options(monkeypatch):
     """K slices by default at 8 < M <= 16 for bf16 activations and fp8 weights (132 SMs): 4
     slices of two row groups where their programs (2 per SM) make >= 1 wave, else 8 of one row
     group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
-    takes the slices' row groups, split 1, no workspace and 16 / 32 warps."""
+    takes the slices' row groups, split 1, no workspace and 16 / 32 warps, and with 8 slices for
+    bf16 activations on fp4 weights one window ahead."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
@@ -394,8 +408,8 @@ def test_k_slices_options(monkeypatch):
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (8448, 8192), (8192, 192)]
     # 57344: 448 programs of two groups = 1.7 waves; 8192: 128 of one = 0.97; 10240: 160 = 1.21, 80 = 0.30
     assert {(n, k): api._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
-        (8192, 8192): (8, 1), (10240, 8192): None, (57344, 8192): (4, 2), (8192, 28672): None, (1024, 8192): None,
-        (8448, 8192): (8, 1), (8192, 192): None}  # 3 windows: no 8 slices
+        (8192, 8192): (8, 1, 1), (10240, 8192): None, (57344, 8192): (4, 2, 0), (8192, 28672): None, (1024, 8192): None,
+        (8448, 8192): (8, 1, 1), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
     for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (1, 2, 4))):
         b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
@@ -406,7 +420,12 @@ def test_k_slices_options(monkeypatch):
     bf16 = torch.randn(16, 8192).to(torch.bfloat16)
     b = bs.quantize(torch.randn(8192, 8192), "mxfp4").with_data_layout("mma_m16k16")
     plan = api._mma_plan(bf16[:9], b, False, 9, 8192, 8192, api.mma_options_for(None, bf16[:9], b, 9, 8192))
-    assert plan.consts[-6:] == (1, 1, True, 0, 8, False) and plan.workspace is None
+    assert plan.consts[-6:] == (1, 1, True, 1, 8, False) and plan.workspace is None  # 8 slices, bf16 x fp4: ahead 1
+    for w in ("mxfp8", "mxfp4"):  # not for fp8 weights, nor at 4 slices
+        for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344)):
+            b = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
+            plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
+            assert plan.consts[-3] == int(w == "mxfp4" and act is bf16 and n == 8192), (w, n)
     plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
     assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
 
