@@ -684,8 +684,8 @@ def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int,
 # (bench/results/h100_mma_staged_b_m1_2fd43e4_2026-11-24.log): nvfp4 x nvfp4 2.51 / 2.89, 2.90 / 3.08,
 # 3.25 / 3.39x; mxfp4 x mxfp4 2.62 / 3.00, 2.99 / 3.23, 3.35 / 3.57x; mxfp8 x mxfp4 2.61 / 2.99, 2.99 /
 # 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
-# keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) lost
-# 10-35% in all 56 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
+# keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
+# 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
