@@ -507,11 +507,18 @@ MMA_K_WARPS = (16, 8)
 # bf16 x mxfp4. Not taken: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
 # the rule would take slices), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
 # activations 0.92x-3.36x against the split-K default's 1.76x-3.45x, within 2% at best).
-# 8 slices of one row group load one window ahead (AHEAD 1) for bf16 activations on fp4 weights: H100,
-# M = 16, 8192^2, x cuBLAS bf16, ahead 0 / 1 (h100_mma_m16_slices_ahead_7729809_2026-11-24.log): bf16 x
-# mxfp4 2.53 / 2.66x, bf16 x nvfp4 2.46 / 2.56x; fp8 weights lose (bf16 x mxfp8 1.73 / 1.67x, mxfp8 x
-# mxfp8 1.68 / 1.64x: twice the words carried).
-# (slices, row groups, resident, waves low, high, ahead for bf16 x fp4)
+# 8 slices of one row group load one window ahead (AHEAD 1) for fp4 weights: H100, M = 16, 8192^2, x
+# cuBLAS bf16, ahead 0 / 1 (h100_mma_m16_slices_ahead_7729809_2026-11-24.log): bf16 x mxfp4 2.53 / 2.66x,
+# bf16 x nvfp4 2.46 / 2.56x; fp8 weights lose (bf16 x mxfp8 1.73 / 1.67x, mxfp8 x mxfp8 1.68 / 1.64x:
+# twice the words carried). fp4 / fp8 activations on fp4 weights take 8 slices too, with ahead: split-K /
+# 8 slices / with ahead (h100_mma_m16_narrow_slices_9adf1af_2026-11-24.log) nvfp4 x nvfp4 2.14 / 2.11 /
+# 2.21x, mxfp4 x mxfp4 2.10 / 2.16 / 2.27x, mxfp8 x mxfp4 2.13 / 2.15 / 2.28x; not 4 slices of two (nvfp4
+# x nvfp4 at 57344 x 8192 2.86 -> 2.79x, above). 1 < M <= 8 takes 8 slices as well (h100_mma_m4_m8_slices_
+# 9adf1af_2026-11-24.log, 8192^2, split-K / 8 slices / with ahead): M = 8 nvfp4 x nvfp4 1.86 / 2.22 /
+# 2.42x, mxfp8 x mxfp4 1.86 / 2.47 / 2.57x, bf16 x mxfp4 2.56 / 2.75 / 2.84x, mxfp8 x mxfp8 1.34 / 1.74 /
+# 1.67x, bf16 x mxfp8 1.62 / 1.77 / 1.71x; M = 4 nvfp4 x nvfp4 2.24 / 2.23 / 2.45x, bf16 x mxfp4 2.68 / 2.75
+# / 2.85x, mxfp8 x mxfp8 1.53 / 1.76 / 1.70x. 4 slices of two were not timed there.
+# (slices, row groups, resident, waves low, high, ahead for fp4 weights)
 MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0), (8, 1, 1, 0.9, 1.0, 1))
 MMA_K_SLICES_MAX_WINDOWS = 128
 
@@ -555,8 +562,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     row_groups 2), or with shared B that many K slices of 4 warps on 4 row groups (pairs), up to 8,
     each over its share of K, summed in shared memory: no split-K across programs, so no
     "max_split"; default once K is known: `_mma_k_warps` for bf16 activations at M = 1,
-    `_mma_k_slices` (which sets row_groups too) at 8 < M <= 16 for bf16 activations or fp8
-    weights, where the config sets none of max_split, row_groups, shared_b and ahead; else 1) and
+    `_mma_k_slices` (which sets row_groups, shared_b and ahead too) at 1 < M <= 16, where the config
+    sets none of max_split, row_groups, shared_b and ahead; else 1) and
     "stage_b": bool (fp4 / fp8 activations at M <= 8 with "k_warps" > 1 and without shared B: each warp
     decodes its K range of the activation once, into shared memory; default at M = 1 for them where
     the config sets none of the other keys: by `_mma_stage_b` once K is known, else False).
@@ -571,8 +578,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"'ahead', 'k_warps' and 'stage_b', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
-        not wide_m and _mma_column_groups(m) == 2 and (not narrow or fp8_weights)
-        and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
+        1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
     k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` / `_mma_k_slices` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
@@ -662,14 +668,16 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     return 1
 
 
-def _mma_k_slices(windows: int, n: int, device: torch.device) -> tuple[int, int, int] | None:
-    """(K slices, row groups, ahead for bf16 x fp4) at 8 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
-    row groups where their programs (2 resident per SM) make at least one wave, else 8 of one where
-    theirs (1 per SM) fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None:
-    split-K."""
+def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True) -> tuple[int, int, int] | None:
+    """(K slices, row groups, ahead for fp4 weights) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
+    row groups where their programs (2 resident per SM) make at least one wave (only if `two_groups`:
+    8 < M <= 16, not fp4 / fp8 activations on fp4 weights), else 8 of one where theirs (1 per SM)
+    fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
     sms = _sm_count(device)
     if windows <= MMA_K_SLICES_MAX_WINDOWS:
         for slices, row_groups, resident, low, high, ahead in MMA_K_SLICES:
+            if row_groups == 2 and not two_groups:
+                continue
             programs = n // (64 * row_groups)
             if windows % slices == 0 and n % (64 * row_groups) == 0 and low <= programs / (resident * sms) <= high:
                 return slices, row_groups, ahead
@@ -712,10 +720,15 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
-    if not options.k_warps and _mma_column_groups(m) == 2:  # 8 < M <= 16: K slices or split-K
-        slices, row_groups, ahead = _mma_k_slices(k // 64, n, b.device) or (1, options.row_groups, options.ahead)
-        bf16_fp4 = not isinstance(a, QTensor) and b.fmt.is_packed
-        options = options._replace(k_warps=slices, row_groups=row_groups, ahead=ahead if bf16_fp4 else options.ahead)
+    if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
+        two_groups = _mma_column_groups(m) == 2 and not (isinstance(a, QTensor) and b.fmt.is_packed)
+        slices = _mma_k_slices(k // 64, n, b.device, two_groups)
+        if slices:
+            slices, row_groups, ahead = slices
+            options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True,
+                                       ahead=ahead if b.fmt.is_packed else 0)
+        else:
+            options = options._replace(k_warps=1)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:

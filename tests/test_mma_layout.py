@@ -298,12 +298,12 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
     assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False)  # split-K as before if 1
-    for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0) but for fp4 x fp4
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, int(narrow), False)
+    for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
         assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 1, False)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
@@ -360,10 +360,10 @@ def test_k_warps_options(monkeypatch):
     assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False)
     assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False)
     assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False)
-    for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1, 1 < M <= 8, a split or shared B asked for
+    for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
-        assert api._mma_options(None, 3, 8192, narrow).k_warps == 1
-        assert api._mma_options(None, 16, 8192, narrow).k_warps == int(narrow)  # fp4 activations on fp4 weights: split-K
+        assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
+        assert api._mma_options(None, 16, 8192, narrow).k_warps == 0
     assert api._mma_options({"max_split": 16}, 1, 8192, False).k_warps == 1
     assert api._mma_options({"shared_b": True}, 1, 8192, False).k_warps == 1
     assert api._mma_options({"row_groups": 2}, 1, 8192, False).k_warps == 0
@@ -396,11 +396,11 @@ def test_k_warps_options(monkeypatch):
 
 
 def test_k_slices_options(monkeypatch):
-    """K slices by default at 8 < M <= 16 for bf16 activations and fp8 weights (132 SMs): 4
-    slices of two row groups where their programs (2 per SM) make >= 1 wave, else 8 of one row
+    """K slices by default at 1 < M <= 16 (132 SMs): 4 slices of two row groups where their programs
+    (2 per SM) make >= 1 wave (at M > 8, not fp4 / fp8 activations on fp4 weights), else 8 of one row
     group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
     takes the slices' row groups, split 1, no workspace and 16 / 32 warps, and with 8 slices for
-    bf16 activations on fp4 weights one window ahead."""
+    fp4 weights one window ahead."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
@@ -411,7 +411,7 @@ def test_k_slices_options(monkeypatch):
         (8192, 8192): (8, 1, 1), (10240, 8192): None, (57344, 8192): (4, 2, 0), (8192, 28672): None, (1024, 8192): None,
         (8448, 8192): (8, 1, 1), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
-    for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (1, 2, 4))):
+    for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (1, 2, 4))):
         b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(None, x, b, 16, n))
         row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
@@ -425,7 +425,13 @@ def test_k_slices_options(monkeypatch):
         for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344)):
             b = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
             plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
-            assert plan.consts[-3] == int(w == "mxfp4" and act is bf16 and n == 8192), (w, n)
+            assert plan.consts[-3] == int(w == "mxfp4" and n == 8192), (w, n)  # any activation on fp4 weights
+    for m, act in ((3, bf16[:3]), (8, bs.quantize(torch.randn(8, 8192), "nvfp4").with_data_layout("k_order"))):
+        for w, n, expected in (("mxfp4", 8192, (1, 1, True, 1, 8)), ("mxfp8", 8192, (1, 1, True, 0, 8)),
+                               ("mxfp4", 57344, None)):  # 1 < M <= 8: 8 slices with shared B, else split-K
+            wb = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
+            plan = api._mma_plan(act, wb, False, m, n, 8192, api.mma_options_for(None, act, wb, m, n))
+            assert plan.consts[-6:-1] == expected if expected else (plan.consts[-2] == 1 and plan.split > 1), (m, w, n)
     plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
     assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
 
