@@ -411,7 +411,7 @@ def _staged_b_store(chunks: int) -> str:
                   for h in range(2))
         for j in range(chunks)
     )
-    return f"{{ .reg .b32 a; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
+    return "{ .reg .b32 a; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
 
 
 # by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps)
