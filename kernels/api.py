@@ -504,8 +504,8 @@ MMA_K_WARPS = (16, 8)
 # So: 4 slices of two row groups where their programs (64 registers x 512 threads: 2 per SM) make
 # >= 1 wave, 8 of one where theirs (1024 threads) fill 0.9-1 wave, and only at K <= 8192: at
 # 8192 x 28672 the split-K epilogue is a small share of the K loop and 8 slices lost 4% for
-# bf16 x mxfp4. Not taken: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
-# the rule would take slices), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
+# bf16 x mxfp4. Not taken then: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
+# the rule would take slices; with one window ahead they take 8 slices, below), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
 # activations 0.92x-3.36x against the split-K default's 1.76x-3.45x, within 2% at best).
 # 8 slices of one row group load one window ahead (AHEAD 1) for fp4 weights: H100, M = 16, 8192^2, x
 # cuBLAS bf16, ahead 0 / 1 (h100_mma_m16_slices_ahead_7729809_2026-11-24.log): bf16 x mxfp4 2.53 / 2.66x,
@@ -707,11 +707,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
-    `_mma_k_slices` at 8 < M <= 16 (with its row groups, and for bf16 x fp4 its ahead; split-K where it
-    gives none), else from
-    `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
+    `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead;
+    split-K where it gives none), else from `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
     with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
+    fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:
         k_warps = _mma_k_warps(k // 64, n // 16, b.device)
         staged = _mma_stage_b(m, k, k_warps)
@@ -721,8 +721,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
-        two_groups = _mma_column_groups(m) == 2 and not (isinstance(a, QTensor) and b.fmt.is_packed)
-        slices = _mma_k_slices(k // 64, n, b.device, two_groups)
+        slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2 and not fp4_on_fp4)
         if slices:
             slices, row_groups, ahead = slices
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True,
@@ -737,8 +736,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
-        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[
-            wgmma, isinstance(a, QTensor) and b.fmt.is_packed])
+        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
     row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,

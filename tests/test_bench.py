@@ -262,10 +262,10 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     for fmt in formats:
         a, b = FORMAT_PAIRS[fmt]
         pair = bs.SUPPORTED_PAIRS[a, b]
+        fp4_weights = b != "mxfp8"
         rows = iter(sass_rows(out, pair))
         for slices, row_groups, resident, *_, ahead in MMA_K_SLICES:
             for counts, with_ahead in ((next(rows), 0), (next(rows), 1)):
-                fp4_weights = b != "mxfp8"
                 if with_ahead != (ahead if fp4_weights else 0) or (row_groups == 2 and a != "bf16" and fp4_weights):
                     continue  # not a plan the rule makes
                 assert_programs_fit(pair, counts, resident, warps=4 * slices)
