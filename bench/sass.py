@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and

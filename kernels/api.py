@@ -521,6 +521,8 @@ MMA_K_WARPS = (16, 8)
 # (slices, row groups, resident, waves low, high, ahead for fp4 weights)
 MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0), (8, 1, 1, 0.9, 1.0, 1))
 MMA_K_SLICES_MAX_WINDOWS = 128
+# Windows per K-loop iteration (Helion's range_unroll_factors on the K loop).
+MMA_UNROLL = 1
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -548,6 +550,7 @@ class MmaOptions(NamedTuple):
     ahead: int  # windows loaded ahead (AHEAD)
     k_warps: int  # warps (K slices of 4 warps with shared B) splitting K inside a program (K_WARPS; > 1: split 1)
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
+    unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -566,16 +569,18 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     sets none of max_split, row_groups, shared_b and ahead; else 1) and
     "stage_b": bool (fp4 / fp8 activations at M <= 8 with "k_warps" > 1 and without shared B: each warp
     decodes its K range of the activation once, into shared memory; default at M = 1 for them where
-    the config sets none of the other keys: by `_mma_stage_b` once K is known, else False).
+    the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
+    "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
+    the plan).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
-    wgmma on sm_90, mma.sync elsewhere; False: mma.sync) and "ahead": 1 .. 3 (windows loaded
-    ahead, default MMA_M64_AHEAD) may be given: one row group per warp, B shared."""
+    wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
+    ahead, default MMA_M64_AHEAD) and "unroll" may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b"}
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps' and 'stage_b', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b' and 'unroll', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
@@ -624,8 +629,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if stage_b and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1 and not shared_b):
         raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False, "
                          f"got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
+    unroll = config.get("unroll", 0)
+    if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
+        raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b)
+                      wgmma, ahead, k_warps, stage_b, unroll)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -753,7 +761,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1)
+    unroll = options.unroll or MMA_UNROLL
+    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
+                        **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
