@@ -518,10 +518,19 @@ MMA_K_WARPS = (16, 8)
 # 2.42x, mxfp8 x mxfp4 1.86 / 2.47 / 2.57x, bf16 x mxfp4 2.56 / 2.75 / 2.84x, mxfp8 x mxfp8 1.34 / 1.74 /
 # 1.67x, bf16 x mxfp8 1.62 / 1.77 / 1.71x; M = 4 nvfp4 x nvfp4 2.24 / 2.23 / 2.45x, bf16 x mxfp4 2.68 / 2.75
 # / 2.85x, mxfp8 x mxfp8 1.53 / 1.76 / 1.70x. 4 slices of two were not timed there.
-# (slices, row groups, resident, waves low, high, ahead for fp4 weights)
-MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0), (8, 1, 1, 0.9, 1.0, 1))
+# 8 slices of one row group also run two windows per K-loop iteration for fp4 weights ("unroll": 2, LLVM
+# unrolls the loop): the window's address arithmetic and loop control are shared by two windows (sm_90, 8192^2,
+# M = 16: bf16 x mxfp4 125 -> 106 instructions per window at 60 registers, nvfp4 x nvfp4 178 -> 167 at 64).
+# H100, 8192^2, x cuBLAS bf16, unroll 1 / 2 (h100_mma_unroll_m8_m16_m64_debc389_2026-11-24.log): M = 16
+# nvfp4 x nvfp4 2.22 / 2.31x, mxfp4 x mxfp4 2.30 / 2.46x, mxfp8 x mxfp4 2.28 / 2.44x, bf16 x nvfp4 2.54 /
+# 2.70x, bf16 x mxfp4 2.65 / 2.84x; M = 8 +4-7% for the same five. fp8 weights: M = 16 -2% (mxfp8 x mxfp8
+# 1.69 / 1.66x), M = 8 +1-2%. Split-K at M = 16 (two row groups) and M = 1 compile to as many instructions
+# per window unrolled; M = 64 gained 0-4% at 10240 x 8192 and 57344 x 8192 and mxfp8 x mxfp8 lost 22% at
+# 10240 x 8192 (84 registers): `MMA_UNROLL` 1 elsewhere.
+# (slices, row groups, resident, waves low, high, ahead for fp4 weights, unroll for fp4 weights)
+MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
 MMA_K_SLICES_MAX_WINDOWS = 128
-# Windows per K-loop iteration (Helion's range_unroll_factors on the K loop).
+# Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
 
 
@@ -676,19 +685,19 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     return 1
 
 
-def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True) -> tuple[int, int, int] | None:
-    """(K slices, row groups, ahead for fp4 weights) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
+def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True) -> tuple[int, int, int, int] | None:
+    """(K slices, row groups, ahead and unroll for fp4 weights) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
     row groups where their programs (2 resident per SM) make at least one wave (only if `two_groups`:
     8 < M <= 16, not fp4 / fp8 activations on fp4 weights), else 8 of one where theirs (1 per SM)
     fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
     sms = _sm_count(device)
     if windows <= MMA_K_SLICES_MAX_WINDOWS:
-        for slices, row_groups, resident, low, high, ahead in MMA_K_SLICES:
+        for slices, row_groups, resident, low, high, ahead, unroll in MMA_K_SLICES:
             if row_groups == 2 and not two_groups:
                 continue
             programs = n // (64 * row_groups)
             if windows % slices == 0 and n % (64 * row_groups) == 0 and low <= programs / (resident * sms) <= high:
-                return slices, row_groups, ahead
+                return slices, row_groups, ahead, unroll
     return None
 
 
@@ -715,7 +724,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
-    `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead;
+    `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
+    the options give one, its unroll;
     split-K where it gives none), else from `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
     with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
@@ -731,9 +741,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2 and not fp4_on_fp4)
         if slices:
-            slices, row_groups, ahead = slices
+            slices, row_groups, ahead, unroll = slices
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True,
-                                       ahead=ahead if b.fmt.is_packed else 0)
+                                       ahead=ahead if b.fmt.is_packed else 0,
+                                       unroll=options.unroll or (unroll if b.fmt.is_packed else 1))
         else:
             options = options._replace(k_warps=1)
     elif not options.k_warps:

@@ -139,7 +139,7 @@ def test_mma_k_warps(pair, m, gen):
     """K split over the warps of a program (k_warps > 1, summed in shared memory): 2 to 16
     warps, or with shared B 2 to 8 K slices of 4 warps (each slice exchanging its own B, one
     with windows loaded ahead), one and two row groups, one window per warp or slice (K = 64
-    k_warps), bias and bf16 / fp16 out (that such plans take no split-K workspace is checked on
+    k_warps), two windows per loop iteration ("unroll": 2, with 8 slices and with split-K), bias and bf16 / fp16 out (that such plans take no split-K workspace is checked on
     the CPU, test_k_warps_options)."""
     for shared_b, k_warps, row_groups in [(False, k, r) for k in (2, 4, 16) for r in (1, 2)] + [
             (True, k, r) for k in (2, 4, 8) for r in (1, 2)]:
@@ -152,6 +152,13 @@ def test_mma_k_warps(pair, m, gen):
                   config={"k_warps": 8, "shared_b": False})
     run_and_check(pair, m, 1024, 1536, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True,
                   config={"k_warps": 8, "row_groups": 1, "shared_b": True})
+    # two windows per loop iteration (the default with 8 slices for fp4 weights): 1, 3 (a remainder
+    # iteration) and 4 windows per slice; and split-K with two row groups
+    for k in (512, 1536, 2048):
+        run_and_check(pair, m, 1024, k, "cuda", gen, data_layout="mma_m16k16",
+                      config={"k_warps": 8, "row_groups": 1, "shared_b": True, "ahead": 1, "unroll": 2})
+    run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"max_split": 4, "row_groups": 2, "shared_b": True, "ahead": 1, "unroll": 2})
     assert backend_used(pair, m) == "mma"
 
 
@@ -196,6 +203,8 @@ def test_mma_m64_pairs(pair, m, gen):
     run_and_check(pair, m, 128, 128, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "ahead": 3})
     for wgmma in (True, False):  # 3 windows: a loop LLVM unrolls, with one exchange buffer for every copy
         run_and_check(pair, m, 128, 192, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "wgmma": wgmma})
+        run_and_check(pair, m, 128, 192, "cuda", gen, data_layout="mma_m16k16",  # unrolled by 2, a remainder window
+                      config={"max_split": 1, "wgmma": wgmma, "unroll": 2})
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 128, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True)

@@ -400,7 +400,7 @@ def test_k_slices_options(monkeypatch):
     (2 per SM) make >= 1 wave (at M > 8, not fp4 / fp8 activations on fp4 weights), else 8 of one row
     group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
     takes the slices' row groups, split 1, no workspace and 16 / 32 warps, and with 8 slices for
-    fp4 weights one window ahead."""
+    fp4 weights one window ahead and two windows per K-loop iteration (unless the config gives "unroll")."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
@@ -408,8 +408,8 @@ def test_k_slices_options(monkeypatch):
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (8448, 8192), (8192, 192)]
     # 57344: 448 programs of two groups = 1.7 waves; 8192: 128 of one = 0.97; 10240: 160 = 1.21, 80 = 0.30
     assert {(n, k): api._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
-        (8192, 8192): (8, 1, 1), (10240, 8192): None, (57344, 8192): (4, 2, 0), (8192, 28672): None, (1024, 8192): None,
-        (8448, 8192): (8, 1, 1), (8192, 192): None}  # 3 windows: no 8 slices
+        (8192, 8192): (8, 1, 1, 2), (10240, 8192): None, (57344, 8192): (4, 2, 0, 1), (8192, 28672): None,
+        (1024, 8192): None, (8448, 8192): (8, 1, 1, 2), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
     for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (1, 2, 4))):
         b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
@@ -425,7 +425,12 @@ def test_k_slices_options(monkeypatch):
         for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344)):
             b = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
             plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
-            assert plan.consts[-3] == int(w == "mxfp4" and n == 8192), (w, n)  # any activation on fp4 weights
+            eight_on_fp4 = w == "mxfp4" and n == 8192  # 8 slices, any activation on fp4 weights: ahead 1, unroll 2
+            assert plan.consts[-3] == int(eight_on_fp4), (w, n)
+            assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, 1 + eight_on_fp4], (w, n)
+            if eight_on_fp4:  # a given unroll wins
+                options = api.mma_options_for({"unroll": 1}, act, b, 16, n)
+                assert "range_unroll_factors" not in api._mma_plan(act, b, False, 16, n, 8192, options).cfg.config
     for m, act in ((3, bf16[:3]), (8, bs.quantize(torch.randn(8, 8192), "nvfp4").with_data_layout("k_order"))):
         for w, n, expected in (("mxfp4", 8192, (1, 1, True, 1, 8)), ("mxfp8", 8192, (1, 1, True, 0, 8)),
                                ("mxfp4", 57344, None)):  # 1 < M <= 8: 8 slices with shared B, else split-K
