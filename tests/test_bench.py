@@ -248,14 +248,16 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every plan it makes at
     M = 16, N = K = 8192 (4 slices of two row groups but for fp4 / fp8 activations on fp4 weights;
-    fp4 weights one window ahead where the entry says so). M <= 8 takes fewer registers (sm_90, 8
+    fp4 weights one window ahead and two windows per K-loop iteration where the entry says so). M <= 8 takes fewer registers (sm_90, 8
     slices with ahead: 48-50 at M = 8 against 51-56 at M = 16)."""
     from blockscaled.kernels.api import MMA_K_SLICES
 
     from bench import sass
 
     formats = mma_formats(False) + mma_formats(True)
-    variants = [{"k_warps": k, "row_groups": r, "ahead": a} for k, r, *_ in MMA_K_SLICES for a in (0, 1)]
+    # per entry: the plan of fp8 weights (no ahead, one window per iteration), and of fp4 weights where it differs
+    plans = [(entry, tail) for entry in MMA_K_SLICES for tail in dict.fromkeys([(0, 1), tuple(entry[-2:])])]
+    variants = [{"k_warps": e[0], "row_groups": e[1], "ahead": a, "unroll": u} for e, (a, u) in plans]
     argv = ["--backend", "mma", "--format", *formats, "-M", "16", "-N", "8192", "-K", "8192", "--variants", json.dumps(variants)]
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
@@ -263,12 +265,10 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
         a, b = FORMAT_PAIRS[fmt]
         pair = bs.SUPPORTED_PAIRS[a, b]
         fp4_weights = b != "mxfp8"
-        rows = iter(sass_rows(out, pair))
-        for slices, row_groups, resident, *_, ahead in MMA_K_SLICES:
-            for counts, with_ahead in ((next(rows), 0), (next(rows), 1)):
-                if with_ahead != (ahead if fp4_weights else 0) or (row_groups == 2 and a != "bf16" and fp4_weights):
-                    continue  # not a plan the rule makes
-                assert_programs_fit(pair, counts, resident, warps=4 * slices)
+        for counts, ((slices, row_groups, resident, *_, ahead, unroll), tail) in zip(sass_rows(out, pair), plans, strict=True):
+            if tail != ((ahead, unroll) if fp4_weights else (0, 1)) or (row_groups == 2 and a != "bf16" and fp4_weights):
+                continue  # not a plan the rule makes
+            assert_programs_fit(pair, counts, resident, warps=4 * slices)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
