@@ -213,22 +213,39 @@ MMA_A_FRAGMENTS_PTX = {
 }
 # fp4 and fp8 activations -> mma.sync B fragments, exact. A lane's 16 K of a window (one
 # int64 of fp4 codes, two of fp8 bytes) are its B column's k pairs: step s takes K 4s, 4s+1
-# (first register, low half first) and 4s+2, 4s+3. Each register gets its two elements'
-# bits under the bf16 fields in 5 integer ops (prmt, two shifts, two masks) and then
-# bf16x2 FMAs with -0 (exact) apply the factor `mma_b_factor`:
-# - E2M1: per int32 word, e / o = the low / high nibbles as bytes (3 ops); prmt puts byte
-#   k of e and o under the two halves: bf16(code * 2^-126).
-# - E4M3: prmt puts bytes 2r, 2r+1 under the halves: bf16(value * 2^-120).
+# (first register, low half first) and 4s+2, 4s+3. Each register gets its two elements as bf16
+# and then a bf16x2 FMA with -0 (exact) applies the factor `mma_b_factor`:
+# - E2M1, per int32 word of 8 codes: the bf16 of each code's magnitude is a table lookup, prmt
+#   selecting from 8 bytes by the code's 3 magnitude bits (one prmt gives the low bytes of 4
+#   codes, one their high bytes); the sign bits, moved to bit 7 of a byte per code (3 ops), are
+#   prmt-ed beside the high bytes and or-ed in, and prmt interleaves low and high bytes into the 4
+#   registers: 17 integer ops per 8 codes. The placement of codes under the bf16 fields that it
+#   replaced took 27, and a second FMA for E8M0 scales; sm_90 K loop at M = 16, 8192^2 (8 K slices,
+#   two windows per iteration): nvfp4 x nvfp4 333 -> 329 instructions, mxfp4 x mxfp4 325 -> 314.
+# - E4M3: prmt puts bytes 2r, 2r+1 under the halves: bf16(value * 2^-120), then an FMA by 2^120.
 #   E4M3 has NaN codes (S.1111.111) where this gives 480: if any of the lane's 16 bytes is
 #   one (bit 7 of (byte & 0x7F) + 1, 4 words OR-ed: 15 ops), its factor becomes NaN, so its
 #   whole B column is NaN, as NaN * w spreads through the reference's row anyway.
-# E4M3 scales (nvfp4): one FMA by scale * 2^117 (the kernel multiplies its sums by 2^9).
-# E8M0 scales: two, by 2^126 (2^120 for E4M3 elements) and by the scale (no single bf16
-# factor spans E8M0's range).
-MMA_B_E4M3_SHIFT = 9
+# The factor is the block's scale (an E4M3 or E8M0 value as bf16, exact).
+# E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16: their low bytes and high bytes, 8 each,
+# as the two words prmt selects from
+E2M1_BF16_LOW = (0xC0800000, 0xC0804000)
+E2M1_BF16_HIGH = (0x3F3F3F00, 0x40404040)
 
 
-def _mma_b_fragments(element: int, scale_code: int, elements: int) -> str:
+def _e2m1_bf16_registers(word: str, out: list[str], scale: str) -> str:
+    """PTX: the 8 E2M1 codes of `word` (K order) as bf16x2 registers `out` (K 0, 1 / 2, 3 / 4, 5 / 6, 7),
+    each then multiplied by the factor (`scale`: the FMA)."""
+    regs = ("and.b32 m, {w}, 0x77777777; shr.b32 n, m, 16; shl.b32 e, {w}, 4; and.b32 e, e, 0x80808080; "
+            "and.b32 o, {w}, 0x80808080; ").format(w=word)
+    for half, sel in (("m", "0x5140"), ("n", "0x7362")):
+        regs += (f"prmt.b32 lo, tl0, tl1, {half}; prmt.b32 hi, th0, th1, {half}; prmt.b32 t, e, o, {sel}; "
+                 "or.b32 hi, hi, t; ")
+        regs += "".join(f"prmt.b32 t, lo, hi, {pair}; " + scale.format(out=out.pop(0)) for pair in ("0x5140", "0x7362"))
+    return regs
+
+
+def _mma_b_fragments(element: int, elements: int) -> str:
     fp4 = element == ELEMENT_CODES["e2m1"]
     words = [f"w{i}" for i in range(elements // (8 if fp4 else 4))]
     first_in = elements // 2  # the outputs come first
@@ -239,28 +256,25 @@ def _mma_b_fragments(element: int, scale_code: int, elements: int) -> str:
     factor_in = f"${first_in + max(1, len(words) // 2)}"
     if fp4:
         factor = factor_in
+        loads += "".join(f"mov.b32 {r}, {v:#x}; " for r, v in zip(("tl0", "tl1", "th0", "th1"),
+                                                                    E2M1_BF16_LOW + E2M1_BF16_HIGH, strict=True))
     else:  # f = the factor, or NaN if a byte is an E4M3 NaN
         loads += ("mov.b32 e, 0; "
                   + "".join(f"and.b32 t, {w}, 0x7F7F7F7F; add.u32 t, t, 0x01010101; or.b32 e, e, t; " for w in words)
                   + f"and.b32 e, e, 0x80808080; setp.ne.u32 p, e, 0; selp.b32 f, 0x7FC07FC0, {factor_in}, p; ")
         factor = "f"
-    scale = "fma.rn.bf16x2 t, t, c, z; " if scale_code == SCALE_CODES["e8m0"] else ""
     regs = []
     for wi, word in enumerate(words):
         if fp4:
-            regs.append(f"and.b32 e, {word}, 0x0F0F0F0F; shr.b32 o, {word}, 4; and.b32 o, o, 0x0F0F0F0F; ")
-        for k in range(4 if fp4 else 2):
-            if fp4:  # byte k of e under the low half, of o under the high half
-                place = (f"prmt.b32 t, e, o, {k | k << 4 | (4 + k) << 8 | (4 + k) << 12:#06x}; shl.b32 u, t, 6; "
-                         "and.b32 u, u, 0x01C001C0; shl.b32 t, t, 12; and.b32 t, t, 0x80008000; ")
-            else:  # bytes 2k, 2k+1 under the two halves
-                place = (f"prmt.b32 t, {word}, 0, {2 * k * 0x11 | (2 * k + 1) * 0x1100:#06x}; shl.b32 u, t, 4; "
-                         "and.b32 u, u, 0x07F007F0; shl.b32 t, t, 8; and.b32 t, t, 0x80008000; ")
-            out = (4 if fp4 else 2) * wi + k
-            regs.append(place + "or.b32 t, t, u; " + scale + f"fma.rn.bf16x2 ${out}, t, {factor}, z; ")
-    first = 0x7E80 if fp4 else 0x7B80  # bf16 2^126, 2^120
-    return (f"{{ .reg .b32 {', '.join(words)}, e, o, t, u, c, z, f; .reg .pred p; " + loads
-            + f"mov.b32 z, 0x80008000; mov.b32 c, {first * 0x10001:#x}; " + "".join(regs) + "}")
+            regs.append(_e2m1_bf16_registers(word, [f"${4 * wi + k}" for k in range(4)],
+                                             f"fma.rn.bf16x2 {{out}}, t, {factor}, z; "))
+            continue
+        for k in range(2):  # bytes 2k, 2k+1 under the two halves
+            place = (f"prmt.b32 t, {word}, 0, {2 * k * 0x11 | (2 * k + 1) * 0x1100:#06x}; shl.b32 u, t, 4; "
+                     "and.b32 u, u, 0x07F007F0; shl.b32 t, t, 8; and.b32 t, t, 0x80008000; ")
+            regs.append(place + "or.b32 t, t, u; fma.rn.bf16x2 t, t, c, z; " + f"fma.rn.bf16x2 ${2 * wi + k}, t, {factor}, z; ")
+    return (f"{{ .reg .b32 {', '.join(words)}, e, o, t, u, c, z, f, m, n, lo, hi, tl0, tl1, th0, th1; .reg .pred p; "
+            + loads + f"mov.b32 z, 0x80008000; mov.b32 c, {0x7B80 * 0x10001:#x}; " + "".join(regs) + "}")
 
 
 # by (ELEMENT_CODES, SCALE_CODES) of the activation and elements per thread: 16 (a lane's
@@ -268,18 +282,16 @@ def _mma_b_fragments(element: int, scale_code: int, elements: int) -> str:
 # step s's B registers) or 8 (a thread's share of the window for `MMA_SHARED_B_PTX`: input $4
 # the fp4 int32 word or the fp8 int64, then the factor; outputs $0-$3 in K order).
 MMA_B_FRAGMENTS_PTX = {
-    (ELEMENT_CODES[e], SCALE_CODES[c], n): _mma_b_fragments(ELEMENT_CODES[e], SCALE_CODES[c], n)
+    (ELEMENT_CODES[e], SCALE_CODES[c], n): _mma_b_fragments(ELEMENT_CODES[e], n)
     for e, c in (("e2m1", "e8m0"), ("e2m1", "e4m3"), ("e4m3", "e8m0")) for n in (8, 16)
 }
 
 
 def mma_b_factor(code: torch.Tensor, scale_code: int) -> torch.Tensor:
-    """Activation scale codes -> the bf16x2 factor (both halves) of `MMA_B_FRAGMENTS_PTX`:
-    E4M3 scale * 2^(126 - MMA_B_E4M3_SHIFT), E8M0 scale (2^-127 a bf16 subnormal), exact;
-    NaN codes give NaN. A bf16 is the high half of the equal fp32."""
+    """Activation scale codes -> the bf16x2 factor (both halves) of `MMA_B_FRAGMENTS_PTX`: the
+    E4M3 or E8M0 scale (2^-127 a bf16 subnormal), exact; NaN codes give NaN. A bf16 is the high
+    half of the equal fp32."""
     value = decode_scale(code, scale_code)
-    if scale_code == SCALE_CODES["e4m3"]:
-        value = value * 2.0 ** (126 - MMA_B_E4M3_SHIFT)
     bits = (value.view(torch.int32) >> 16) & 0xFFFF
     return bits | (bits << 16)
 

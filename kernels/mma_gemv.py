@@ -67,9 +67,9 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_E4M3_SHIFT, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
+from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
-                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, SCALE_CODES, WGMMA_EXCHANGE_PTX, WGMMA_STEPS_PTX, k_warp_sum_rounds,
+                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_PTX, WGMMA_STEPS_PTX, k_warp_sum_rounds,
                      m64_exchange_buffer, mma_b_factor, shared_b_bytes, shared_buffer_ptx, staged_b_bytes,
                      staged_b_chunk, staged_b_offset)
 
@@ -231,14 +231,6 @@ def staged_b_registers(staged, row, win, q, K):
     return hl.inline_asm_elementwise(MMA_STAGED_B_LOAD_PTX, ",".join(["=r"] * 8 + ["r"]),
                                      [staged + staged_b_offset(row, 4 * win + q, K)],
                                      dtype=(torch.int32,) * 8, is_pure=True, pack=1)
-
-
-def activation_post(x_scale, ACT_SCALE):
-    """What the sums are multiplied by for the activation: its global scale (nvfp4: times
-    2^MMA_B_E4M3_SHIFT, which its B factors left out)."""
-    if ACT_SCALE == SCALE_CODES["e4m3"]:
-        return x_scale * 2.0**MMA_B_E4M3_SHIFT
-    return x_scale
 
 
 def mma_window(frags, b, acc):
@@ -437,8 +429,7 @@ def mma_gemv_kernel(
                 c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
                 if COL_GROUPS == 2:
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
-        x_scale = x_post[0]
-        scale = post[0] * activation_post(x_scale, ACT_SCALE)
+        scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
             summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
@@ -634,7 +625,7 @@ def mma_m64_kernel(
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
                 u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = v0, v1, v2, v3, v4, v5, v6, v7, v8, v9
                 v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
-        scale = post[0] * activation_post(x_post[0], ACT_SCALE)
+        scale = post[0] * x_post[0]
         sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                  (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)
         if SPLIT == 1:
