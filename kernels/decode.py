@@ -233,15 +233,17 @@ E2M1_BF16_LOW = (0xC0800000, 0xC0804000)
 E2M1_BF16_HIGH = (0x3F3F3F00, 0x40404040)
 
 
-def _e2m1_bf16_registers(word: str, out: list[str], scale: str) -> str:
+def _e2m1_bf16_registers(word: str, out: list[str], factor: str) -> str:
     """PTX: the 8 E2M1 codes of `word` (K order) as bf16x2 registers `out` (K 0, 1 / 2, 3 / 4, 5 / 6, 7),
-    each then multiplied by the factor (`scale`: the FMA)."""
-    regs = ("and.b32 m, {w}, 0x77777777; shr.b32 n, m, 16; shl.b32 e, {w}, 4; and.b32 e, e, 0x80808080; "
-            "and.b32 o, {w}, 0x80808080; ").format(w=word)
-    for half, sel in (("m", "0x5140"), ("n", "0x7362")):
+    each multiplied by `factor` (bf16x2; `z` holds -0)."""
+    outs = iter(out)
+    regs = (f"and.b32 m, {word}, 0x77777777; shr.b32 n, m, 16; shl.b32 e, {word}, 4; and.b32 e, e, 0x80808080; "
+            f"and.b32 o, {word}, 0x80808080; ")
+    for half, sel in (("m", "0x5140"), ("n", "0x7362")):  # codes 0-3, then 4-7
         regs += (f"prmt.b32 lo, tl0, tl1, {half}; prmt.b32 hi, th0, th1, {half}; prmt.b32 t, e, o, {sel}; "
                  "or.b32 hi, hi, t; ")
-        regs += "".join(f"prmt.b32 t, lo, hi, {pair}; " + scale.format(out=out.pop(0)) for pair in ("0x5140", "0x7362"))
+        regs += "".join(f"prmt.b32 t, lo, hi, {pair}; fma.rn.bf16x2 {next(outs)}, t, {factor}, z; "
+                        for pair in ("0x5140", "0x7362"))
     return regs
 
 
@@ -266,8 +268,7 @@ def _mma_b_fragments(element: int, elements: int) -> str:
     regs = []
     for wi, word in enumerate(words):
         if fp4:
-            regs.append(_e2m1_bf16_registers(word, [f"${4 * wi + k}" for k in range(4)],
-                                             f"fma.rn.bf16x2 {{out}}, t, {factor}, z; "))
+            regs.append(_e2m1_bf16_registers(word, [f"${4 * wi + k}" for k in range(4)], factor))
             continue
         for k in range(2):  # bytes 2k, 2k+1 under the two halves
             place = (f"prmt.b32 t, {word}, 0, {2 * k * 0x11 | (2 * k + 1) * 0x1100:#06x}; shl.b32 u, t, 4; "
