@@ -741,10 +741,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2 and not fp4_on_fp4)
         if slices:
-            slices, row_groups, ahead, unroll = slices
-            options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True,
-                                       ahead=ahead if b.fmt.is_packed else 0,
-                                       unroll=options.unroll or (unroll if b.fmt.is_packed else 1))
+            slices, row_groups, *fp4_tail = slices
+            ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
+            options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
+                                       unroll=options.unroll or unroll)
         else:
             options = options._replace(k_warps=1)
     elif not options.k_warps:

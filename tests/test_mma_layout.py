@@ -89,23 +89,14 @@ def test_fragments_decode_to_the_reference(fmt, gen):
     torch.testing.assert_close(emulate_fragments(b), ref * 2.0**-shift, rtol=0, atol=0)
 
 
-def prmt(a: torch.Tensor, b: torch.Tensor, sel: int) -> torch.Tensor:
-    """PTX prmt.b32 (default mode) on uint32 words held in int64 tensors."""
-    out = torch.zeros_like(a)
+def prmt(a, b, sel) -> torch.Tensor:
+    """PTX prmt.b32 (default mode, bit 3 of each selector nibble clear) on uint32 words: each of a, b
+    and sel an int or an int64 tensor."""
+    a, b, sel = (torch.as_tensor(x, dtype=torch.int64) for x in (a, b, sel))
+    out = torch.zeros(torch.broadcast_shapes(a.shape, b.shape, sel.shape), dtype=torch.int64)
     for i in range(4):
         src = (sel >> (4 * i)) & 7
-        byte = ((a if src < 4 else b) >> (8 * (src & 3))) & 0xFF
-        out |= byte << (8 * i)
-    return out
-
-
-def prmt_table(table: tuple[int, int], sel: torch.Tensor) -> torch.Tensor:
-    """PTX prmt.b32 with constant words `table` and per-element selectors (low 16 bits, bit 3 of each
-    nibble clear)."""
-    out = torch.zeros_like(sel)
-    for i in range(4):
-        src = (sel >> (4 * i)) & 7
-        out |= ((table[0] | table[1] << 32) >> (8 * src) & 0xFF) << (8 * i)
+        out |= (torch.where(src < 4, a, b) >> (8 * (src & 3)) & 0xFF) << (8 * i)
     return out
 
 
@@ -135,8 +126,8 @@ def emulate_b_registers(a: bs.QTensor) -> torch.Tensor:
             mag, even, odd = w & 0x77777777, (w << 4) & 0x80808080, w & 0x80808080
             regs = []
             for sel, half in ((0x5140, mag & 0xFFFF), (0x7362, mag >> 16)):
-                lo = prmt_table(E2M1_BF16_LOW, half)
-                hi = prmt_table(E2M1_BF16_HIGH, half) | prmt(even, odd, sel)
+                lo = prmt(*E2M1_BF16_LOW, half)
+                hi = prmt(*E2M1_BF16_HIGH, half) | prmt(even, odd, sel)
                 regs += [prmt(lo, hi, 0x5140), prmt(lo, hi, 0x7362)]
         else:
             regs = [prmt(w, w, 2 * j * 0x11 | (2 * j + 1) * 0x1100) for j in range(2)]
