@@ -532,6 +532,13 @@ MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
 MMA_K_SLICES_MAX_WINDOWS = 128
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
+# mma_m64_kernel (16 < M <= 64) runs two windows per iteration for fp4 weights from K = MMA_M64_UNROLL_K. H100,
+# M = 64, x cuBLAS bf16, unroll 1 / 2 in one process: at 8192 x 28672 (h100_mma_unroll_m64_95237af_2026-11-24.log)
+# bf16 x nvfp4 1.51 / 1.89x, bf16 x mxfp4 1.52 / 1.92x, mxfp8 x mxfp4 1.66 / 1.76x, mxfp4 x mxfp4 1.75 / 1.79x,
+# nvfp4 x nvfp4 1.68 / 1.68x; at 8192^2, 10240 x 8192 (h100_mma_unroll_m64_8192_10240_c7804d5_2026-11-24.log)
+# and 57344 x 8192 every fp4-weight cell within -4% .. +3%. fp8 weights lose (mxfp8 x mxfp8 at 10240 x 8192
+# 1.14 / 0.90x, 84 registers) or stay within 2%: one window. K between 8192 and 28672 was not timed.
+MMA_M64_UNROLL_K = 16384
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -726,7 +733,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
     the options give one, its unroll;
-    split-K where it gives none), else from `_mma_k_warps`. Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
+    split-K where it gives none), else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two windows per
+    K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll". Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
     with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
@@ -772,7 +780,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
-    unroll = options.unroll or MMA_UNROLL
+    unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)

@@ -484,7 +484,8 @@ def test_stage_b_options(monkeypatch):
 
 def test_unroll_options():
     """"unroll" 1 or 2 unrolls the K loop (Helion's range_unroll_factors on the loop, index 1); other values
-    are refused, naming the key."""
+    are refused, naming the key. Above M = 16 fp4 weights take 2 by default from K = MMA_M64_UNROLL_K (16384),
+    fp8 weights and shorter K 1; a given "unroll" wins."""
     from blockscaled.kernels import api
 
     b = bs.quantize(torch.randn(64, 1024), "mxfp4").with_data_layout("mma_m16k16")
@@ -492,6 +493,12 @@ def test_unroll_options():
     for unroll in (1, 2):
         plan = api._mma_plan(x, b, False, 16, 64, 1024, api._mma_options({"unroll": unroll}, 16, 64, False))
         assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, unroll]
+    x64 = torch.randn(64, 16384, dtype=torch.bfloat16)
+    for w, k, config, expected in (("nvfp4", 16384, None, 2), ("mxfp4", 16384, None, 2), ("mxfp4", 16320, None, 1),
+                                   ("mxfp8", 16384, None, 1), ("nvfp4", 16384, {"unroll": 1}, 1)):
+        wb = bs.quantize(torch.randn(128, k), w).with_data_layout("mma_m16k16")
+        plan = api._mma_plan(x64[:, :k], wb, False, 64, 128, k, api.mma_options_for(config, x64[:, :k], wb, 64, 128))
+        assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, expected], (w, k, config)
     for bad in (0, 3, 2.0, True):
         with pytest.raises(ValueError, match="unroll must be 1 or 2"):
             api._mma_options({"unroll": bad}, 16, 64, False)
