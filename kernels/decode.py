@@ -147,6 +147,16 @@ def e4m3_to_float32(code: torch.Tensor) -> torch.Tensor:
     return torch.where((code & 0x80) != 0, -value, value)
 
 
+def e4m3_to_float32_by_multiply(code: torch.Tensor) -> torch.Tensor:
+    """E4M3 bytes -> float32, exact, as `e4m3_to_float32` in fewer instructions (sm_90 K loop of the mma
+    kernel, nvfp4 x nvfp4, M = 16, 8192^2: 314 -> 307 per two windows): the sign and 7 magnitude bits placed as float32 bits
+    (2^-120 times the value, a float32 subnormal for E4M3 subnormals) times 2^120. Only where a float32
+    multiply keeps subnormals (PTX mul.f32 without .ftz, as the NVIDIA kernels compile it; CPUs)."""
+    mag = code & 0x7F
+    value = ((mag << 20) | ((code & 0x80) << 24)).view(torch.float32) * 2.0**120
+    return torch.where(mag == 0x7F, _F32_NAN_VALUE, value)
+
+
 def decode_scale(code: torch.Tensor, scale_code: int) -> torch.Tensor:
     """Scale codes -> float32 by `SCALE_CODES` value."""
     if scale_code == SCALE_CODES["e8m0"]:
@@ -292,7 +302,7 @@ def mma_b_factor(code: torch.Tensor, scale_code: int) -> torch.Tensor:
     """Activation scale codes -> the bf16x2 factor (both halves) of `MMA_B_FRAGMENTS_PTX`: the
     E4M3 or E8M0 scale (2^-127 a bf16 subnormal), exact; NaN codes give NaN. A bf16 is the high
     half of the equal fp32."""
-    value = decode_scale(code, scale_code)
+    value = e8m0_to_float32(code) if scale_code == SCALE_CODES["e8m0"] else e4m3_to_float32_by_multiply(code)
     bits = (value.view(torch.int32) >> 16) & 0xFFFF
     return bits | (bits << 16)
 

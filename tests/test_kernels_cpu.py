@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
+from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e4m3_to_float32_by_multiply, e8m0_to_float32
 from blockscaled.reference import codecs
 
 from pairs import (CPU_TOLERANCE, PAIRS, assert_split_k_workspaces_zero, backend_used, block_dot_folded,
@@ -33,11 +33,11 @@ def test_decode_helpers_match_reference_every_code():
     assert torch.equal(fp4.view(torch.int32), codecs.decode_e2m1((codes & 15).to(torch.uint8)).view(torch.int32))
     e8 = e8m0_to_float32(codes).view(torch.int32)
     assert torch.equal(e8, codecs.decode_e8m0(codes.to(torch.uint8)).view(torch.int32))
-    e4 = e4m3_to_float32(codes)
     want = codecs.decode_e4m3(codes.to(torch.uint8))
-    assert torch.equal(torch.isnan(e4), torch.isnan(want))
     ok = ~torch.isnan(want)
-    assert torch.equal(e4[ok].view(torch.int32), want[ok].view(torch.int32))
+    for e4 in (e4m3_to_float32(codes), e4m3_to_float32_by_multiply(codes)):  # subnormals, -0 and NaN included
+        assert torch.equal(torch.isnan(e4), torch.isnan(want))
+        assert torch.equal(e4[ok].view(torch.int32), want[ok].view(torch.int32))
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
