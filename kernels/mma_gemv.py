@@ -554,8 +554,8 @@ def mma_m64_kernel(
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
     w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
-    H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16 (67784e5):
-    1.18x-1.73x; mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x."""
+    H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16: 1.14x-1.95x (9b4b358; 67784e5: 1.18x-1.73x,
+    mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x)."""
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK
