@@ -733,9 +733,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
     the options give one, its unroll;
-    split-K where it gives none), else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two windows per
-    K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll". Where they leave stage_b None (fp4 / fp8 activations at M = 1), B is staged
-    with one row group, no shared B and `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
+    split-K where it gives none), else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
+    windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll". Where they
+    leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
+    `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:

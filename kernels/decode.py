@@ -149,9 +149,10 @@ def e4m3_to_float32(code: torch.Tensor) -> torch.Tensor:
 
 def e4m3_to_float32_by_multiply(code: torch.Tensor) -> torch.Tensor:
     """E4M3 bytes -> float32, exact, as `e4m3_to_float32` in fewer instructions (sm_90 K loop of the mma
-    kernel, nvfp4 x nvfp4, M = 16, 8192^2: 314 -> 307 per two windows): the sign and 7 magnitude bits placed as float32 bits
-    (2^-120 times the value, a float32 subnormal for E4M3 subnormals) times 2^120. Only where a float32
-    multiply keeps subnormals (PTX mul.f32 without .ftz, as the NVIDIA kernels compile it; CPUs)."""
+    kernel, nvfp4 x nvfp4, M = 16, 8192^2: 314 -> 307 per two windows): the sign and 7 magnitude bits
+    placed as float32 bits (2^-120 times the value, a float32 subnormal for E4M3 subnormals) times 2^120.
+    Only where a float32 multiply keeps subnormals (PTX mul.f32 without .ftz, as the NVIDIA kernels
+    compile it; CPUs)."""
     mag = code & 0x7F
     value = ((mag << 20) | ((code & 0x80) << 24)).view(torch.float32) * 2.0**120
     return torch.where(mag == 0x7F, _F32_NAN_VALUE, value)

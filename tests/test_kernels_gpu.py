@@ -190,8 +190,8 @@ def test_mma_staged_b(pair, m, gen):
 def test_mma_m64_pairs(pair, m, gen):
     """16 < M <= 64 (mma_m64_kernel: 8 warps of 16 rows, one B window per program exchanged
     through shared memory; wgmma on sm_90, and mma.sync; 1 to 3 windows loaded ahead): split-K
-    at the decode shape and at K = 16384 (two windows per K-loop iteration for fp4 weights), without split, bias and bf16 / fp16 out, narrow activations' scales in
-    three layouts."""
+    at the decode shape and at K = 16384 (two windows per K-loop iteration for fp4 weights), without
+    split, bias and bf16 / fp16 out, narrow activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
     run_and_check(pair, m, 256, 16384, "cuda", gen, data_layout="mma_m16k16")  # fp4 weights: two windows per iteration
