@@ -475,6 +475,13 @@ MMA_AHEAD = 0
 # (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
 # bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
 MMA_FP8_M16_MAX_SPLIT = 8
+# fp8 weights at 8 < M <= 16 on split-K load one window ahead (AHEAD 1) from K = MMA_FP8_M16_AHEAD_K. H100, M = 16,
+# x cuBLAS bf16, ahead 0 / 1 in one process, two processes each: 8192 x 28672 (split 8, 56 windows per program;
+# h100_mma_near_miss_m16_28672{,_fp8_again}_902c692_2026-11-24.log) mxfp8 x mxfp8 1.73 / 1.81x and 1.78 / 1.86x,
+# bf16 x mxfp8 1.82 / 1.86x and 1.81 / 1.85x; 10240 x 8192 (16 windows per program,
+# h100_mma_near_miss_m16_10240_fp8_902c692_2026-11-24.log) 1.78 / 1.73x and 1.79 / 1.72x: the word loaded ahead pays
+# where programs run long K loops. K between 8192 and 28672 was not timed; 16384 is a boundary between the two.
+MMA_FP8_M16_AHEAD_K = 16384
 # K split over the warps of a program (K_WARPS, `mma_gemv_kernel`) for bf16 activations at M = 1:
 # one launch with no global atomics or tickets. The split-K epilogue (relaxed adds, a CTA barrier,
 # the acq_rel ticket, the last program's reads) cost 0.7-3.6 us of 15-19 us at 8192^2
@@ -512,8 +519,13 @@ MMA_K_WARPS = (16, 8)
 # bf16 x nvfp4 2.46 / 2.56x; fp8 weights lose (bf16 x mxfp8 1.73 / 1.67x, mxfp8 x mxfp8 1.68 / 1.64x:
 # twice the words carried). fp4 / fp8 activations on fp4 weights take 8 slices too, with ahead: split-K /
 # 8 slices / with ahead (h100_mma_m16_narrow_slices_9adf1af_2026-11-24.log) nvfp4 x nvfp4 2.14 / 2.11 /
-# 2.21x, mxfp4 x mxfp4 2.10 / 2.16 / 2.27x, mxfp8 x mxfp4 2.13 / 2.15 / 2.28x; not 4 slices of two (nvfp4
-# x nvfp4 at 57344 x 8192 2.86 -> 2.79x, above). 1 < M <= 8 takes 8 slices as well (h100_mma_m4_m8_slices_
+# 2.21x, mxfp4 x mxfp4 2.10 / 2.16 / 2.27x, mxfp8 x mxfp4 2.13 / 2.15 / 2.28x. They lost with 4 slices of two
+# then (nvfp4 x nvfp4 at 57344 x 8192 2.86 -> 2.79x, 8389b77) and gain with them since the 9b4b358 loop: H100,
+# M = 16, 57344 x 8192, x cuBLAS bf16, split-K / 4 slices of two, two processes
+# (h100_mma_near_miss_m16_57344{,_again}_902c692_2026-11-24.log): nvfp4 x nvfp4 2.85 / 3.06x and 2.84 / 3.04x,
+# mxfp4 x mxfp4 3.02 / 3.04x and 3.00 / 3.01x, mxfp8 x mxfp4 3.00 / 3.01x and 2.96 / 3.00x (59-63 sm_90
+# registers: 2 programs per SM); with ahead 1 2.77-2.89x, with unroll 2 3.03 / 3.09 / 2.64x. So every pair takes
+# them where the rule does (8 < M <= 16). 1 < M <= 8 takes 8 slices as well (h100_mma_m4_m8_slices_
 # 9adf1af_2026-11-24.log, 8192^2, split-K / 8 slices / with ahead): M = 8 nvfp4 x nvfp4 1.86 / 2.22 /
 # 2.42x, mxfp8 x mxfp4 1.86 / 2.47 / 2.57x, bf16 x mxfp4 2.56 / 2.75 / 2.84x, mxfp8 x mxfp8 1.34 / 1.74 /
 # 1.67x, bf16 x mxfp8 1.62 / 1.77 / 1.71x; M = 4 nvfp4 x nvfp4 2.24 / 2.23 / 2.45x, bf16 x mxfp4 2.68 / 2.75
@@ -695,7 +707,7 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
 def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True) -> tuple[int, int, int, int] | None:
     """(K slices, row groups, ahead and unroll for fp4 weights) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
     row groups where their programs (2 resident per SM) make at least one wave (only if `two_groups`:
-    8 < M <= 16, not fp4 / fp8 activations on fp4 weights), else 8 of one where theirs (1 per SM)
+    8 < M <= 16), else 8 of one where theirs (1 per SM)
     fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
     sms = _sm_count(device)
     if windows <= MMA_K_SLICES_MAX_WINDOWS:
@@ -733,7 +745,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
     the options give one, its unroll;
-    split-K where it gives none), else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
+    split-K where it gives none, one window ahead for fp8 weights at 8 < M <= 16 from K = MMA_FP8_M16_AHEAD_K),
+    else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
     windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll". Where they
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
@@ -748,14 +761,15 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
-        slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2 and not fp4_on_fp4)
+        slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         if slices:
             slices, row_groups, *fp4_tail = slices
             ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
                                        unroll=options.unroll or unroll)
-        else:
-            options = options._replace(k_warps=1)
+        else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
+            fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
+            options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:

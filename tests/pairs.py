@@ -53,12 +53,18 @@ def backend_used(pair, m):
     return [key[0] for key in api._LAUNCHES if key[1] == name and key[2] == m][-1]
 
 
-def mma_plan_staged(pair, m, n, k):
-    """Whether the mma plans cached for this pair and shape stage B (their last constexpr, STAGE_B)."""
+def mma_plan_tails(pair, m, n, k):
+    """The last 6 constexprs (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B) of the mma_gemv plans
+    cached for this pair and shape."""
     from blockscaled.kernels import api
 
     name = bs.SUPPORTED_PAIRS[pair]
-    return {plan.consts[-1] for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k)} == {True}
+    return {plan.consts[-6:] for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k)}
+
+
+def mma_plan_staged(pair, m, n, k):
+    """Whether the mma plans cached for this pair and shape stage B (their last constexpr, STAGE_B)."""
+    return {tail[-1] for tail in mma_plan_tails(pair, m, n, k)} == {True}
 
 
 def block_dot_folded(pair, m):

@@ -10,7 +10,7 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
                    decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
-                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_scale_code_sets,
+                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails, mma_scale_code_sets,
                    run_and_check)
 
 pytestmark = pytest.mark.gpu
@@ -160,6 +160,19 @@ def test_mma_k_warps(pair, m, gen):
     run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
                   config={"max_split": 4, "row_groups": 2, "shared_b": True, "ahead": 1, "unroll": 2})
     assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_m16_shape_defaults(pair, gen):
+    """The M = 16 defaults that depend on the shape beyond 8192^2: 4 K slices of two row groups at
+    57344 x 8192 for every pair, and split-K with one window ahead for fp8 weights from K = 16384
+    (`api.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead)."""
+    run_and_check(pair, 16, 57344, 8192, "cuda", gen, data_layout="mma_m16k16")
+    assert mma_plan_tails(pair, 16, 57344, 8192) == {(2, 1, True, 0, 4, False)}
+    run_and_check(pair, 16, 1024, 16384, "cuda", gen, data_layout="mma_m16k16")
+    (row_groups, split, shared_b, ahead, k_warps, _), = mma_plan_tails(pair, 16, 1024, 16384)
+    assert (row_groups, shared_b, k_warps, ahead) == (2, True, 1, int(pair[1] == "mxfp8")) and split > 1
+    assert backend_used(pair, 16) == "mma"
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS[2:5] + MMA_PAIRS[6:], ids=lambda p: f"{p[0]}x{p[1]}")

@@ -398,7 +398,7 @@ def test_k_warps_options(monkeypatch):
 
 def test_k_slices_options(monkeypatch):
     """K slices by default at 1 < M <= 16 (132 SMs): 4 slices of two row groups where their programs
-    (2 per SM) make >= 1 wave (at M > 8, not fp4 / fp8 activations on fp4 weights), else 8 of one row
+    (2 per SM) make >= 1 wave (at M > 8), else 8 of one row
     group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
     takes the slices' row groups, split 1, no workspace and 16 / 32 warps, and with 8 slices for
     fp4 weights one window ahead and two windows per K-loop iteration (unless the config gives "unroll")."""
@@ -412,8 +412,8 @@ def test_k_slices_options(monkeypatch):
         (8192, 8192): (8, 1, 1, 2), (10240, 8192): None, (57344, 8192): (4, 2, 0, 1), (8192, 28672): None,
         (1024, 8192): None, (8448, 8192): (8, 1, 1, 2), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
-    for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (1, 2, 4))):
-        b = bs.quantize(torch.randn(n, 8192), pair_b).with_data_layout("mma_m16k16")
+    for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (4, 2, 16))):
+        b = bs.quantize(torch.randn(64, 8192), pair_b).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(None, x, b, 16, n))
         row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
         assert (k_warps, row_groups, plan.cfg.config["num_warps"]) == expected and shared_b
@@ -423,8 +423,8 @@ def test_k_slices_options(monkeypatch):
     plan = api._mma_plan(bf16[:9], b, False, 9, 8192, 8192, api.mma_options_for(None, bf16[:9], b, 9, 8192))
     assert plan.consts[-6:] == (1, 1, True, 1, 8, False) and plan.workspace is None  # 8 slices, bf16 x fp4: ahead 1
     for w in ("mxfp8", "mxfp4"):  # not for fp8 weights, nor at 4 slices
-        for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344)):
-            b = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
+        for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344), (x, 57344)):
+            b = bs.quantize(torch.randn(64, 8192), w).with_data_layout("mma_m16k16")
             plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
             eight_on_fp4 = w == "mxfp4" and n == 8192  # 8 slices, any activation on fp4 weights: ahead 1, unroll 2
             assert plan.consts[-3] == int(eight_on_fp4), (w, n)
@@ -435,11 +435,39 @@ def test_k_slices_options(monkeypatch):
     for m, act in ((3, bf16[:3]), (8, bs.quantize(torch.randn(8, 8192), "nvfp4").with_data_layout("k_order"))):
         for w, n, expected in (("mxfp4", 8192, (1, 1, True, 1, 8)), ("mxfp8", 8192, (1, 1, True, 0, 8)),
                                ("mxfp4", 57344, None)):  # 1 < M <= 8: 8 slices with shared B, else split-K
-            wb = bs.quantize(torch.randn(n, 8192), w).with_data_layout("mma_m16k16")
+            wb = bs.quantize(torch.randn(64, 8192), w).with_data_layout("mma_m16k16")
             plan = api._mma_plan(act, wb, False, m, n, 8192, api.mma_options_for(None, act, wb, m, n))
             assert plan.consts[-6:-1] == expected if expected else (plan.consts[-2] == 1 and plan.split > 1), (m, w, n)
     plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
     assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
+
+
+def test_fp8_m16_ahead_options(monkeypatch):
+    """fp8 weights on split-K at 8 < M <= 16 load one window ahead from K = MMA_FP8_M16_AHEAD_K (not
+    below it, not fp4 weights, not at M <= 8, not where K slices run); a config that gives "ahead"
+    (or anything that leaves the automatic plan) keeps its own, one that gives "unroll" only keeps the rule."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    threshold = api.MMA_FP8_M16_AHEAD_K
+
+    def tail(w, m, n, k, config=None, act="bf16"):
+        b = bs.quantize(torch.randn(64, k), w).with_data_layout("mma_m16k16")
+        a = torch.randn(m, k).to(torch.bfloat16) if act == "bf16" else bs.quantize(torch.randn(m, k), act).with_data_layout("k_order")
+        plan = api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
+        row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
+        return ahead, k_warps, split > 1
+
+    for act in ("bf16", "mxfp8"):
+        assert tail("mxfp8", 16, 8192, 28672, act=act) == (1, 1, True)
+        assert tail("mxfp8", 16, 8192, threshold, act=act) == (1, 1, True)
+        assert tail("mxfp8", 16, 8192, threshold - 64, act=act)[0] == 0
+        assert tail("mxfp8", 16, 10240, 8192, act=act) == (0, 1, True)  # split-K, short K
+        assert tail("mxfp8", 16, 57344, 8192, act=act) == (0, 4, False)  # K slices
+        assert tail("mxfp4", 16, 8192, 28672, act=act) == (0, 1, True)
+        assert tail("mxfp8", 8, 8192, 28672, act=act)[0] == 0
+    assert tail("mxfp8", 16, 8192, 28672, {"ahead": 0}) == (0, 1, True)
+    assert tail("mxfp8", 16, 8192, 28672, {"unroll": 2}) == (1, 1, True)
 
 
 def test_stage_b_options(monkeypatch):
