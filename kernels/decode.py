@@ -180,21 +180,18 @@ def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[in
 # place, 1 and 2 shift by 3 and 6, 3 takes three shifts), E4M3 6 per 32 bits of 4 (registers
 # 0 / 2 a mask, 1 / 3 two shifts, two masks and an or); one bf16x2 FMA with -0 (sm_80's exact
 # multiply) per register applies the row's factor f = scale * 2^(decode_shift - shift),
-# subnormals kept. Right shifts are written `mul.hi.u32` by 2^(32 - n): ptxas keeps it an IMAD.HI on
-# the FMA pipe, where `shr` becomes an SHF on the ALU pipe, the busiest one (ncu, M = 16, 8192^2,
-# nvfp4 x nvfp4, 902c692: ALU 64% of peak, FMA 32%, "math pipe throttle" the second stall reason;
-# bench/results/h100_ncu_mma_m16_m64_902c692_2026-11-24.txt).
+# subnormals kept.
 def _a_registers_e2m1(word: str, r: list[str]) -> str:
     return (f"and.b32 {r[0]}, {word}, 0x81C081C0; shl.b32 t, {word}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
-            f"shl.b32 t, {word}, 6; and.b32 {r[2]}, t, 0x81C081C0; mul.hi.u32 t, {word}, 0x10000000; and.b32 {r[3]}, t, 0x00C000C0; "
-            f"mul.hi.u32 t, {word}, 0x08000000; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
+            f"shl.b32 t, {word}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {word}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
+            f"shr.b32 t, {word}, 5; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
             f"shl.b32 t, {word}, 1; and.b32 t, t, 0x80008000; or.b32 {r[3]}, {r[3]}, t; ")
 
 
 def _a_registers_e4m3(word: str, r: list[str]) -> str:
     return f"mov.b64 {{lo, hi}}, {word}; " + "".join(
         f"and.b32 {r[2 * h]}, {half}, 0x87F087F0; shl.b32 t, {half}, 4; and.b32 t, t, 0x80F080F0; "
-        f"mul.hi.u32 u, {half}, 0x10000000; and.b32 u, u, 0x07000700; or.b32 {r[2 * h + 1]}, t, u; "
+        f"shr.b32 u, {half}, 4; and.b32 u, u, 0x07000700; or.b32 {r[2 * h + 1]}, t, u; "
         for h, half in enumerate(("lo", "hi"))
     )
 
@@ -251,7 +248,7 @@ def _e2m1_bf16_registers(word: str, out: list[str], factor: str) -> str:
     """PTX: the 8 E2M1 codes of `word` (K order) as bf16x2 registers `out` (K 0, 1 / 2, 3 / 4, 5 / 6, 7),
     each multiplied by `factor` (bf16x2; `z` holds -0)."""
     outs = iter(out)
-    regs = (f"and.b32 m, {word}, 0x77777777; mul.hi.u32 n, m, 0x10000; shl.b32 e, {word}, 4; and.b32 e, e, 0x80808080; "
+    regs = (f"and.b32 m, {word}, 0x77777777; shr.b32 n, m, 16; shl.b32 e, {word}, 4; and.b32 e, e, 0x80808080; "
             f"and.b32 o, {word}, 0x80808080; ")
     for half, sel in (("m", "0x5140"), ("n", "0x7362")):  # codes 0-3, then 4-7
         regs += (f"prmt.b32 lo, tl0, tl1, {half}; prmt.b32 hi, th0, th1, {half}; prmt.b32 t, e, o, {sel}; "
