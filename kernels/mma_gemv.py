@@ -44,9 +44,9 @@ stores. With K_WARPS > 1 the split is inside the program instead: K_WARPS warps 
 (`decode.MMA_K_WARP_SUM_PTX`): no workspace, atomics or ticket. With SHARED_B the K_WARPS are K
 slices of the 4 warps, each exchanging its own B (own buffers, a named barrier). The split-K
 epilogue cost 0.7-3.6 us of 15-19 us at N = K = 8192, M = 1 (H100); bf16 activations at M = 1 take
-K_WARPS 8 or 16 by default, bf16 activations and fp8 weights at 8 < M <= 16 4 or 8 K slices where
-they fill the GPU (`api._mma_k_slices`: M = 16 bf16 x mxfp4 2.55x / 3.24x at 8192^2 / 57344 x 8192,
-d0017ad).
+K_WARPS 8 or 16 by default, every pair at 1 < M <= 16 4 or 8 K slices where they fill the GPU
+(`api._mma_k_slices`: M = 16 bf16 x mxfp4 2.55x / 3.24x at 8192^2 / 57344 x 8192, d0017ad; nvfp4 x
+nvfp4 at 57344 x 8192 2.85x -> 3.06x, 65807ec).
 H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 2026-11-23), x cuBLAS
 bf16: M = 1 2.45x-3.41x (3ff6825), bf16 activations 2.96x-3.65x with K_WARPS (0f702e6); M = 16
 2.11x-3.12x (3ff6825).
