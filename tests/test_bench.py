@@ -247,7 +247,8 @@ def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
 def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every plan it makes at
-    M = 16, N = K = 8192 (4 slices of two row groups, 8 of one; fp4 weights one window ahead and two windows per K-loop iteration where the entry says so). M <= 8 takes fewer registers (sm_90, 8
+    M = 16, N = K = 8192 (4 slices of two row groups, 8 of one; fp4 weights one window ahead and two
+    windows per K-loop iteration where the entry says so). M <= 8 takes fewer registers (sm_90, 8
     slices with ahead: 48-50 at M = 8 against 51-56 at M = 16)."""
     from blockscaled.kernels.api import MMA_K_SLICES
 

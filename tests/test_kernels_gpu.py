@@ -10,8 +10,8 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
                    decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
-                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails, mma_scale_code_sets,
-                   run_and_check)
+                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails,
+                   mma_scale_code_sets, run_and_check)
 
 pytestmark = pytest.mark.gpu
 
