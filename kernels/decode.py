@@ -607,3 +607,69 @@ def _wgmma_steps(col_groups: int) -> str:
 # by bf16 activation / by column groups (1 .. 8; mma_m64_kernel takes 3 .. 8)
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}
+
+
+# Weight ring (`mma_gemv_kernel` with RING = S > 0): each warp copies its row groups' weight words and
+# factor bytes of a window into shared memory with cp.async (16 bytes per lane and copy), S windows
+# before it decodes that window, so S windows of weights per warp are in flight without registers
+# holding them. A warp's slot of a window: its row groups' words (512 bytes each for fp4, 1024 for fp8,
+# in the layout's order: the lane's word of step s at 4 (lane + 32 s), or 8 (...) for fp8), then their
+# factors (an int16 of two row bytes, 8 per scale block of the window). A lane reads words other lanes copied, so the reads
+# come after `cp.async.wait_group` and `bar.warp.sync`; a copy into a slot comes after the warp's
+# reads of it (the copy asm takes a value the reads returned, and starts with `bar.warp.sync`).
+def ring_slot_bytes(row_groups: int, wide: bool, blocks: int) -> int:
+    """Shared memory of one warp's window in the ring (`wide`: fp8 weights, int64 words)."""
+    return row_groups * (128 * (8 if wide else 4) + 16 * blocks)
+
+
+def ring_bytes(stages: int, warps: int, row_groups: int, wide: bool, blocks: int) -> int:
+    """Shared memory of a ring of `stages` windows for `warps` warps."""
+    return stages * warps * ring_slot_bytes(row_groups, wide, blocks)
+
+
+def ring_copy_ptx(row_groups: int, wide: bool, blocks: int, windows: int, warps: int) -> str:
+    """Output $0: a token (the warp's slot address); inputs: $1 the ring's shared address, $2 the slot,
+    $3 / $4 the byte addresses (int64) of row group gr's window words and factors, $5 > 0 to
+    copy (else an empty group is committed: the wait counts stay those of a full ring), $6 a value
+    the warp's last reads of the slot returned (the copy comes after them). Row group gr + 1's window
+    is `windows` windows further in both."""
+    word_bytes = 128 * (8 if wide else 4)
+    factor_bytes = 16 * blocks
+    slot = ring_slot_bytes(row_groups, wide, blocks)
+    copies = "".join(
+        f"@p cp.async.cg.shared.global [x+{r * word_bytes + 512 * h}], [a+{r * windows * word_bytes + 512 * h}], 16; "
+        for r in range(row_groups) for h in range(word_bytes // 512))
+    copies += "".join(
+        f"@f cp.async.cg.shared.global [x+{row_groups * word_bytes + r * factor_bytes}], "
+        f"[b+{r * windows * factor_bytes}], 16; " for r in range(row_groups))
+    return (
+        "{ .reg .b32 t, l, d, x; .reg .b64 a, b, o; .reg .pred p, f; "
+        f"mov.u32 t, %tid.x; and.b32 l, t, 31; shr.b32 x, t, 5; mad.lo.u32 d, x, {slot}, $1; "
+        f"mad.lo.u32 d, $2, {warps * slot}, d; setp.gt.s32 p, $5, 0; setp.lt.and.u32 f, l, {factor_bytes // 16}, p; "
+        "mul.wide.u32 o, l, 16; add.u64 a, $3, o; add.u64 b, $4, o; shl.b32 x, l, 4; add.u32 x, x, d; "
+        "bar.warp.sync -1; " + copies + "cp.async.commit_group; mov.b32 $0, d; }"
+    )
+
+
+def ring_read_ptx(row_groups: int, wide: bool, blocks: int, stages: int, warps: int) -> str:
+    """Outputs per row group: the lane's 4 words (int32, or int64 if `wide`) and its rows' factors
+    (as `mma_gemv.a_words`); inputs after them: the ring's shared address, the slot, and the token of
+    the copy issued last (the reads come after it). Waits for all but the last stages - 1 copies."""
+    word_bytes = 128 * (8 if wide else 4)
+    factor_bytes = 16 * blocks
+    slot = ring_slot_bytes(row_groups, wide, blocks)
+    n = 5 * row_groups
+    size = 8 if wide else 4
+    reads = ""
+    for r in range(row_groups):
+        reads += "".join(f"ld.shared.b{8 * size} ${5 * r + s}, [x+{r * word_bytes + 32 * size * s}]; " for s in range(4))
+        reads += f"ld.shared.u16 ${5 * r + 4}, [y+{row_groups * word_bytes + r * factor_bytes}]; "
+    # the rows' factors: int16 8 ((q blocks) / 4) + g of the window
+    block = "shl.b32 y, y, 4; " if blocks == 4 else "shr.b32 y, y, 1; shl.b32 y, y, 4; "
+    return (
+        "{ .reg .b32 t, l, d, x, y; "
+        f"mov.u32 t, %tid.x; and.b32 l, t, 31; shr.b32 x, t, 5; mad.lo.u32 d, x, {slot}, ${n}; "
+        f"mad.lo.u32 d, ${n + 1}, {warps * slot}, d; cp.async.wait_group {stages - 1}; bar.warp.sync -1; "
+        f"mad.lo.u32 x, l, {size}, d; and.b32 y, l, 3; " + block + "shr.b32 t, l, 2; mad.lo.u32 y, t, 2, y; add.u32 y, y, d; "
+        + reads + "}"
+    )
