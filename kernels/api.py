@@ -13,8 +13,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import (MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, STATIC_SHARED_BYTES, operand_codes, ring_bytes,
-                     shared_b_bytes, staged_b_bytes)
+from .decode import MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, operand_codes, staged_b_bytes
 from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
@@ -580,7 +579,6 @@ class MmaOptions(NamedTuple):
     k_warps: int  # warps (K slices of 4 warps with shared B) splitting K inside a program (K_WARPS; > 1: split 1)
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
-    ring: int  # M <= 16: windows of weights copied ahead into shared memory (RING, `decode.ring_copy_ptx`); 0: none
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -607,10 +605,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     ahead, default MMA_M64_AHEAD) and "unroll" may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "ring"}
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll' and 'ring', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b' and 'unroll', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
@@ -662,12 +660,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
-    ring = config.get("ring", 0)
-    if "ring" in config and (type(ring) is not int or not 0 <= ring <= 4 or (ring and (wide_m or ahead))):
-        raise ValueError(f"config: ring must be an int in 0 .. 4, at M <= {MMA_WARP_M} and without 'ahead', got {config!r} "
-                         f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, ring)
+                      wgmma, ahead, k_warps, stage_b, unroll)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -771,19 +765,17 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         if slices:
             slices, row_groups, *fp4_tail = slices
             ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
-            options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True,
-                                       ahead=0 if options.ring else ahead, unroll=options.unroll or unroll)
+            options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
+                                       unroll=options.unroll or unroll)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
             fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
-            options = options._replace(k_warps=1, ahead=1 if fp8_ahead and not options.ring else options.ahead)
+            options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
-    if options.ring:
-        _check_ring_fits(m, k, b, options)
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
@@ -795,7 +787,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
     # AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead) if wide_m
-            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b, options.ring))
+            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
@@ -807,21 +799,6 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
-
-
-def _check_ring_fits(m: int, k: int, b: QTensor, options: MmaOptions) -> None:
-    """ValueError unless the weight ring, the B buffers and the smallest K-warp sum buffer fit in static
-    shared memory."""
-    from .mma_gemv import program_row_warps
-
-    warps = program_row_warps(options.k_warps, options.shared_b) * options.k_warps
-    ring = ring_bytes(options.ring, warps, options.row_groups, not b.fmt.is_packed, 64 // b.fmt.block_size)
-    other = (shared_b_bytes(_mma_column_groups(m), options.k_warps) if options.shared_b
-             else staged_b_bytes(m, k) if options.stage_b else 0)
-    sums = (options.k_warps - 1) * 4 * 32 * (4 if options.shared_b else 1) if options.k_warps > 1 else 0
-    if ring + other + sums > STATIC_SHARED_BYTES:
-        raise ValueError(f"config: ring {options.ring} takes {ring} bytes of shared memory, which with the plan's "
-                         f"{other + sums} does not fit in {STATIC_SHARED_BYTES}")
 
 
 def mma_kernel(m: int):

@@ -70,8 +70,8 @@ from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_PTX, WGMMA_STEPS_PTX, k_warp_sum_rounds,
-                     m64_exchange_buffer, mma_b_factor, ring_bytes, ring_copy_ptx, ring_read_ptx, shared_b_bytes,
-                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
+                     m64_exchange_buffer, mma_b_factor, shared_b_bytes, shared_buffer_ptx, staged_b_bytes,
+                     staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -109,49 +109,6 @@ def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
     a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
     return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
-
-
-def ring_copy(w, f, ring, slot, gr, win, left, token, windows, blocks, W_ELEM, ROW_GROUPS, K_WARPS, SHARED_B):
-    """Copy window `win` of the warp's row groups (words and factor bytes) into slot `slot` of the weight
-    ring (`decode.ring_copy_ptx`) if `left` > 0, after the reads that returned `token`; returns a token."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    ptx = repr(ring_copy_ptx(ROW_GROUPS, wide, blocks, windows, program_row_warps(K_WARPS, SHARED_B) * K_WARPS)).replace("{", "{{").replace("}", "}}")
-    like = torch.zeros_like(token)
-    return hl.inline_triton(
-        f"tl.inline_asm_elementwise({ptx}, '=r,r,r,l,l,r,r', [{{0}}, {{1}}, ({{2}} + {{3}}).to(tl.int64), "
-        "({4} + {5}).to(tl.int64), {6}, {7}], dtype=tl.int32, is_pure=False, pack=1)",
-        args=(ring, like + slot, w, (gr * windows + win) * 128, f, (gr * windows + win) * (8 * blocks), like + left, token),
-        output_like=token)
-
-
-def program_ring_bytes(RING, K_WARPS, SHARED_B, ROW_GROUPS, W_ELEM, blocks):
-    """Shared memory of a program's weight ring (`decode.ring_bytes`)."""
-    return ring_bytes(RING, program_row_warps(K_WARPS, SHARED_B) * K_WARPS, ROW_GROUPS, W_ELEM != ELEMENT_CODES["e2m1"],
-                      blocks)
-
-
-def ring_start(w, f, gr, first, steps, threads, windows, blocks, W_ELEM, ROW_GROUPS, RING, K_WARPS, SHARED_B):
-    """A weight ring of RING windows for the program's warps (`decode.ring_bytes`), windows first ..
-    first + RING - 1 copied into its slots (those past `steps` not): (its address, the last copy's token)."""
-    ring = shared_buffer(program_ring_bytes(RING, K_WARPS, SHARED_B, ROW_GROUPS, W_ELEM, blocks), threads)
-    token = ring
-    for j in range(RING):
-        token = ring_copy(w, f, ring, j, gr, first + j, steps - j, token, windows, blocks, W_ELEM, ROW_GROUPS, K_WARPS, SHARED_B)
-    return ring, token
-
-
-def ring_read(token, ring, slot, blocks, W_ELEM, ROW_GROUPS, RING, K_WARPS, SHARED_B):
-    """The warp's row groups' `a_words` of the window in ring slot `slot` (`decode.ring_read_ptx`), read
-    after the copy that returned `token`, and a token for the next copy into the slot."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    word = torch.int64 if wide else torch.int32
-    outs = (["=l" if wide else "=r"] * 4 + ["=r"]) * ROW_GROUPS
-    regs = hl.inline_asm_elementwise(
-        ring_read_ptx(ROW_GROUPS, wide, blocks, RING, program_row_warps(K_WARPS, SHARED_B) * K_WARPS), ",".join(outs + ["r", "r", "r"]),
-        [ring, torch.zeros_like(token) + slot, token], dtype=((word,) * 4 + (torch.int32,)) * ROW_GROUPS,
-        is_pure=True, pack=1)
-    a0 = list(regs[:5])
-    return a0, list(regs[5:]) if ROW_GROUPS == 2 else a0, regs[4]
 
 
 def a_fragments(loaded, W_ELEM, ENCODING):
@@ -315,14 +272,13 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, ring):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
-    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored);
-    `ring`: the weight ring's bytes."""
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
-    other = ring + (shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0)
+    other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
@@ -386,7 +342,6 @@ def mma_gemv_kernel(
     AHEAD: hl.constexpr,
     K_WARPS: hl.constexpr,
     STAGE_B: hl.constexpr,
-    RING: hl.constexpr,
 ) -> torch.Tensor:
     """out (flat [M * N]) = post * x_post * (x @ W^T) (+ bias); x64: the activation [M, K] as
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
@@ -433,9 +388,6 @@ def mma_gemv_kernel(
             b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
         if STAGE_B:
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT)
-        if RING:  # windows first .. first + RING - 1 of the weights on their way into shared memory
-            ring, token = ring_start(w, f, gr, first, steps, threads, windows, blocks, W_ELEM, ROW_GROUPS, RING, K_WARPS,
-                                     SHARED_B)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -450,25 +402,16 @@ def mma_gemv_kernel(
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
                     BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
-            elif SHARED_B and not RING:
+            elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
                                              BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
-            if RING:  # this window's words from the ring, then window w + RING's copy into the slot they held
-                slot = it.begin % RING
-                loads_a0, loads_a1, token = ring_read(token, ring, slot, blocks, W_ELEM, ROW_GROUPS, RING, K_WARPS, SHARED_B)
-                token = ring_copy(w, f, ring, slot, gr, win + RING, steps - RING - it.begin, token, windows, blocks, W_ELEM,
-                                  ROW_GROUPS, K_WARPS, SHARED_B)
             if SHARED_B:
-                if RING:
-                    loads_b = shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS)
-                else:
-                    loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
+                loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
                 if not STAGE_B:
                     loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
                     loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-                if not RING:
-                    loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             elif STAGE_B:  # one column group
@@ -489,8 +432,7 @@ def mma_gemv_kernel(
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B,
-                                 program_ring_bytes(RING, K_WARPS, SHARED_B, ROW_GROUPS, W_ELEM, blocks))
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
