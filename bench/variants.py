@@ -59,8 +59,9 @@ def weights_as(b, data_layout):
 
 
 def backend_and_fields(variant):
-    """A variant dict as `scaled_mm`'s backend (block_dot unless named) and config fields."""
-    return variant.get("backend", "block_dot"), {key: v for key, v in variant.items() if key != "backend"}
+    """A variant dict as `scaled_mm`'s backend (block_dot unless named; null: `scaled_mm`'s choice) and
+    config fields (None if there are none)."""
+    return variant.get("backend", "block_dot"), {key: v for key, v in variant.items() if key != "backend"} or None
 
 
 def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):

@@ -13,7 +13,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, operand_codes, staged_b_bytes
+from .decode import MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, operand_codes, staged_b_bytes
 from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
@@ -209,12 +209,11 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
-        if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
+        if (backend == "mma" or (backend is None and m <= MMA_MAX_M)) and _mma_runs(pair, a, m, n, device):
             backend = "mma"
         elif backend == "mma":
-            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} at M <= {MMA_MAX_M} with N % 64 == 0 (M > "
-                             f"{MMA_WARP_M}: N % 128 == 0) on NVIDIA sm_80+, "
-                             f"k_order activations; got {pair}, M={m}, N={n} on {device}")
+            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} with N % 64 == 0 (M > {MMA_WARP_M}: N % 128 == 0) on "
+                             f"NVIDIA sm_80+, k_order activations; got {pair}, M={m}, N={n} on {device}")
         else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
@@ -401,8 +400,9 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 
 # The tensor-core decode kernel (mma_gemv.py): fp4 or fp8 weights in the "mma_m16k16" layout, bf16,
 # fp4 or fp8 activations (k_order data, any scale layout). Up to MMA_WARP_M (two column groups
-# of 8) `mma_gemv_kernel`, whose warps each take their own B; above it, up to MMA_MAX_M,
-# `mma_m64_kernel`: 8 warps of 16 rows each, one B window exchanged through shared memory.
+# of 8) `mma_gemv_kernel`, whose warps each take their own B; above it `mma_m64_kernel`: 8 warps of
+# 16 rows each, one B window of 64 activation rows exchanged through shared memory (a program per 64
+# rows of the activation). `scaled_mm` picks the mma backend up to MMA_MAX_M by default.
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4", "bf16xmxfp8", "mxfp8xmxfp8")
 MMA_WARP_M = 16
 MMA_MAX_M = 64
@@ -554,7 +554,7 @@ MMA_M64_UNROLL_K = 16384
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
-    return (pair in MMA_PAIRS and m <= MMA_MAX_M and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
+    return (pair in MMA_PAIRS and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
             and _mma_activation(a) and _ptx_decodes(device)
             and torch.cuda.get_device_capability(device) >= (8, 0))
 
@@ -565,8 +565,8 @@ def _mma_activation(a) -> bool:
 
 
 def _mma_column_groups(m: int) -> int:
-    """B operands of 8 activation rows each (the kernel's COL_GROUPS)."""
-    return -(-m // 8)
+    """B operands of 8 activation rows each (the kernel's COL_GROUPS): 8 per 64-row tile above M = 64."""
+    return -(-min(m, MMA_M64_B_ROWS) // 8)
 
 
 class MmaOptions(NamedTuple):
@@ -780,7 +780,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
-    row_programs = n // (MMA_M64_PROGRAM_ROWS if wide_m else 16 * row_warps * options.row_groups)
+    # mma_m64_kernel: a program per 128 weight rows and 64 activation rows
+    row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // MMA_M64_B_ROWS) if wide_m
+                    else n // (16 * row_warps * options.row_groups))
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)

@@ -243,11 +243,11 @@ def mma_window(frags, b, acc):
     )
 
 
-def out_index(col_group, q, g, gr, i, M, N):
+def out_index(col_group, q, g, gr, i, M, N, col0=0):
     """(flat index into [M, N], valid) of accumulator i of a thread: c0/c1 are row R0 =
-    16 gr + g at columns 2q, 2q+1 of the column group, c2/c3 row R0 + 8. Invalid (col >= M)
-    indices point at column 0; every store and add is masked by `valid`."""
-    col = 8 * col_group + 2 * q + (i & 1)
+    16 gr + g at columns 2q, 2q+1 of the column group (from activation row `col0`), c2/c3 row
+    R0 + 8. Invalid (col >= M) indices point at column 0; every store and add is masked by `valid`."""
+    col = col0 + 8 * col_group + 2 * q + (i & 1)
     valid = col < M
     return torch.where(valid, col, 0) * N + gr * 16 + g + 8 * (i >> 1), valid
 
@@ -265,10 +265,10 @@ def output_slots(M, ROW_GROUPS, COL_GROUPS):
     return [(r, c, i) for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4) if 8 * c + (i & 1) < M]
 
 
-def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, owner=None):
+def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, owner=None, col0=0):
     """SPLIT == 1: the accumulators into `out` (only threads where `owner` is true, if given)."""
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
-        index, valid = out_index(c, q, g, gr + r, i, M, N)
+        index, valid = out_index(c, q, g, gr + r, i, M, N, col0)
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
@@ -291,19 +291,19 @@ def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     return summed
 
 
-def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS):
+def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0):
     """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
     only lanes q = 0 hold outputs, and unmasked adds of zeros for the rest all hit column 0)."""
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
-        index, valid = out_index(c, q, g, gr + r, i, M, N)
+        index, valid = out_index(c, q, g, gr + r, i, M, N, col0)
         hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')",
                          args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
 
-def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS):
+def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0):
     """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = torch.zeros_like(q, dtype=torch.float32)
-    slots = [out_index(c, q, g, gr + r, i, M, N) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
+    slots = [out_index(c, q, g, gr + r, i, M, N, col0) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
@@ -559,13 +559,16 @@ def mma_m64_kernel(
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK
-    for tile_p, part in hl.tile([N // 128, SPLIT], block_size=[1, 1]):
+    # program rows first: consecutive programs share their 64 activation rows, and the weights (32 MB at
+    # N = K = 8192 for fp4) stay in L2 from one 64-row tile of the activation to the next
+    for tile_p, tile_m, part in hl.tile([N // 128, (M + 63) // 64, SPLIT], block_size=[1, 1, 1]):
         tid = thread_ids(256)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
         gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
-        row = torch.where((tid >> 2) < M, tid >> 2, M - 1)  # the thread's B row (past M: the last)
+        r = tile_m.begin * 64 + (tid >> 2)
+        row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
         s00, s01, s02, s03 = zero_sums(256)
         s10, s11, s12, s13 = zero_sums(256)
@@ -628,13 +631,14 @@ def mma_m64_kernel(
         scale = post[0] * x_post[0]
         sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                  (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)
+        col0 = tile_m.begin * 64
         if SPLIT == 1:
-            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS)
+            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, None, col0)
         else:
-            add_groups(workspace, sums, gr, q, g, M, N, 1, COL_GROUPS)
+            add_groups(workspace, sums, gr, q, g, M, N, 1, COL_GROUPS, col0)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-            ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
+            ticket = hl.atomic_add(tickets, [tile_m.begin * (N // 128) + tile_p.begin], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
-                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS)
-                hl.store(tickets, [tile_p.begin], 0)
+                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, col0)
+                hl.store(tickets, [tile_m.begin * (N // 128) + tile_p.begin], 0)
     return out
