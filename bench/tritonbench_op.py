@@ -100,7 +100,7 @@ class Operator(BenchmarkOperator):
     @register_benchmark()
     def blockscaled_mma(self, pair_name, x, w):
         """fp4 and fp8 weights arranged once as "mma_m16k16", the tensor-core decode kernel's
-        layout (every pair at M <= 64; other sizes read its k_order copy)."""
+        layout (every pair and M; N % 128 != 0 above M = 16 reads its k_order copy)."""
         a, b = self._operands(pair_name, x, w)
         if mma.holds(b.fmt.element, b.rows, b.K):
             b = b.with_data_layout("mma_m16k16")

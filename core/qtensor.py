@@ -135,7 +135,7 @@ class QTensor:
     @functools.cached_property
     def k_order_copy(self) -> QTensor:
         """This tensor with k_order data, made once: what kernels other than the mma decode
-        kernel read when the weights are stored "mma_m16k16" (prefill sizes, other pairs)."""
+        kernel read when the weights are stored "mma_m16k16" (other pairs, N % 128 != 0 above M = 16, CPU)."""
         return self.with_data_layout("k_order")
 
     @property

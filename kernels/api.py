@@ -209,12 +209,12 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
-        if (backend == "mma" or (backend is None and m <= MMA_MAX_M)) and _mma_runs(pair, a, m, n, device):
+        if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
             backend = "mma"
         elif backend == "mma":
             raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} with N % 64 == 0 (M > {MMA_WARP_M}: N % 128 == 0) on "
                              f"NVIDIA sm_80+, k_order activations; got {pair}, M={m}, N={n} on {device}")
-        else:  # prefill sizes and the other pairs: the other kernels read the k_order copy
+        else:  # the other pairs, N % 128 != 0 above M = 16, CPU: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
         raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r}")
@@ -402,10 +402,11 @@ def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m,
 # fp4 or fp8 activations (k_order data, any scale layout). Up to MMA_WARP_M (two column groups
 # of 8) `mma_gemv_kernel`, whose warps each take their own B; above it `mma_m64_kernel`: 8 warps of
 # 16 rows each, one B window of 64 activation rows exchanged through shared memory (a program per 64
-# rows of the activation). `scaled_mm` picks the mma backend up to MMA_MAX_M by default.
+# rows of the activation, so any M: H100, N = K = 8192, x cuBLAS bf16, M = 128 / 256 / 1024 / 4096
+# 0.68-0.82x / 0.45-0.58x / 0.43-0.54x / 0.46-0.53x against 0.10-0.20x / 0.10-0.22x / 0.16-0.39x /
+# 0.16-0.37x for the other kernels on the k_order copy, bench/results/h100_mma_m64_tiles_5aee332_2026-11-24.log).
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4", "bf16xmxfp8", "mxfp8xmxfp8")
 MMA_WARP_M = 16
-MMA_MAX_M = 64
 MMA_M64_PROGRAM_ROWS = 128  # weight rows per program of mma_m64_kernel (8 warps x 16)
 # Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
 # shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
@@ -579,6 +580,7 @@ class MmaOptions(NamedTuple):
     k_warps: int  # warps (K slices of 4 warps with shared B) splitting K inside a program (K_WARPS; > 1: split 1)
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
+    tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -602,13 +604,15 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
-    ahead, default MMA_M64_AHEAD) and "unroll" may be given: one row group per warp, B shared."""
+    ahead, default MMA_M64_AHEAD), "unroll" and, above M = 64, "tile_m": 64 or 128 (activation rows per
+    program; 128 with wgmma and ahead 1: one decode of the weights for two wgmma) may be given: one row
+    group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll"}
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b' and 'unroll', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll' and 'tile_m', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
@@ -660,8 +664,13 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
+    tile_m = config.get("tile_m", MMA_M64_B_ROWS)
+    if tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (tile_m > MMA_M64_B_ROWS and not (
+            m > MMA_M64_B_ROWS and wgmma and ahead == 1)):
+        raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
+                         f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -777,18 +786,20 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
+    if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
+        options = options._replace(tile_m=MMA_M64_B_ROWS)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
     # mma_m64_kernel: a program per 128 weight rows and 64 activation rows
-    row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // MMA_M64_B_ROWS) if wide_m
+    row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD; mma_gemv_kernel's ROW_GROUPS, SPLIT, SHARED_B,
-    # AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead) if wide_m
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M; mma_gemv_kernel's ROW_GROUPS, SPLIT,
+    # SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,

@@ -512,16 +512,16 @@ MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2)
 MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
 
 
-def _m64_window_bytes(wgmma: bool) -> int:
-    """Bytes of one exchanged B window of `mma_m64_kernel`: 64 rows of 64 bf16 (wgmma's core
+def _m64_window_bytes(wgmma: bool, rows: int = MMA_M64_B_ROWS) -> int:
+    """Bytes of one exchanged B window of `mma_m64_kernel`: `rows` rows of 64 bf16 (wgmma's core
     matrices, 128 bytes a row) or of MMA_SHARED_B_ROW bytes (padded rows read with ld.shared)."""
-    return MMA_M64_B_ROWS * (128 if wgmma else MMA_SHARED_B_ROW)
+    return rows * (128 if wgmma else MMA_SHARED_B_ROW)
 
 
-def m64_exchange_buffer(wgmma: bool) -> tuple[int, int]:
-    """(bytes, alignment) of the buffer of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX`: two
-    windows, aligned to 128 for wgmma's matrix descriptor."""
-    return 2 * _m64_window_bytes(wgmma), 128 if wgmma else 16
+def m64_exchange_buffer(wgmma: bool, rows: int = MMA_M64_B_ROWS) -> tuple[int, int]:
+    """(bytes, alignment) of the buffer of `MMA_M64_EXCHANGE_PTX` / `WGMMA_EXCHANGE_PTX` (`rows` 64) or
+    `WGMMA_EXCHANGE_128_PTX` (128): two windows, aligned to 128 for wgmma's matrix descriptor."""
+    return 2 * _m64_window_bytes(wgmma, rows), 128 if wgmma else 16
 
 
 def _m64_exchange(wide: bool) -> str:
@@ -562,18 +562,21 @@ MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_
 WGMMA_LBO, WGMMA_SBO = 128, 1024
 
 
-def _wgmma_exchange(wide: bool) -> str:
+def _wgmma_exchange(wide: bool, rows: int = MMA_M64_B_ROWS) -> str:
     """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
-    int64 if `wide`), the window's parity, then the address of an `m64_exchange_buffer(True)`
-    buffer (`shared_buffer_ptx`)."""
-    size = _m64_window_bytes(True)
-    n_in = 4 if wide else 8
-    regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(4)) if wide
-            else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(8)))
-    stores = "".join(f"st.shared.b32 [a+{WGMMA_LBO * j}], w{j}; " for j in range(8))
+    int64 if `wide`), with `rows` 128 then those of its row + 64 (stored 8 core-matrix rows further),
+    the window's parity, then the address of an `m64_exchange_buffer(True, rows)` buffer
+    (`shared_buffer_ptx`)."""
+    size = _m64_window_bytes(True, rows)
+    shares = rows // MMA_M64_B_ROWS
+    n_in = (4 if wide else 8) * shares
+    regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(n_in)) if wide
+            else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(n_in)))
+    stores = "".join(f"st.shared.b32 [a+{WGMMA_LBO * (j % 8) + 8 * WGMMA_SBO * (j // 8)}], w{j}; "
+                     for j in range(8 * shares))
     return (
-        f"{{ .reg .b32 t, a, b, u, lo, w<8>; mov.u32 t, %tid.x; mov.u32 b, ${2 + n_in}; "
+        f"{{ .reg .b32 t, a, b, u, lo, w<{8 * shares}>; mov.u32 t, %tid.x; mov.u32 b, ${2 + n_in}; "
         f"mad.lo.u32 b, ${1 + n_in}, {size}, b; " + regs
         # row r = t >> 2: 1024 (r >> 3) + 16 (r & 7); byte 4 (t & 3)
         + f"shr.b32 u, t, 5; mad.lo.u32 a, u, {WGMMA_SBO}, b; bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, 16, a; "
@@ -606,4 +609,5 @@ def _wgmma_steps(col_groups: int) -> str:
 
 # by bf16 activation / by column groups (1 .. 8; mma_m64_kernel takes 3 .. 8)
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
+WGMMA_EXCHANGE_128_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS) for wide in (False, True)}
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}

@@ -1,6 +1,6 @@
-"""M <= 64 (decode) on bf16 tensor cores: fp4 or fp8 weights in the "mma_m16k16" layout, bf16 / fp4 / fp8 activations.
+"""Decode (and any M) on bf16 tensor cores: fp4 or fp8 weights in the "mma_m16k16" layout, bf16 / fp4 / fp8 activations.
 
-`mma_gemv_kernel` runs M <= 16 (below); `mma_m64_kernel` 16 < M <= 64 (its docstring).
+`mma_gemv_kernel` runs M <= 16 (below); `mma_m64_kernel` M > 16, a program per 64 activation rows (its docstring).
 
 Each warp multiplies one 16-row group of weights (two with ROW_GROUPS = 2): per 64-K window a thread loads 4 int32
 words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
@@ -69,7 +69,8 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
-                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_PTX, WGMMA_STEPS_PTX, k_warp_sum_rounds,
+                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds,
                      m64_exchange_buffer, mma_b_factor, shared_b_bytes, shared_buffer_ptx, staged_b_bytes,
                      staged_b_chunk, staged_b_offset)
 
@@ -498,6 +499,22 @@ def m64_exchange(b, win, buffer, ACT_ELEM, WGMMA):
     )
 
 
+def wgmma_exchange_128(b, b_2, win, buffer, ACT_ELEM):
+    """`m64_exchange` (wgmma) of a window of 128 activation rows: the thread's share `b` of row r and `b_2`
+    of row r + 64; returns the descriptor of rows 0 .. 63 (`decode.WGMMA_EXCHANGE_128_PTX`)."""
+    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
+    return hl.inline_asm_elementwise(
+        WGMMA_EXCHANGE_128_PTX[wide], ",".join(["=l"] + ["l" if wide else "r"] * (2 * len(b)) + ["r", "r"]),
+        [*b, *b_2, window_parity(b[0], win), buffer], dtype=torch.int64, is_pure=False, pack=1,
+    )
+
+
+def second_64_rows(descriptor):
+    """The wgmma descriptor of rows 64 .. 127 of a 128-row window (`wgmma_exchange_128`): 8 core-matrix rows
+    further."""
+    return descriptor + (8 * WGMMA_SBO >> 4)
+
+
 def wgmma_window(frags, descriptor, acc, COL_GROUPS):
     """acc (32 fp32 per thread: 8 column groups x 4) += the window's 4 wgmma steps over the
     first COL_GROUPS column groups (`decode.WGMMA_STEPS_PTX`); the others pass through."""
@@ -545,9 +562,11 @@ def mma_m64_kernel(
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
     AHEAD: hl.constexpr,
+    TILE_M: hl.constexpr,
 ) -> torch.Tensor:
-    """As `mma_gemv_kernel` for 16 < M <= 64 (COL_GROUPS = ceil(M / 8) groups of 8 activation
-    rows): a program is 8 warps (256 threads) of one 16-row group each, 128 rows; each thread
+    """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
+    rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and 64
+    activation rows (tile_m: programs over M, the weights' rows first); each thread
     loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
     tid & 3), the program writes it into shared memory, and each warp runs its group's A
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
@@ -555,20 +574,22 @@ def mma_m64_kernel(
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
     w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
     H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16: 1.14x-1.95x (9b4b358; 67784e5: 1.18x-1.73x,
-    mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x)."""
+    mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x); N = K = 8192, M = 128 to 4096: 0.43x-0.82x,
+    1.1x-7.5x faster in each of the 28 cells than the other kernels on the k_order copy (5aee332)."""
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK
     # program rows first: consecutive programs share their 64 activation rows, and the weights (32 MB at
     # N = K = 8192 for fp4) stay in L2 from one 64-row tile of the activation to the next
-    for tile_p, tile_m, part in hl.tile([N // 128, (M + 63) // 64, SPLIT], block_size=[1, 1, 1]):
+    for tile_p, tile_m, part in hl.tile([N // 128, (M + TILE_M - 1) // TILE_M, SPLIT], block_size=[1, 1, 1]):
         tid = thread_ids(256)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
         gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
-        r = tile_m.begin * 64 + (tid >> 2)
+        r = tile_m.begin * TILE_M + (tid >> 2)
         row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
+        row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
         s00, s01, s02, s03 = zero_sums(256)
         s10, s11, s12, s13 = zero_sums(256)
@@ -578,14 +599,25 @@ def mma_m64_kernel(
         s50, s51, s52, s53 = zero_sums(256)
         s60, s61, s62, s63 = zero_sums(256)
         s70, s71, s72, s73 = zero_sums(256)
+        if TILE_M == 128:  # t<c><i>: the second 64 activation rows
+            t00, t01, t02, t03 = zero_sums(256)
+            t10, t11, t12, t13 = zero_sums(256)
+            t20, t21, t22, t23 = zero_sums(256)
+            t30, t31, t32, t33 = zero_sums(256)
+            t40, t41, t42, t43 = zero_sums(256)
+            t50, t51, t52, t53 = zero_sums(256)
+            t60, t61, t62, t63 = zero_sums(256)
+            t70, t71, t72, t73 = zero_sums(256)
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
         first = part.begin * steps
-        size, align = m64_exchange_buffer(WGMMA)
+        size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
                                                               ACT_ELEM, BLOCK_A, A_LAYOUT)
+        if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
+            o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
@@ -598,13 +630,25 @@ def mma_m64_kernel(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
                 BLOCK_A, A_LAYOUT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
-            address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
+            if TILE_M == 128:
+                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
+                                                       BLOCK_A, A_LAYOUT))
+                address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), b_registers(
+                    unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM)), ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
+            else:
+                address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
                     s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                     s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73), COL_GROUPS)
+                if TILE_M == 128:  # the same weights on rows 64 .. 127 of the window, 8 KB further
+                    (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43,
+                     t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = wgmma_window(frags, second_64_rows(
+                        address), (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32,
+                                              t33, t40, t41, t42, t43, t50, t51, t52, t53, t60, t61, t62, t63, t70,
+                                              t71, t72, t73), COL_GROUPS)
             else:
                 s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
                 s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
@@ -621,6 +665,8 @@ def mma_m64_kernel(
                     s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
             if AHEAD == 1:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
+                if TILE_M == 128:
+                    o0, o1, o2, o3, o4 = m0, m1, m2, m3, m4
             elif AHEAD == 2:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
                 u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
@@ -631,14 +677,23 @@ def mma_m64_kernel(
         scale = post[0] * x_post[0]
         sums = (((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                  (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73)),)
-        col0 = tile_m.begin * 64
+        col0 = tile_m.begin * TILE_M
+        if TILE_M == 128:
+            sums_2 = (((t00, t01, t02, t03), (t10, t11, t12, t13), (t20, t21, t22, t23), (t30, t31, t32, t33),
+                       (t40, t41, t42, t43), (t50, t51, t52, t53), (t60, t61, t62, t63), (t70, t71, t72, t73)),)
         if SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, None, col0)
+            if TILE_M == 128:
+                store_groups(out, bias, sums_2, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, None, col0 + 64)
         else:
             add_groups(workspace, sums, gr, q, g, M, N, 1, COL_GROUPS, col0)
+            if TILE_M == 128:
+                add_groups(workspace, sums_2, gr, q, g, M, N, 1, COL_GROUPS, col0 + 64)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
             ticket = hl.atomic_add(tickets, [tile_m.begin * (N // 128) + tile_p.begin], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
                 store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, col0)
+                if TILE_M == 128:
+                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, COL_GROUPS, col0 + 64)
                 hl.store(tickets, [tile_m.begin * (N // 128) + tile_p.begin], 0)
     return out

@@ -232,12 +232,14 @@ def test_mma_m64_pairs(pair, m, gen):
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [65, 130, 256])
 def test_mma_m64_tiles(pair, m, gen):
-    """M > 64 on mma_m64_kernel (backend "mma"): a program per 64 activation rows, the last tile partial
-    at M = 65 and 130; split-K at the decode shape and without split, wgmma and mma.sync, two windows per
-    iteration, bias and bf16 / fp16 out, narrow activations' scales in three layouts."""
-    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16", backend="mma")
+    """M > 64 on mma_m64_kernel (the default for "mma_m16k16" weights): a program per 64 (or, "tile_m",
+    128) activation rows, the last tile partial at M = 65 and 130; split-K at the decode shape and without
+    split, wgmma and mma.sync, two windows per iteration, bias and bf16 / fp16 out, narrow activations'
+    scales in three layouts."""
+    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
-    for config in ({"max_split": 4}, {"max_split": 1, "wgmma": False}, {"max_split": 2, "ahead": 2, "unroll": 2}):
+    for config in ({"max_split": 4}, {"max_split": 1, "wgmma": False}, {"max_split": 2, "ahead": 2, "unroll": 2},
+                   {"tile_m": 128}, {"tile_m": 128, "max_split": 4, "unroll": 2}):
         run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16", backend="mma", config=config)
     assert_split_k_workspaces_zero()
     run_and_check(pair, m, 256, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
@@ -252,10 +254,8 @@ def test_mma_m64_tiles(pair, m, gen):
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 17, 64, 65])
 def test_mma_layout_elsewhere(pair, m, gen):
-    """"mma_m16k16" weights past M = 64, at N % 64 != 0 and, past M = 16, at N % 128 != 0 take
-    the k_order copy."""
-    run_and_check(pair, m, 1000 - 8 if m == 1 else 1024 + 64 if m <= 64 else 1024, 2048, "cuda", gen,
-                  data_layout="mma_m16k16")
+    """"mma_m16k16" weights at N % 64 != 0 and, past M = 16, at N % 128 != 0 take the k_order copy."""
+    run_and_check(pair, m, 1000 - 8 if m == 1 else 1024 + 64, 2048, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) != "mma"
 
 
