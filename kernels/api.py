@@ -552,6 +552,12 @@ MMA_UNROLL = 1
 # and 57344 x 8192 every fp4-weight cell within -4% .. +3%. fp8 weights lose (mxfp8 x mxfp8 at 10240 x 8192
 # 1.14 / 0.90x, 84 registers) or stay within 2%: one window. K between 8192 and 28672 was not timed.
 MMA_M64_UNROLL_K = 16384
+# Activation rows per mma_m64_kernel program above M = 64 ("tile_m"): 128 (the weights decoded once for two
+# wgmma) up to M = MMA_TILE_128_MAX_M, else 64. H100, N = K = 8192, x cuBLAS bf16, 64 / 128
+# (bench/results/h100_mma_m64_tile_m_*_08fdd0c_2026-11-24.log): M = 128 faster for all 7 pairs (nvfp4 x nvfp4
+# 0.80 / 0.88x, bf16 x mxfp8 0.68 / 0.87x: +6% .. +29%); M = 256 slower for the 4 pairs timed (nvfp4 x
+# nvfp4 0.57 / 0.45x: 194 registers, one program per SM where the wave rule counts 2), M = 4096 -12% .. +16%.
+MMA_TILE_128_MAX_M = 128
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -664,8 +670,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
-    tile_m = config.get("tile_m", MMA_M64_B_ROWS)
-    if tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (tile_m > MMA_M64_B_ROWS and not (
+    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if MMA_M64_B_ROWS < m <= MMA_TILE_128_MAX_M and wgmma and ahead == 1
+                        else MMA_M64_B_ROWS)
+    if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (tile_m > MMA_M64_B_ROWS and not (
             m > MMA_M64_B_ROWS and wgmma and ahead == 1)):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
