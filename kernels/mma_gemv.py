@@ -93,9 +93,9 @@ def thread_ids(threads=128):
     )
 
 
-def zero_sums(threads=128):
-    """The 4 fp32 accumulators per thread of one row group x column group."""
-    return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(4))
+def zero_sums(threads=128, count=4):
+    """`count` fp32 accumulators per thread: 4 for one row group x column group."""
+    return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
 def a_words(w, f, gr, win, lane, q, g, windows, blocks):
@@ -565,8 +565,9 @@ def mma_m64_kernel(
     TILE_M: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
-    rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and 64
-    activation rows (tile_m: programs over M, the weights' rows first); each thread
+    rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
+    with WGMMA 128: the decoded weights for two wgmma) activation rows (tile_m: programs over M, the weights'
+    rows first); each thread
     loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
     tid & 3), the program writes it into shared memory, and each warp runs its group's A
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
@@ -591,23 +592,11 @@ def mma_m64_kernel(
         row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
         row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
-        s00, s01, s02, s03 = zero_sums(256)
-        s10, s11, s12, s13 = zero_sums(256)
-        s20, s21, s22, s23 = zero_sums(256)
-        s30, s31, s32, s33 = zero_sums(256)
-        s40, s41, s42, s43 = zero_sums(256)
-        s50, s51, s52, s53 = zero_sums(256)
-        s60, s61, s62, s63 = zero_sums(256)
-        s70, s71, s72, s73 = zero_sums(256)
+        (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43, s50, s51,
+         s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = zero_sums(256, 32)
         if TILE_M == 128:  # t<c><i>: the second 64 activation rows
-            t00, t01, t02, t03 = zero_sums(256)
-            t10, t11, t12, t13 = zero_sums(256)
-            t20, t21, t22, t23 = zero_sums(256)
-            t30, t31, t32, t33 = zero_sums(256)
-            t40, t41, t42, t43 = zero_sums(256)
-            t50, t51, t52, t53 = zero_sums(256)
-            t60, t61, t62, t63 = zero_sums(256)
-            t70, t71, t72, t73 = zero_sums(256)
+            (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43, t50,
+             t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = zero_sums(256, 32)
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
