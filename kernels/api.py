@@ -798,7 +798,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
-    # mma_m64_kernel: a program per 128 weight rows and 64 activation rows
+    # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,

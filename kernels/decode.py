@@ -509,7 +509,7 @@ MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2)
 # further. Rows MMA_SHARED_B_ROW bytes apart: the 16-byte writes and reads of a quarter-warp
 # (2 rows x 4 lanes) fall on 8 distinct groups of 4 banks. Two buffers by window parity, as
 # `MMA_SHARED_B_PTX`.
-MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (M <= 64)
+MMA_M64_B_ROWS = 64  # activation rows of one exchanged B window (one wgmma's N; two with 128-row programs)
 
 
 def _m64_window_bytes(wgmma: bool, rows: int = MMA_M64_B_ROWS) -> int:

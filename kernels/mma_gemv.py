@@ -70,9 +70,8 @@ from .configs import KERNEL_SETTINGS
 from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds,
-                     m64_exchange_buffer, mma_b_factor, shared_b_bytes, shared_buffer_ptx, staged_b_bytes,
-                     staged_b_chunk, staged_b_offset)
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
+                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -567,8 +566,7 @@ def mma_m64_kernel(
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
     with WGMMA 128: the decoded weights for two wgmma) activation rows (tile_m: programs over M, the weights'
-    rows first); each thread
-    loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
+    rows first); each thread loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
     tid & 3), the program writes it into shared memory, and each warp runs its group's A
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
@@ -580,8 +578,8 @@ def mma_m64_kernel(
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK
-    # program rows first: consecutive programs share their 64 activation rows, and the weights (32 MB at
-    # N = K = 8192 for fp4) stay in L2 from one 64-row tile of the activation to the next
+    # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
+    # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next
     for tile_p, tile_m, part in hl.tile([N // 128, (M + TILE_M - 1) // TILE_M, SPLIT], block_size=[1, 1, 1]):
         tid = thread_ids(256)
         lane = tid & 31
@@ -622,8 +620,9 @@ def mma_m64_kernel(
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
                                                        BLOCK_A, A_LAYOUT))
-                address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), b_registers(
-                    unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM)), ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
+                loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
+                address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
+                                             b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
             else:
                 address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
