@@ -110,9 +110,8 @@ def serial_reads(code: list[tuple[str, str]]) -> int:
     return batches
 
 
-def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str, maxnreg: int | None = None) -> dict:
-    """Compile Helion's Triton code for sm_90 (with the plan's register cap `maxnreg`) and count the loop's SASS
-    instructions."""
+def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> dict:
+    """Compile Helion's Triton code for sm_90 and count the loop's SASS instructions."""
     import importlib.util
 
     import triton
@@ -133,7 +132,7 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str, maxnr
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in dims.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2),
-            **({"maxnreg": maxnreg} if maxnreg else {})}
+            **({"maxnreg": cfg.config["maxnreg"]} if cfg.config.get("maxnreg") else {})}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
     (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
@@ -208,7 +207,7 @@ def main(argv=None):
             a_parts, b_parts = api._parts(a, b.device, words), api._parts(b, b.device, words)
         for i, variant in enumerate(args.variants):
             code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
-            counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}", plan.maxnreg)
+            counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)
             per_w = f"{counts['instr'] / weights:6.2f}"
             print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} {counts['instr']:6d} {per_w} "

@@ -287,13 +287,11 @@ def scaled_mm(
 _LAUNCHES: dict[tuple, object] = {}
 
 
-def _compile(kernel, args, cfg, device: torch.device, maxnreg: int | None = None):
+def _compile(kernel, args, cfg, device: torch.device):
     """The compiled launcher of one cache key; on CUDA it launches through `DirectLaunch`
-    after its first call (Triton's per-call argument binding skipped), with ptxas's register cap `maxnreg`."""
+    after its first call (Triton's per-call argument binding skipped)."""
     launch = kernel.bind(args).compile_config(cfg)
-    if device.type != "cuda":
-        return launch
-    return functools.partial(launch, _launcher=DirectLaunch(**({"maxnreg": maxnreg} if maxnreg else {})))
+    return functools.partial(launch, _launcher=DirectLaunch()) if device.type == "cuda" else launch
 
 
 class SplitKPlan(NamedTuple):
@@ -306,7 +304,6 @@ class SplitKPlan(NamedTuple):
     fold: bool  # block_dot: scales multiplied into the decoded operands
     m_pad: int  # rows the M loop runs over (>= M)
     workspace: tuple | None  # split > 1: zeroed float32 [m_pad, N] and int32 tickets, one per tile
-    maxnreg: int | None = None  # ptxas's register cap per thread (mma kernels)
 
 
 def _split_k_workspace(m_pad: int, n: int, block_m: int, block_n: int, split: int, device) -> tuple | None:
@@ -470,11 +467,6 @@ MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2):
 # lengthens the slowest). So those three keep counting 2.
 MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2, (False, True): 2}
-# Two row groups per warp (256 weight rows per program): ptxas takes 204 registers (sm_90, M = 64, N = K = 8192, four
-# pairs; one program per SM) unless capped; at 128, 2 programs per SM, no spills, 256-360 instructions per window of
-# 256 rows against 136-198 per 128 with one group (`python -m bench.sass --backend mma -M 64`).
-MMA_M64_ROW_GROUPS_2_MAXNREG = 128
-MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2 = 2
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -595,7 +587,6 @@ class MmaOptions(NamedTuple):
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
     tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
-    maxnreg: int | None  # ptxas's register cap per thread; None: ptxas's choice
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -619,16 +610,15 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
-    ahead, default MMA_M64_AHEAD), "unroll", "row_groups": 1 or 2 (2 with wgmma, ahead 1 and N % 256 == 0: 256
-    weight rows per program, two row groups per warp on one B window) and, above M = 64, "tile_m": 64 or 128
-    (activation rows per program; 128 with wgmma, ahead 1 and one row group: one decode of the weights for two
-    wgmma) may be given; B shared."""
+    ahead, default MMA_M64_AHEAD), "unroll" and, above M = 64, "tile_m": 64 or 128 (activation rows per
+    program; 128 with wgmma and ahead 1: one decode of the weights for two wgmma) may be given: one row
+    group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m", "maxnreg"}
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m' and 'maxnreg', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll' and 'tile_m', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
@@ -639,11 +629,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' (split 1), got {config!r} "
                          f"at M = {m}")
     if wide_m:
-        if config.get("shared_b", True) is not True:
-            raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs shared_b True, got {config!r}")
+        if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
+            raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
+                             f"got {config!r}")
         # the mma.sync count; the plan takes wgmma's where the device runs it
         programs_per_sm = MMA_M64_PROGRAMS_PER_SM[False, narrow and not fp8_weights]
-        row_groups, default_split, shared_b = config.get("row_groups", 1), MMA_M64_MAX_SPLIT, True
+        row_groups, default_split, shared_b = 1, MMA_M64_MAX_SPLIT, True
     else:
         if "wgmma" in config:
             raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
@@ -680,20 +671,13 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if MMA_M64_B_ROWS < m <= MMA_TILE_128_MAX_M and wgmma and ahead == 1
-                        and row_groups == 1 else MMA_M64_B_ROWS)
+                        else MMA_M64_B_ROWS)
     if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (tile_m > MMA_M64_B_ROWS and not (
-            m > MMA_M64_B_ROWS and wgmma and ahead == 1 and row_groups == 1)):
-        raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma, ahead 1 and row_groups 1, got "
-                         f"{config!r} at M = {m}")
-    if wide_m and (type(row_groups) is not int or row_groups not in (1, 2) or row_groups == 2 and not (
-            wgmma and ahead == 1 and n % (2 * MMA_M64_PROGRAM_ROWS) == 0)):
-        raise ValueError(f"config: above M = {MMA_WARP_M} row_groups must be 1, or 2 with wgmma, ahead 1 and "
-                         f"N % {2 * MMA_M64_PROGRAM_ROWS} == 0, got {config!r} at N = {n}")
-    maxnreg = config.get("maxnreg", MMA_M64_ROW_GROUPS_2_MAXNREG if wide_m and row_groups == 2 else None)
-    if maxnreg is not None and (type(maxnreg) is not int or not 24 <= maxnreg <= 255 or maxnreg % 8):
-        raise ValueError(f"config: maxnreg must be None or a multiple of 8 in 24 .. 255, got {maxnreg!r}")
+            m > MMA_M64_B_ROWS and wgmma and ahead == 1)):
+        raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
+                         f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, maxnreg)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -809,21 +793,20 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
-    if wide_m and not wgmma:  # 128 activation rows or two row groups per program take wgmma (mma.sync: one set)
-        options = options._replace(tile_m=MMA_M64_B_ROWS, row_groups=1)
+    if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
+        options = options._replace(tile_m=MMA_M64_B_ROWS)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
-        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2 if options.row_groups == 2
-                                   else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
+        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
-    # mma_m64_kernel: a program per 128 row_groups weight rows and tile_m activation rows
-    row_programs = (n // (MMA_M64_PROGRAM_ROWS * options.row_groups) * -(-m // options.tile_m) if wide_m
+    # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
+    row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, ROW_GROUPS; mma_gemv_kernel's
-    # ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m, options.row_groups) if wide_m
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M; mma_gemv_kernel's ROW_GROUPS, SPLIT,
+    # SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -835,7 +818,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
-    return SplitKPlan(None, cfg, consts, split, False, m, workspace, options.maxnreg)
+    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
 def mma_kernel(m: int):
@@ -864,8 +847,7 @@ def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
 def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
-                                                              plan.maxnreg))
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device))
     plan.launch(*args)
     return out
 

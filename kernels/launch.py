@@ -27,11 +27,9 @@ class DirectLaunch:
     Triton's JIT; later calls with the same alignment of every tensor argument, on the same
     current device, launch the kernel it returned directly. Anything else (launch hooks of a
     profiler, pre-run hooks, Helion launch options, another alignment or device) takes
-    Triton's path. `options` go to Triton's launch as its own compile options (`maxnreg`: Helion takes it only
-    with persistent programs)."""
+    Triton's path."""
 
-    def __init__(self, **options):
-        self.options = options
+    def __init__(self):
         self.kernel = None
         self.device = None
         self.aligned = None
@@ -41,8 +39,7 @@ class DirectLaunch:
         aligned = tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
         if (self.kernel is None or kwargs or aligned != self.aligned or getattr(triton_kernel, "pre_run_hooks", None)
                 or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
-            kernel = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs,
-                                      **self.options)
+            kernel = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
             if (self.kernel is None and not kwargs and isinstance(kernel, CompiledKernel)
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
                 kernel._init_handles()

@@ -508,20 +508,11 @@ def wgmma_exchange_128(b, b_2, win, buffer, ACT_ELEM):
     )
 
 
-def second_words(x64, xs, w, f, row_2, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, TILE_M):
-    """Window `win`'s words of `mma_m64_kernel`'s second operand as 5 tensors: with TILE_M 128 the thread's B share of
-    row `row_2` (`b_words`, padded), else (ROW_GROUPS 2) row group gr + 1's A words (`a_words`)."""
-    if TILE_M == 128:
-        return pad_slots(b_words(x64, xs, row_2, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
-    return a_words(w, f, gr + 1, win, lane, q, g, windows, blocks)
-
-
-def m64_sums(first, second, TILE_M, ROW_GROUPS):
-    """`mma_m64_kernel`'s accumulators by row group, column group (each 8 column groups of 4): with TILE_M 128 the
-    second 64 activation rows are column groups 8 .. 15, with ROW_GROUPS 2 the second set is row group 1."""
-    if TILE_M == 128:
-        return (first + second,)
-    return (first, second) if ROW_GROUPS == 2 else (first,)
+def m64_sums(first, second, TILE_M):
+    """`mma_m64_kernel`'s accumulators (each 8 column groups of 4) as the output helpers take them, by row group and
+    column group: with TILE_M 128 the second 64 activation rows are column groups 8 .. 15, one call of each helper
+    (`store_sums` then reads all 64 totals in one batch)."""
+    return (first + second,) if TILE_M == 128 else (first,)
 
 
 def second_64_rows(descriptor):
@@ -578,13 +569,11 @@ def mma_m64_kernel(
     WGMMA: hl.constexpr,
     AHEAD: hl.constexpr,
     TILE_M: hl.constexpr,
-    ROW_GROUPS: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
     with WGMMA 128: the decoded weights for two wgmma) activation rows (tile_m: programs over M, the weights'
-    rows first) or, with ROW_GROUPS 2 (WGMMA, TILE_M 64), 256 weight rows (two row groups per warp on one B window);
-    each thread loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
+    rows first); each thread loads and decodes one lane's share of the window's B (row tid >> 2, the 16 K of lane
     tid & 3), the program writes it into shared memory, and each warp runs its group's A
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
@@ -598,20 +587,19 @@ def mma_m64_kernel(
     blocks = 64 // BLOCK
     # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
     # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next
-    row_tiles = N // (128 * ROW_GROUPS)
-    for tile_p, tile_m, part in hl.tile([row_tiles, (M + TILE_M - 1) // TILE_M, SPLIT], block_size=[1, 1, 1]):
+    for tile_p, tile_m, part in hl.tile([N // 128, (M + TILE_M - 1) // TILE_M, SPLIT], block_size=[1, 1, 1]):
         tid = thread_ids(256)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = (tile_p.begin * 8 + (tid >> 5)) * ROW_GROUPS  # the warp's (first) row group
+        gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
         r = tile_m.begin * TILE_M + (tid >> 2)
         row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
         row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
         (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43, s50, s51,
          s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = zero_sums(256, 32)
-        if TILE_M == 128 or ROW_GROUPS == 2:  # t<c><i>: the second 64 activation rows, or the second row group
+        if TILE_M == 128:  # t<c><i>: the second 64 activation rows
             (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43, t50,
              t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = zero_sums(256, 32)
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
@@ -622,9 +610,8 @@ def mma_m64_kernel(
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
                                                               ACT_ELEM, BLOCK_A, A_LAYOUT)
-        if TILE_M == 128 or ROW_GROUPS == 2:  # (AHEAD 1) set o: window w's second operand words (`second_words`)
-            o0, o1, o2, o3, o4 = second_words(x64, xs, w, f, row_2, gr, first, lane, q, g, windows, blocks, K, ACT_ELEM,
-                                              BLOCK_A, A_LAYOUT, TILE_M)
+        if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
+            o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
@@ -637,10 +624,9 @@ def mma_m64_kernel(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
                 BLOCK_A, A_LAYOUT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
-            if TILE_M == 128 or ROW_GROUPS == 2:
-                m0, m1, m2, m3, m4 = second_words(x64, xs, w, f, row_2, gr, first + (it.begin + 1) % steps, lane, q, g,
-                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, TILE_M)
             if TILE_M == 128:
+                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
+                                                       BLOCK_A, A_LAYOUT))
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
                 address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
@@ -652,15 +638,12 @@ def mma_m64_kernel(
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
                     s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                     s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73), COL_GROUPS)
-                if TILE_M == 128 or ROW_GROUPS == 2:
-                    # TILE_M 128: the same weights on rows 64 .. 127 of the window, 8 KB further; ROW_GROUPS 2: the
-                    # second row group's weights on the same rows
+                if TILE_M == 128:  # the same weights on rows 64 .. 127 of the window, 8 KB further
                     (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43,
-                     t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = wgmma_window(
-                        frags if TILE_M == 128 else a_fragments([o0, o1, o2, o3, o4], W_ELEM, ENCODING),
-                        second_64_rows(address) if TILE_M == 128 else address,
-                        (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42,
-                         t43, t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73), COL_GROUPS)
+                     t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = wgmma_window(frags, second_64_rows(
+                        address), (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32,
+                                              t33, t40, t41, t42, t43, t50, t51, t52, t53, t60, t61, t62, t63, t70,
+                                              t71, t72, t73), COL_GROUPS)
             else:
                 s00, s01, s02, s03 = mma_window_m64(frags, address, 0, (s00, s01, s02, s03))
                 s10, s11, s12, s13 = mma_window_m64(frags, address, 1, (s10, s11, s12, s13))
@@ -677,7 +660,7 @@ def mma_m64_kernel(
                     s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
             if AHEAD == 1:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
-                if TILE_M == 128 or ROW_GROUPS == 2:
+                if TILE_M == 128:
                     o0, o1, o2, o3, o4 = m0, m1, m2, m3, m4
             elif AHEAD == 2:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
@@ -690,20 +673,20 @@ def mma_m64_kernel(
         first_sums = ((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                       (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73))
         second_sums = first_sums  # (unused)
-        if TILE_M == 128 or ROW_GROUPS == 2:
+        if TILE_M == 128:
             second_sums = ((t00, t01, t02, t03), (t10, t11, t12, t13), (t20, t21, t22, t23), (t30, t31, t32, t33),
                            (t40, t41, t42, t43), (t50, t51, t52, t53), (t60, t61, t62, t63), (t70, t71, t72, t73))
-        sums = m64_sums(first_sums, second_sums, TILE_M, ROW_GROUPS)
+        sums = m64_sums(first_sums, second_sums, TILE_M)
         groups = COL_GROUPS * (TILE_M // 64)
         col0 = tile_m.begin * TILE_M
         if SPLIT == 1:
-            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, groups, None, col0)
+            store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, None, col0)
         else:
-            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, groups, col0)
+            add_groups(workspace, sums, gr, q, g, M, N, 1, groups, col0)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-            slot = tile_m.begin * row_tiles + tile_p.begin
+            slot = tile_m.begin * (N // 128) + tile_p.begin  # the program's ticket
             ticket = hl.atomic_add(tickets, [slot], 1, sem="acq_rel")
             if ticket == SPLIT - 1:
-                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, groups, col0)
+                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
                 hl.store(tickets, [slot], 0)
     return out

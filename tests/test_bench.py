@@ -275,26 +275,22 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
 def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     """`MMA_M64_PROGRAMS_PER_SM` holds for mma_m64_kernel (8 warps) at M = 64, N = K = 8192,
     with wgmma (sm_90: 4 HGMMA m64n64k16 per window; 3 programs, 2 for fp4 / fp8 activations on fp4
-    weights) and with mma.sync (32 HMMA: 8 column groups x 4 steps; 2), and with two row groups per warp
-    (`MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2` under the plan's register cap: 8 HGMMA, no spills): registers and
-    shared memory (two 64-row B windows) of every pair."""
-    from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM, MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2
+    weights) and with mma.sync (32 HMMA: 8 column groups x 4 steps; 2): registers and shared memory
+    (two 64-row B windows) of every pair."""
+    from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM
 
     from bench import sass
 
     formats = mma_formats(narrow)
-    variants = '[{}, {"wgmma": false}, {"row_groups": 2}]'
-    argv = ["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192", "--variants", variants]
+    argv = ["--backend", "mma", "--format", *formats, "-M", "64", "-N", "8192", "-K", "8192", "--variants", '[{}, {"wgmma": false}]']
     assert sass.main(argv) == 0
     out = capfd.readouterr().out
     for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
-        wgmma, mma_sync, two_groups = sass_rows(out, pair)
+        wgmma, mma_sync = sass_rows(out, pair)
         assert (wgmma["HGMMA"], wgmma["HMMA"], mma_sync["HGMMA"], mma_sync["HMMA"]) == (4, 0, 0, 32), pair
-        assert (two_groups["HGMMA"], two_groups["HMMA"]) == (8, 0), pair
         issue_bound = narrow and not pair.endswith("mxfp8")
         for kernel, counts in ((True, wgmma), (False, mma_sync)):
             assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[kernel, issue_bound], warps=8)
-        assert_programs_fit(pair, two_groups, MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2, warps=8)
 
 
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():

@@ -204,8 +204,7 @@ def test_mma_m64_pairs(pair, m, gen):
     """16 < M <= 64 (mma_m64_kernel: 8 warps of 16 rows, one B window per program exchanged
     through shared memory; wgmma on sm_90, and mma.sync; 1 to 3 windows loaded ahead): split-K
     at the decode shape and at K = 16384 (two windows per K-loop iteration for fp4 weights), without
-    split, bias and bf16 / fp16 out, narrow activations' scales in three layouts; two row groups per warp
-    ("row_groups" 2)."""
+    split, bias and bf16 / fp16 out, narrow activations' scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
     run_and_check(pair, m, 256, 16384, "cuda", gen, data_layout="mma_m16k16")  # fp4 weights: two windows per iteration
@@ -214,8 +213,6 @@ def test_mma_m64_pairs(pair, m, gen):
         run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 4, **config})
         if ahead != 2:
             run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, **config})
-    for config in ({"max_split": 4}, {"max_split": 1, "unroll": 2}):  # two row groups per warp: 256 weight rows
-        run_and_check(pair, m, 512, 2048, "cuda", gen, data_layout="mma_m16k16", config={"row_groups": 2, **config})
     # 2 windows, fewer than 3 ahead: the loads wrap around
     run_and_check(pair, m, 128, 128, "cuda", gen, data_layout="mma_m16k16", config={"max_split": 1, "ahead": 3})
     for wgmma in (True, False):  # 3 windows: a loop LLVM unrolls, with one exchange buffer for every copy
@@ -236,19 +233,17 @@ def test_mma_m64_pairs(pair, m, gen):
 @pytest.mark.parametrize("m", [65, 130, 256])
 def test_mma_m64_tiles(pair, m, gen):
     """M > 64 on mma_m64_kernel (the default for "mma_m16k16" weights): a program per 64 (or, "tile_m",
-    128) activation rows and 128 (or, "row_groups" 2, 256) weight rows, the last tile partial at M = 65 and
-    130; split-K at the decode shape and without split, wgmma and mma.sync, two windows per iteration, bias and
-    bf16 / fp16 out, narrow activations' scales in three layouts."""
+    128) activation rows, the last tile partial at M = 65 and 130; split-K at the decode shape and without
+    split, wgmma and mma.sync, two windows per iteration, bias and bf16 / fp16 out, narrow activations'
+    scales in three layouts."""
     run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16")
     assert backend_used(pair, m) == "mma"
     for config in ({"max_split": 4}, {"max_split": 1, "wgmma": False}, {"max_split": 2, "ahead": 2, "unroll": 2},
-                   {"tile_m": 128}, {"tile_m": 128, "max_split": 4, "unroll": 2}, {"row_groups": 2},
-                   {"row_groups": 2, "max_split": 1, "unroll": 2}):
+                   {"tile_m": 128}, {"tile_m": 128, "max_split": 4, "unroll": 2}):
         run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16", backend="mma", config=config)
     assert_split_k_workspaces_zero()
-    for config in (None, {"row_groups": 2}):
-        run_and_check(pair, m, 256, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                      backend="mma", config=config)
+    run_and_check(pair, m, 256, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  backend="mma")
     run_and_check(pair, m, 128, 64, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.float16, bias=True,
                   backend="mma")
     if pair[0] != "bf16":

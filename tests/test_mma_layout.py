@@ -293,29 +293,27 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
-    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m,
-    # maxnreg)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, None)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, None)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, None)  # N % 128 != 0: one, the wave rule
+    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, None)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, None)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, None)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, None)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, None)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, None)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, None)
-    for bad, n in (({"row_groups": 3}, 8192), ({"row_groups": 2, "wgmma": False}, 8192), ({"row_groups": 2, "ahead": 2}, 8192),
-                   ({"row_groups": 2}, 8192 + 128), ({"row_groups": 2.0}, 8192), ({"shared_b": False}, 8192)):
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64)
+    for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
-            api._mma_options(bad, 64, n, True)
+            api._mma_options(bad, 64, 8192, True)
     with pytest.raises(ValueError, match="wgmma must be a bool"):
         api._mma_options({"wgmma": 1}, 64, 8192, True)
     with pytest.raises(ValueError, match="'wgmma' applies above M = 16"):
@@ -343,7 +341,7 @@ def test_split_fills_the_last_wave(monkeypatch):
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
-        assert (plan.split, plan.consts[-4]) == (split, has_wgmma), (has_wgmma, w)
+        assert (plan.split, plan.consts[-3]) == (split, has_wgmma), (has_wgmma, w)
 
 
 def test_k_warps_options(monkeypatch):
@@ -359,10 +357,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, None)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, None)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, None)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, None)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -498,7 +496,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, None)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -550,48 +548,15 @@ def test_tile_m_options(monkeypatch):
     for m, tile_m in ((300, 128), (300, 64), (100, 128)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, 256, 1024, api._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
-        assert plan.consts[-2:] == (tile_m, 1) and plan.split == 1  # TILE_M, ROW_GROUPS
-        assert plan.consts[-4:-2] == (True, 1)  # WGMMA, AHEAD
+        assert plan.consts[-1] == tile_m and plan.split == 1
+        assert plan.consts[-3:-1] == (True, 1)  # WGMMA, AHEAD
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
     plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
-    assert plan.consts[-2] == 64 and plan.consts[-4] is False
+    assert plan.consts[-1] == 64 and plan.consts[-3] is False
     for bad, m in (({"tile_m": 96}, 100), ({"tile_m": 128}, 64), ({"tile_m": 128, "wgmma": False}, 100),
-                   ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100), ({"tile_m": 128, "row_groups": 2}, 100)):
+                   ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100)):
         with pytest.raises(ValueError, match="tile_m must be 64, or 128"):
             api._mma_options(bad, m, 256, False)
-
-
-def test_m64_row_groups_options(monkeypatch):
-    """Above M = 16 "row_groups": 2 makes a program of 256 weight rows (two row groups per warp): the plan passes
-    ROW_GROUPS 2 and counts N / 256 programs per activation tile (the split-K tickets), 2 resident per SM for the wave
-    rule under the register cap `MMA_M64_ROW_GROUPS_2_MAXNREG`; it takes 64 activation rows per program by default,
-    and one row group where the device has no wgmma. "maxnreg" (any M) is None or a multiple of 8 up to 255."""
-    from blockscaled.kernels import api
-
-    assert api._mma_options({}, 64, 512, True).row_groups == 1
-    assert api._mma_options({"row_groups": 2}, 100, 512, True)[2:] == (2, True, True, 1, 1, False, 0, 64,
-                                                                        api.MMA_M64_ROW_GROUPS_2_MAXNREG)
-    b = bs.quantize(torch.randn(512, 1024), "nvfp4").with_data_layout("mma_m16k16")
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 2)
-    for m, tiles in ((64, 1), (130, 3)):
-        x = torch.randn(m, 1024, dtype=torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, 512, 1024, api._mma_options({"row_groups": 2}, m, 512, False))
-        assert plan.consts[-2:] == (64, 2)
-        # 2 row programs per activation tile, 2 x 2 resident: the smallest split whose last wave is >= 90% full
-        assert plan.split == api._mma_split(16, 2 * tiles, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM_ROW_GROUPS_2,
-                                            None)
-        assert plan.workspace[1].numel() == 2 * tiles  # one ticket per (256 weight rows, activation tile)
-        assert plan.maxnreg == api.MMA_M64_ROW_GROUPS_2_MAXNREG  # 2 programs of 256 threads per SM
-    assert api._mma_plan(x, b, False, 130, 512, 1024, api._mma_options({}, 130, 512, False)).maxnreg is None
-    for config, expected in (({"row_groups": 2, "maxnreg": None}, None), ({"maxnreg": 96}, 96), ({"maxnreg": 64}, 64)):
-        assert api._mma_options(config, 100, 512, True).maxnreg == expected
-    for bad in (100, 256, 16, 128.0, True):
-        with pytest.raises(ValueError, match="maxnreg must be None or a multiple of 8"):
-            api._mma_options({"maxnreg": bad}, 1, 512, True)
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)
-    plan = api._mma_plan(x, b, False, 130, 512, 1024, api._mma_options({"row_groups": 2}, 130, 512, False))
-    assert plan.consts[-2:] == (64, 1)
 
 
 def run_staged_b(m: int, k: int, k_warps: int):
