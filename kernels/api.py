@@ -467,6 +467,11 @@ MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2):
 # lengthens the slowest). So those three keep counting 2.
 MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2, (False, True): 2}
+# With 128 activation rows per program every pair takes 127 sm_90 registers (M = 128, N = K = 8192): 2 programs per
+# SM. Counting 3 for bf16 activations and fp8 weights had split 10240 x 8192 at M = 128 by 4 (320 programs) instead of
+# 8. H100, x cuBLAS bf16, split 4 / 8 (bench/results/h100_mma_m128_split_n10240_k8192_45df7b8_2026-11-24.log): bf16 x
+# mxfp4 0.62 / 0.71x, bf16 x nvfp4 0.62 / 0.71x, mxfp8 x mxfp8 0.69 / 0.75x, bf16 x mxfp8 0.71 / 0.68x.
+MMA_M64_TILE_128_PROGRAMS_PER_SM = 2
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -796,7 +801,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
         options = options._replace(tile_m=MMA_M64_B_ROWS)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
-        options = options._replace(programs_per_sm=MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
+        options = options._replace(programs_per_sm=MMA_M64_TILE_128_PROGRAMS_PER_SM if options.tile_m > MMA_M64_B_ROWS
+                                   else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m

@@ -293,6 +293,24 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
             assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[kernel, issue_bound], warps=8)
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])
+def test_mma_tile_128_registers_fit_the_wave_rule(capfd, narrow):
+    """`MMA_M64_TILE_128_PROGRAMS_PER_SM` holds for mma_m64_kernel's default at M = 128 (128 activation rows per
+    program: 8 HGMMA m64n64k16 per window), N = K = 8192: registers and shared memory (two 128-row B windows)."""
+    from blockscaled.kernels.api import MMA_M64_TILE_128_PROGRAMS_PER_SM
+
+    from bench import sass
+
+    formats = mma_formats(narrow)
+    argv = ["--backend", "mma", "--format", *formats, "-M", "128", "-N", "8192", "-K", "8192"]
+    assert sass.main(argv) == 0
+    out = capfd.readouterr().out
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
+        (counts,) = sass_rows(out, pair)
+        assert (counts["HGMMA"], counts["HMMA"]) == (8, 0), pair
+        assert_programs_fit(pair, counts, MMA_M64_TILE_128_PROGRAMS_PER_SM, warps=8)
+
+
 def test_serial_reads_counts_reads_that_wait_for_earlier_ones():
     from bench import sass
 

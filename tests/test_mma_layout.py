@@ -535,7 +535,8 @@ def test_unroll_options():
 def test_tile_m_options(monkeypatch):
     """Above M = 64 a program takes 128 activation rows by default up to M = MMA_TILE_128_MAX_M (wgmma,
     one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
-    for the wave rule. Other values, M <= 64, mma.sync and other "ahead" are refused, naming the key."""
+    for the wave rule (2 resident per SM with 128 rows). Other values, M <= 64, mma.sync and other "ahead" are refused,
+    naming the key."""
     from blockscaled.kernels import api
 
     assert api.MMA_TILE_128_MAX_M == 128
@@ -550,6 +551,12 @@ def test_tile_m_options(monkeypatch):
         plan = api._mma_plan(x, b, False, m, 256, 1024, api._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
         assert plan.consts[-1] == tile_m and plan.split == 1
         assert plan.consts[-3:-1] == (True, 1)  # WGMMA, AHEAD
+    # 128 rows: 2 resident per SM for the wave rule whatever the pair (127 registers): 10240 x 8192 splits by 8
+    x = torch.randn(128, 1024, dtype=torch.bfloat16)
+    plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({}, 128, 10240, False))
+    assert plan.consts[-1] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
+    plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({"tile_m": 64}, 128, 10240, False))
+    assert plan.split == api._mma_split(128, 160, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[True, False], None)
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
     plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
     assert plan.consts[-1] == 64 and plan.consts[-3] is False
