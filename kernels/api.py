@@ -472,6 +472,16 @@ MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2,
 # 8. H100, x cuBLAS bf16, split 4 / 8 (bench/results/h100_mma_m128_split_n10240_k8192_45df7b8_2026-11-24.log): bf16 x
 # mxfp4 0.62 / 0.71x, bf16 x nvfp4 0.62 / 0.71x, mxfp8 x mxfp8 0.69 / 0.75x, bf16 x mxfp8 0.71 / 0.68x.
 MMA_M64_TILE_128_PROGRAMS_PER_SM = 2
+# Above M = MMA_TILE_128_MAX_M (programs of 64 activation rows over M) no split-K once the programs fill
+# MMA_M64_UNSPLIT_WAVES of a wave: the split's fp32 workspace adds grow with M (M x N x split x 4 bytes), and the wave
+# rule had split 8192^2 at M = 256 / 1024 by 4 and 10240 x 8192 at M = 192 by 8. H100, x cuBLAS bf16, the rule /
+# split 1 (bench/results/h100_mma_m256_split*_b588c23_2026-11-24.log, h100_mma_m192_m1024_split1_*_b588c23_...):
+# M = 256, 8192^2: bf16 x nvfp4 0.50 / 0.61x, bf16 x mxfp4 0.52 / 0.62x, mxfp8 x mxfp8 0.46 / 0.54x; 8192 x 28672: bf16
+# x mxfp4 0.56 / 0.63x, mxfp8 x mxfp8 0.48 / 0.48x; M = 192, 10240 x 8192 (240 programs, 0.61 of a wave): bf16 x
+# mxfp4 0.65 / 0.84x, mxfp8 x mxfp8 0.60 / 0.72x; M = 1024: 0.47 / 0.55x and 0.43 / 0.46x (8192^2), 0.50 / 0.53x and
+# 0.42 / 0.45x (10240 x 8192). Below half a wave the split still wins: M = 192, 8192^2 (192 programs, 0.48 of a
+# wave; split 2) 0.71 / 0.61x and 0.64 / 0.56x.
+MMA_M64_UNSPLIT_WAVES = 0.5
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -768,7 +778,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     the options give one, its unroll;
     split-K where it gives none, one window ahead for fp8 weights at 8 < M <= 16 from K = MMA_FP8_M16_AHEAD_K),
     else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
-    windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll". Where they
+    windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll", and above M =
+    MMA_TILE_128_MAX_M no split once the programs fill MMA_M64_UNSPLIT_WAVES of a wave. Where they
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     wide_m = m > MMA_WARP_M
@@ -807,8 +818,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
-    split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
-                                                     b.device)
+    unsplit = (m > MMA_TILE_128_MAX_M and options.programs_per_sm  # (the wave rule's plans only)
+               and row_programs >= MMA_M64_UNSPLIT_WAVES * options.programs_per_sm * _sm_count(b.device))
+    split = 1 if options.k_warps > 1 or unsplit else _mma_split(k // 64, row_programs, options.max_split,
+                                                                options.programs_per_sm, b.device)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M; mma_gemv_kernel's ROW_GROUPS, SPLIT,
     # SHARED_B, AHEAD, K_WARPS, STAGE_B

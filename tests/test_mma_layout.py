@@ -535,7 +535,7 @@ def test_unroll_options():
 def test_tile_m_options(monkeypatch):
     """Above M = 64 a program takes 128 activation rows by default up to M = MMA_TILE_128_MAX_M (wgmma,
     one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
-    for the wave rule (2 resident per SM with 128 rows). Other values, M <= 64, mma.sync and other "ahead" are refused,
+    for the wave rule (2 resident per SM with 128 rows; above M = 128 no split from half a wave). Other values, M <= 64, mma.sync and other "ahead" are refused,
     naming the key."""
     from blockscaled.kernels import api
 
@@ -557,6 +557,13 @@ def test_tile_m_options(monkeypatch):
     assert plan.consts[-1] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
     plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({"tile_m": 64}, 128, 10240, False))
     assert plan.split == api._mma_split(128, 160, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[True, False], None)
+    # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs)
+    for m, n, split in ((192, 8192, 2), (192, 10240, 1), (256, 8192, 1), (1024, 8192, 1), (1024, 10240, 1)):
+        x = torch.randn(m, 1024, dtype=torch.bfloat16)
+        plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options({}, m, n, False))
+        assert (plan.consts[-1], plan.split) == (64, split), (m, n)
+    plan = api._mma_plan(x, b, False, 1024, 10240, 8192, api._mma_options({"max_split": 4}, 1024, 10240, False))
+    assert plan.split == 4  # a config's max_split: the largest
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
     plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
     assert plan.consts[-1] == 64 and plan.consts[-3] is False
