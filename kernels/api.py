@@ -685,10 +685,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
-    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if MMA_M64_B_ROWS < m <= MMA_TILE_128_MAX_M and wgmma and ahead == 1
-                        else MMA_M64_B_ROWS)
-    if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (tile_m > MMA_M64_B_ROWS and not (
-            m > MMA_M64_B_ROWS and wgmma and ahead == 1)):
+    tile_128 = m > MMA_M64_B_ROWS and wgmma and ahead == 1  # where 128 activation rows per program can run
+    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and m <= MMA_TILE_128_MAX_M else MMA_M64_B_ROWS)
+    if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (
+            tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
@@ -709,14 +709,17 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> Mma
     return _mma_options({}, m, n, narrow, fp8_weights)
 
 
-def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
+def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
+               unsplit_waves: float = 0) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
     with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
-    (else the fullest)."""
+    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave."""
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
     if not programs_per_sm:
         return splits[-1]
     resident = programs_per_sm * _sm_count(device)
+    if unsplit_waves and row_programs >= unsplit_waves * resident:
+        return 1
 
     def fill(s):
         waves = row_programs * s / resident
@@ -818,10 +821,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
-    unsplit = (m > MMA_TILE_128_MAX_M and options.programs_per_sm  # (the wave rule's plans only)
-               and row_programs >= MMA_M64_UNSPLIT_WAVES * options.programs_per_sm * _sm_count(b.device))
-    split = 1 if options.k_warps > 1 or unsplit else _mma_split(k // 64, row_programs, options.max_split,
-                                                                options.programs_per_sm, b.device)
+    split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
+                                                     b.device, MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M; mma_gemv_kernel's ROW_GROUPS, SPLIT,
     # SHARED_B, AHEAD, K_WARPS, STAGE_B

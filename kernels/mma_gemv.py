@@ -672,7 +672,7 @@ def mma_m64_kernel(
         scale = post[0] * x_post[0]
         first_sums = ((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                       (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73))
-        second_sums = first_sums  # (unused)
+        second_sums = first_sums  # TILE_M 64: unused (Helion needs one type for the name on both branches)
         if TILE_M == 128:
             second_sums = ((t00, t01, t02, t03), (t10, t11, t12, t13), (t20, t21, t22, t23), (t30, t31, t32, t33),
                            (t40, t41, t42, t43), (t50, t51, t52, t53), (t60, t61, t62, t63), (t70, t71, t72, t73))

@@ -535,8 +535,8 @@ def test_unroll_options():
 def test_tile_m_options(monkeypatch):
     """Above M = 64 a program takes 128 activation rows by default up to M = MMA_TILE_128_MAX_M (wgmma,
     one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
-    for the wave rule (2 resident per SM with 128 rows; above M = 128 no split from half a wave). Other values, M <= 64, mma.sync and other "ahead" are refused,
-    naming the key."""
+    for the wave rule (2 resident per SM with 128 rows; above M = 128 no split from half a wave). Other values,
+    M <= 64, mma.sync and other "ahead" are refused, naming the key."""
     from blockscaled.kernels import api
 
     assert api.MMA_TILE_128_MAX_M == 128
