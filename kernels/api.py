@@ -463,7 +463,7 @@ MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2):
 # bf16, split 8 / 4 there (bench/results/h100_mma_m64_split4_10240_7729809_2026-11-24.log): bf16 x
 # mxfp4 1.20 / 1.33x, bf16 x nvfp4 1.21 / 1.30x, bf16 x mxfp8 1.02 / 1.23x, mxfp8 x mxfp8 1.02 /
 # 1.13x; but nvfp4 x nvfp4 1.33 / 1.19x, mxfp4 x mxfp4 1.37 / 1.29x, mxfp8 x mxfp4 1.35 / 1.26x
-# (issue-bound at 204 instructions per window against 117-195: a third program on 56 of the SMs
+# (204 instructions per window against 117-195: a third program on 56 of the SMs
 # lengthens the slowest). So those three keep counting 2.
 MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2, (False, True): 2}
