@@ -13,7 +13,8 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX, operand_codes, staged_b_bytes
+from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
+                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes)
 from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
@@ -287,11 +288,11 @@ def scaled_mm(
 _LAUNCHES: dict[tuple, object] = {}
 
 
-def _compile(kernel, args, cfg, device: torch.device):
+def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1):
     """The compiled launcher of one cache key; on CUDA it launches through `DirectLaunch`
-    after its first call (Triton's per-call argument binding skipped)."""
+    after its first call (Triton's per-call argument binding skipped; in clusters of `cluster` CTAs)."""
     launch = kernel.bind(args).compile_config(cfg)
-    return functools.partial(launch, _launcher=DirectLaunch()) if device.type == "cuda" else launch
+    return functools.partial(launch, _launcher=DirectLaunch(cluster)) if device.type == "cuda" else launch
 
 
 class SplitKPlan(NamedTuple):
@@ -573,6 +574,9 @@ MMA_M64_UNROLL_K = 16384
 # 0.80 / 0.88x, bf16 x mxfp8 0.68 / 0.87x: +6% .. +29%); M = 256 slower for the 4 pairs timed (nvfp4 x
 # nvfp4 0.57 / 0.45x: 194 registers, one program per SM where the wave rule counts 2), M = 4096 -12% .. +16%.
 MMA_TILE_128_MAX_M = 128
+# Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own (1 KB at
+# M = 64, sm_90).
+MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -602,6 +606,7 @@ class MmaOptions(NamedTuple):
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
     tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
+    cluster: bool  # M > MMA_WARP_M with split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -625,15 +630,16 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
-    ahead, default MMA_M64_AHEAD), "unroll" and, above M = 64, "tile_m": 64 or 128 (activation rows per
-    program; 128 with wgmma and ahead 1: one decode of the weights for two wgmma) may be given: one row
-    group per warp, B shared."""
+    ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
+    output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics) and, above
+    M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
+    for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m"}
+    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m", "cluster"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll' and 'tile_m', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m' and 'cluster', or None, got {config!r}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
@@ -651,8 +657,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_M64_PROGRAMS_PER_SM[False, narrow and not fp8_weights]
         row_groups, default_split, shared_b = 1, MMA_M64_MAX_SPLIT, True
     else:
-        if "wgmma" in config:
-            raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
+        for name in ("wgmma", "cluster"):
+            if name in config:
+                raise ValueError(f"config: '{name}' applies above M = {MMA_WARP_M}, got it at M = {m}")
         col_groups = _mma_column_groups(m)
         row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
         if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -665,8 +672,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    wgmma = config.get("wgmma", wide_m)
-    for name, value in (("shared_b", shared_b), ("wgmma", wgmma)):
+    wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m)
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
@@ -692,7 +699,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -824,9 +831,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device, MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M; mma_gemv_kernel's ROW_GROUPS, SPLIT,
-    # SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m) if wide_m
+    cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m)
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's ROW_GROUPS,
+    # SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -839,6 +847,15 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
+
+
+def _mma_cluster(m: int, split: int, tile_m: int) -> bool:
+    """Whether mma_m64_kernel's SPLIT parts of an output tile can sum in a thread-block cluster
+    (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing the 4 x column groups accumulators per
+    thread, 64 activation rows per program, and the sums' slots beside the B windows in static shared memory."""
+    values = 4 * _mma_column_groups(m)
+    return (tile_m == MMA_M64_B_ROWS and 1 < split <= CLUSTER_MAX_CTAS and (values, split) in MMA_CLUSTER_SUM_PTX
+            and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
 
 
 def mma_kernel(m: int):
@@ -867,7 +884,8 @@ def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
 def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device))
+        cluster = plan.split if plan.m_pad > MMA_WARP_M and plan.consts[-1] else 1  # mma_m64_kernel's CLUSTER
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device, cluster))
     plan.launch(*args)
     return out
 

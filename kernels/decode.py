@@ -611,3 +611,61 @@ def _wgmma_steps(col_groups: int) -> str:
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
 WGMMA_EXCHANGE_128_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS) for wide in (False, True)}
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}
+
+
+# Split-K of `mma_m64_kernel` summed in a thread-block cluster: the SPLIT programs of one output tile (the K parts,
+# consecutive in the grid) launched as one cluster of SPLIT CTAs add their partial sums through distributed shared
+# memory instead of fp32 atomics into a global workspace, a ticket and the last part's read-back (which cost about
+# 6 of 35 us at M = 64, N = K = 8192 on the H100: bench/DECODE_NOTES.md, "Ablations"). Every CTA holds the same
+# `values` accumulators per thread for the same output positions; CTA r owns values c r .. c r + c - 1 (c = values /
+# split) of every thread. Each thread arrives once at the cluster barrier before its K loop (`CLUSTER_ARRIVE_PTX`,
+# so no CTA writes into a peer that has not started) and its `MMA_CLUSTER_SUM_PTX` waits there before storing.
+CLUSTER_MAX_CTAS = 8  # the portable cluster size
+# Output $0: the CTA's cluster size (1 when launched without clusters); input: any 32-bit value (unused)
+CLUSTER_ARRIVE_PTX = "barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, %cluster_nctarank;"
+# The other CTAs' arrivals at `CLUSTER_ARRIVE_PTX` (where no `MMA_CLUSTER_SUM_PTX` follows); output $0: 0
+CLUSTER_WAIT_PTX = "barrier.cluster.wait.aligned; mov.u32 $0, 0;"
+
+
+def cluster_sum_bytes(values: int, split: int, threads: int = 256) -> int:
+    """Shared memory of `MMA_CLUSTER_SUM_PTX[values, split]`: a slot per other CTA of the values this one owns."""
+    return (split - 1) * (values // split) * threads * 4
+
+
+def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
+    """Outputs $0 .. $(c - 1): the thread's values c r .. c r + c - 1 (r = %cluster_ctarank) summed over the cluster's
+    CTAs, its own first, then the others by rank; inputs $c .. $(c + values - 1): its fp32 values. Each CTA stores
+    the values every other CTA owns into that CTA's buffer (`mapa`, st.shared::cluster) in the slot of its rank
+    (ranks above the owner's one lower; within a slot vector v of thread t at v threads + t: a warp's stores are
+    contiguous), waits at the cluster barrier (release / acquire) and adds its slots in order."""
+    c = values // split
+    width = next(w for w in (4, 2, 1) if c % w == 0)
+    vec = f".v{width}" if width > 1 else ""
+    slot = c * threads * 4
+
+    def regs(names):
+        return f"{{{', '.join(names)}}}" if width > 1 else names[0]
+
+    body = ""
+    for owner in range(split):
+        body += (f"mov.u32 o, {owner}; setp.ne.u32 p, r, o; setp.gt.u32 q, r, o; selp.u32 s, 1, 0, q; sub.u32 s, r, s; "
+                 f"mad.lo.u32 a, s, {slot}, b; mapa.shared::cluster.u32 d, a, o; ")
+        body += "".join(f"@p st.shared::cluster{vec}.f32 [d+{v * threads * 4 * width}], "
+                        f"{regs([f'${c + owner * c + v * width + i}' for i in range(width)])}; " for v in range(c // width))
+        body += "".join(f"@!p mov.b32 y{k}, ${c + owner * c + k}; " for k in range(c))
+    body += "barrier.cluster.arrive.aligned; barrier.cluster.wait.aligned; "
+    for s in range(split - 1):
+        for v in range(c // width):
+            body += f"ld.shared{vec}.f32 {regs([f'x{i}' for i in range(width)])}, [b+{s * slot + v * threads * 4 * width}]; "
+            body += "".join(f"add.f32 y{v * width + i}, y{v * width + i}, x{i}; " for i in range(width))
+    return (
+        f"{{ .shared .align 16 .b8 cs[{cluster_sum_bytes(values, split, threads)}]; .reg .b32 t, r, o, s, a, b, d; "
+        f".reg .pred p, q; .reg .f32 x<{width}>, y<{c}>; mov.u32 t, %tid.x; mov.u32 r, %cluster_ctarank; "
+        f"mov.u32 b, cs; mad.lo.u32 b, t, {4 * width}, b; barrier.cluster.wait.aligned; "
+        + body + "".join(f"mov.b32 ${k}, y{k}; " for k in range(c)) + "}"
+    )
+
+
+# by (values per thread: 4 x column groups, cluster size)
+MMA_CLUSTER_SUM_PTX = {(4 * g, s): _cluster_sum(4 * g, s) for g in range(1, MMA_M64_B_ROWS // 8 + 1)
+                       for s in (2, 4, 8) if 4 * g % s == 0}

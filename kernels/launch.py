@@ -3,7 +3,8 @@
 Triton's `JITFunction.run` binds and re-specializes every argument and looks the kernel up
 on each call. For one `scaled_mm` cache key (dtypes, shapes, device and config fixed) the
 only part of that specialization that can still change is the tensors' 16-byte alignment,
-so `DirectLaunch` checks that and calls the CompiledKernel's launcher directly.
+so `DirectLaunch` checks that and calls the CompiledKernel's launcher directly, optionally in
+thread-block clusters (which Triton launches only for kernels compiled for several CTAs).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ class DirectLaunch:
     Triton's JIT; later calls with the same alignment of every tensor argument, on the same
     current device, launch the kernel it returned directly. Anything else (launch hooks of a
     profiler, pre-run hooks, Helion launch options, another alignment or device) takes
-    Triton's path."""
+    Triton's path. With `cluster` > 1 the direct launches run consecutive programs of the grid's
+    first dimension (a multiple of `cluster`) as thread-block clusters of that many CTAs; Triton's
+    launches run without clusters, so such a kernel must be correct both ways."""
 
-    def __init__(self):
+    def __init__(self, cluster: int = 1):
+        self.cluster = cluster
         self.kernel = None
         self.device = None
         self.aligned = None
@@ -44,9 +48,10 @@ class DirectLaunch:
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
                 kernel._init_handles()
                 self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
-                self.launcher = kernel.run, kernel.function, kernel.packed_metadata
+                num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
+                self.launcher = kernel.run, kernel.function, (num_warps, self.cluster, shared)
             return kernel
         run, function, metadata = self.launcher
-        run(*grid, *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device), function, metadata, None, None,
+        run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device), function, metadata, None, None,
             None, *args)
         return self.kernel

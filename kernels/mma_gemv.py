@@ -67,7 +67,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_K_WARP_SUM_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
+                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -291,11 +292,13 @@ def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     return summed
 
 
-def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0):
+def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, keep=None):
     """SPLIT > 1: add the partial sums into the workspace (relaxed adds, masked: at M = 1
-    only lanes q = 0 hold outputs, and unmasked adds of zeros for the rest all hit column 0)."""
+    only lanes q = 0 hold outputs, and unmasked adds of zeros for the rest all hit column 0; none where `keep`,
+    if given, is false)."""
     for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS):
         index, valid = out_index(c, q, g, gr + r, i, M, N, col0)
+        valid = valid if keep is None else valid & keep
         hl.inline_triton("tl.atomic_add({0} + {1}, {2}, mask={3}, sem='relaxed')",
                          args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
@@ -541,6 +544,40 @@ def mma_window_m64(frags, address, col_group, acc):
     )
 
 
+def cluster_arrive(like, CLUSTER):
+    """With CLUSTER: every thread arrives at the cluster barrier (`decode.CLUSTER_ARRIVE_PTX`); returns the CTAs
+    in the program's cluster as a scalar like `like` (1 without clusters, and always without CLUSTER)."""
+    if not CLUSTER:
+        return torch.ones_like(like, dtype=torch.int32)
+    return hl.inline_asm_elementwise(CLUSTER_ARRIVE_PTX, "=r,r", [like], dtype=torch.int32, is_pure=False, pack=1)
+
+
+def cluster_wait(like, CLUSTER):
+    """With CLUSTER: wait for the cluster's arrivals of `cluster_arrive` (before the epilogue that does not sum in
+    the cluster)."""
+    if CLUSTER:
+        hl.inline_asm_elementwise(CLUSTER_WAIT_PTX, "=r,r", [like], dtype=torch.int32, is_pure=False, pack=1)
+
+
+def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):
+    """SPLIT > 1, the program's K part running as CTA r of a cluster of SPLIT: values 4 COL_GROUPS / SPLIT r .. of
+    the accumulators (`sums`: 4 per column group, flat), summed over the cluster (`decode.MMA_CLUSTER_SUM_PTX`), into `out`. Nothing without CLUSTER."""
+    if not CLUSTER:
+        return
+    values = list(sums[:4 * COL_GROUPS])
+    own = len(values) // SPLIT
+    totals = hl.inline_asm_elementwise(
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        dtype=(torch.float32,) * own, is_pure=True, pack=1,
+    )
+    rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
+                                     pack=1)
+    for k in range(own):
+        j = rank * own + k  # the accumulator: column group j >> 2, slot j & 3
+        index, valid = out_index(j >> 2, q, g, gr, j & 3, M, N, col0)
+        store_out(out, bias, index, valid, (totals[k] if own > 1 else totals) * scale, N, HAS_BIAS)
+
+
 @helion.kernel(**KERNEL_SETTINGS)
 def mma_m64_kernel(
     x64: torch.Tensor,
@@ -569,6 +606,7 @@ def mma_m64_kernel(
     WGMMA: hl.constexpr,
     AHEAD: hl.constexpr,
     TILE_M: hl.constexpr,
+    CLUSTER: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
@@ -587,13 +625,16 @@ def mma_m64_kernel(
     blocks = 64 // BLOCK
     # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
     # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next
-    for tile_p, tile_m, part in hl.tile([N // 128, (M + TILE_M - 1) // TILE_M, SPLIT], block_size=[1, 1, 1]):
+    for part, tile_p, tile_m in hl.tile([SPLIT, N // 128, (M + TILE_M - 1) // TILE_M], block_size=[1, 1, 1]):
         tid = thread_ids(256)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
         gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
-        r = tile_m.begin * TILE_M + (tid >> 2)
+        # the first activation row (the last tile index, so Helion writes it without `% 1`: 0 is spelled out, which
+        # saves ptxas 38 registers at M = 64)
+        col0 = tile_m.begin * TILE_M if M > TILE_M else 0
+        r = col0 + (tid >> 2)
         row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
         row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
@@ -606,6 +647,8 @@ def mma_m64_kernel(
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
         first = part.begin * steps
+        scale = post[0] * x_post[0]
+        ctas = cluster_arrive(scale.to(torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
@@ -669,7 +712,6 @@ def mma_m64_kernel(
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
                 u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = v0, v1, v2, v3, v4, v5, v6, v7, v8, v9
                 v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
-        scale = post[0] * x_post[0]
         first_sums = ((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                       (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73))
         second_sums = first_sums  # TILE_M 64: unused (Helion needs one type for the name on both branches)
@@ -678,15 +720,22 @@ def mma_m64_kernel(
                            (t40, t41, t42, t43), (t50, t51, t52, t53), (t60, t61, t62, t63), (t70, t71, t72, t73))
         sums = m64_sums(first_sums, second_sums, TILE_M)
         groups = COL_GROUPS * (TILE_M // 64)
-        col0 = tile_m.begin * TILE_M
         if SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, None, col0)
         else:
-            add_groups(workspace, sums, gr, q, g, M, N, 1, groups, col0)
-            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-            slot = tile_m.begin * (N // 128) + tile_p.begin  # the program's ticket
-            ticket = hl.atomic_add(tickets, [slot], 1, sem="acq_rel")
-            if ticket == SPLIT - 1:
-                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
-                hl.store(tickets, [slot], 0)
+            # Helion 1.5.0 does not compile a data-dependent if that reads a tuple (`sums`) or has an else: the
+            # accumulators pass by name, and the workspace adds are masked instead
+            if ctas == SPLIT:  # launched in clusters of the SPLIT parts (CLUSTER: `launch.DirectLaunch`)
+                cluster_store(out, bias, (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32,
+                                          s33, s40, s41, s42, s43, s50, s51, s52, s53, s60, s61, s62, s63, s70, s71,
+                                          s72, s73), q, g, gr, scale, M, N, HAS_BIAS, groups, col0, SPLIT, CLUSTER)
+            add_groups(workspace, sums, gr, q, g, M, N, 1, groups, col0, ctas != SPLIT)
+            if ctas != SPLIT:
+                cluster_wait(q, CLUSTER)
+                hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
+                slot = tile_m.begin * (N // 128) + tile_p.begin  # the program's ticket
+                ticket = hl.atomic_add(tickets, [slot], 1, sem="acq_rel")
+                if ticket == SPLIT - 1:
+                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
+                    hl.store(tickets, [slot], 0)
     return out

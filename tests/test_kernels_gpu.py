@@ -230,6 +230,36 @@ def test_mma_m64_pairs(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [17, 40, 64])
+def test_mma_m64_cluster_sums(pair, m, gen):
+    """Split-K parts summed in thread-block clusters (`decode.MMA_CLUSTER_SUM_PTX`): a shape's first call runs
+    through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
+    SPLIT CTAs; every call matches the reference (poisoned output), at the decode shape and with split 2, 4 and 8
+    (8 where the accumulators divide by it: M = 64), with bias and bf16 out, and the workspace stays zero."""
+    from blockscaled.kernels import api
+
+    name = bs.SUPPORTED_PAIRS[pair]
+    for n, k, config, bias in ((8192, 8192, None, False), (1024, 2048, {"max_split": 2}, True),
+                               (1024, 2048, {"max_split": 4}, False), (1024, 2048, {"max_split": 8}, False)):
+        a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
+        out_dtype = torch.bfloat16 if bias else torch.float32
+        bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
+        ref = ref_scaled_mm(a, b, bias=bias_t)
+        for call in range(3):
+            out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+            bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
+            err = max_rel_err(out, ref)
+            assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
+        options = api.mma_options_for(config, a, b, m, n)
+        (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
+        launcher = plan.launch.keywords["_launcher"]
+        clustered = plan.split > 1 and (4 * -(-m // 8)) % plan.split == 0
+        assert plan.consts[-1] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
+        assert launcher.kernel is not None and launcher.launcher[2][1] == launcher.cluster  # the direct launch's
+    assert_split_k_workspaces_zero()
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [65, 130, 256])
 def test_mma_m64_tiles(pair, m, gen):
     """M > 64 on mma_m64_kernel (the default for "mma_m16k16" weights): a program per 64 (or, "tile_m",

@@ -293,24 +293,24 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
-    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64)  # N % 128 != 0: one, the wave rule
+    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, False)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, False)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, False)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -341,7 +341,7 @@ def test_split_fills_the_last_wave(monkeypatch):
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
-        assert (plan.split, plan.consts[-3]) == (split, has_wgmma), (has_wgmma, w)
+        assert (plan.split, plan.consts[-4]) == (split, has_wgmma), (has_wgmma, w)
 
 
 def test_k_warps_options(monkeypatch):
@@ -357,10 +357,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, False)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, False)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, False)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -496,7 +496,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, False)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -549,28 +549,51 @@ def test_tile_m_options(monkeypatch):
     for m, tile_m in ((300, 128), (300, 64), (100, 128)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, 256, 1024, api._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
-        assert plan.consts[-1] == tile_m and plan.split == 1
-        assert plan.consts[-3:-1] == (True, 1)  # WGMMA, AHEAD
+        assert plan.consts[-2] == tile_m and plan.split == 1
+        assert plan.consts[-4:-2] == (True, 1)  # WGMMA, AHEAD
     # 128 rows: 2 resident per SM for the wave rule whatever the pair (127 registers): 10240 x 8192 splits by 8
     x = torch.randn(128, 1024, dtype=torch.bfloat16)
     plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({}, 128, 10240, False))
-    assert plan.consts[-1] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
+    assert plan.consts[-2] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
     plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({"tile_m": 64}, 128, 10240, False))
     assert plan.split == api._mma_split(128, 160, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[True, False], None)
     # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs)
     for m, n, split in ((192, 8192, 2), (192, 10240, 1), (256, 8192, 1), (1024, 8192, 1), (1024, 10240, 1)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options({}, m, n, False))
-        assert (plan.consts[-1], plan.split) == (64, split), (m, n)
+        assert (plan.consts[-2], plan.split) == (64, split), (m, n)
     plan = api._mma_plan(x, b, False, 1024, 10240, 8192, api._mma_options({"max_split": 4}, 1024, 10240, False))
     assert plan.split == 4  # a config's max_split: the largest
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
     plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
-    assert plan.consts[-1] == 64 and plan.consts[-3] is False
+    assert plan.consts[-2] == 64 and plan.consts[-4] is False
     for bad, m in (({"tile_m": 96}, 100), ({"tile_m": 128}, 64), ({"tile_m": 128, "wgmma": False}, 100),
                    ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100)):
         with pytest.raises(ValueError, match="tile_m must be 64, or 128"):
             api._mma_options(bad, m, 256, False)
+
+
+def test_cluster_options(monkeypatch):
+    """mma_m64_kernel sums its split-K parts in a thread-block cluster (CLUSTER, its last constexpr) with wgmma,
+    split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per program; not without split,
+    with "cluster": False, mma.sync, 128 rows or split 16; "cluster" is refused at M <= 16 and when not a bool."""
+    from blockscaled.kernels import api
+
+    b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
+    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    for m, config, split, cluster in ((64, {}, 4, True), (64, {"max_split": 8}, 8, True), (64, {"max_split": 2}, 2, True),
+                                      (64, {"cluster": False}, 4, False), (64, {"max_split": 1}, 1, False),
+                                      (64, {"wgmma": False}, 4, False), (64, {"max_split": 16}, 16, False),
+                                      (17, {"max_split": 4}, 4, True), (17, {"max_split": 8}, 8, False),
+                                      (40, {"max_split": 4}, 4, True), (100, {"max_split": 4}, 4, False),
+                                      (100, {"max_split": 4, "tile_m": 64}, 4, True)):
+        x = torch.randn(m, 1024, dtype=torch.bfloat16)
+        plan = api._mma_plan(x, b, False, m, 8192, 1024, api._mma_options(config, m, 8192, False))
+        assert (plan.split, plan.consts[-1]) == (split, cluster), (m, config)
+    for bad, m in (({"cluster": True}, 16), ({"cluster": 1}, 64)):
+        with pytest.raises(ValueError, match="cluster"):
+            api._mma_options(bad, m, 8192, False)
 
 
 def run_staged_b(m: int, k: int, k_warps: int):
@@ -905,3 +928,103 @@ def test_wgmma_exchange_gives_each_step_its_b(wide):
             register = 2 * s + (j >> 1)
             assert [memory.get(at + b) for b in range(2)] == [(4 * n + q, 4 * register + 2 * (j & 1) + b) for b in range(2)]
     assert not written[0] & written[1]
+
+
+@pytest.mark.parametrize("values,split", [(32, 2), (32, 4), (32, 8), (12, 2), (12, 4), (20, 4), (8, 8)])
+def test_cluster_sum_adds_every_cta(values, split, gen):
+    """`decode.MMA_CLUSTER_SUM_PTX`, run for the 256 threads of each CTA of a cluster of `split` (a small
+    interpreter of the instructions it uses, fp32 adds rounded as the GPU's; every thread of the cluster runs to
+    the cluster barrier before any goes past it): thread t of CTA r gets its values c r .. c r + c - 1 summed
+    over the CTAs, its own first, then the others by rank; each CTA's buffer is written once per word by the
+    other CTAs' remote stores, every access aligned and inside it, nothing read that was not written."""
+    import struct
+
+    from blockscaled.kernels.decode import MMA_CLUSTER_SUM_PTX, cluster_sum_bytes
+
+    def f32(x):
+        return struct.unpack("f", struct.pack("f", x))[0]
+
+    threads, own = 256, values // split
+    body = MMA_CLUSTER_SUM_PTX[values, split].strip()[1:-1]
+    size = int(re.search(r"\.shared \.align 16 \.b8 cs\[(\d+)\];", body).group(1))
+    assert size == cluster_sum_bytes(values, split)
+    code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
+    assert code.count("barrier.cluster.wait.aligned") == 2 and code.count("barrier.cluster.arrive.aligned") == 1
+    barrier = code.index("barrier.cluster.arrive.aligned")
+    assert code[barrier + 1] == "barrier.cluster.wait.aligned" and "barrier.cluster.wait.aligned" in code[:barrier]
+    phases = code[:barrier], code[barrier + 2:]
+    inputs = [[[f32(x) for x in row] for row in torch.randn(threads, values, generator=gen).tolist()]
+              for _ in range(split)]
+    memory = [{} for _ in range(split)]  # per CTA: byte address -> fp32
+    outputs = [[[None] * own for _ in range(threads)] for _ in range(split)]
+    alu = {"sub.u32": lambda x, y: (x - y) & U32}
+
+    def run(rank, tid, lines, regs):
+        def val(operand):
+            if operand.startswith("$"):
+                return inputs[rank][tid][int(operand[1:]) - own]
+            return regs[operand] if operand in regs else int(operand, 0)
+
+        for line in lines:
+            guard, line = re.match(r"(@!?p )?(.*)", line).groups()
+            if guard and (guard == "@p ") != regs["p"]:
+                continue
+            if line == "barrier.cluster.wait.aligned":
+                continue  # every thread arrived before its K loop
+            op, args = line.split(None, 1)
+            access = re.match(r"(st|ld)\.shared(::cluster)?(?:\.v(\d))?\.f32$", op)
+            if access:
+                kind, remote, width = access.group(1), access.group(2), int(access.group(3) or 1)
+                base, offset = re.search(r"\[(\w+)\+(\d+)\]", args).groups()
+                target, addr = regs[base] if remote else (rank, regs[base])
+                addr += int(offset)
+                assert addr % (4 * width) == 0 and 0 <= addr and addr + 4 * width <= size, (op, addr)
+                names = re.findall(r"[$\w]+", args.split("]")[1] if kind == "st" else args.split("[")[0])
+                assert len(names) == width
+                for i, name in enumerate(names):
+                    if kind == "st":
+                        assert remote and target != rank and addr + 4 * i not in memory[target], "a word written twice"
+                        memory[target][addr + 4 * i] = val(name)
+                    else:
+                        assert addr + 4 * i in memory[rank], "read before written"
+                        regs[name] = memory[rank][addr + 4 * i]
+                continue
+            dst, *srcs = args.split(", ")
+            if op == "mov.u32":
+                regs[dst] = {"%tid.x": tid, "%cluster_ctarank": rank, "cs": 0}.get(srcs[0], None)
+                if regs[dst] is None:
+                    regs[dst] = val(srcs[0])
+            elif op == "mov.b32" and dst.startswith("$"):
+                outputs[rank][tid][int(dst[1:])] = regs[srcs[0]]
+            elif op == "mov.b32":
+                regs[dst] = val(srcs[0])
+            elif op in ("setp.ne.u32", "setp.gt.u32"):
+                x, y = val(srcs[0]), val(srcs[1])
+                regs[dst] = x != y if op == "setp.ne.u32" else x > y
+            elif op == "selp.u32":
+                regs[dst] = val(srcs[0]) if regs[srcs[2]] else val(srcs[1])
+            elif op == "mad.lo.u32":
+                regs[dst] = (val(srcs[0]) * val(srcs[1]) + val(srcs[2])) & U32
+            elif op == "mapa.shared::cluster.u32":
+                regs[dst] = (val(srcs[1]), val(srcs[0]))  # (CTA, address in it)
+            elif op == "add.f32":
+                regs[dst] = f32(val(srcs[0]) + val(srcs[1]))
+            else:
+                regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
+        return regs
+
+    regs = {(r, t): {} for r in range(split) for t in range(threads)}
+    for phase in phases:
+        for (r, t), state in regs.items():
+            run(r, t, phase, state)
+        if phase is phases[0]:
+            assert all(len(m) * 4 == size for m in memory), "a buffer word not written"
+    for r, t in regs:
+        expected = []
+        for k in range(own):
+            j = r * own + k
+            total = inputs[r][t][j]
+            for other in (s for s in range(split) if s != r):
+                total = f32(total + inputs[other][t][j])
+            expected.append(total)
+        assert outputs[r][t] == expected, (r, t)
