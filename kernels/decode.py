@@ -583,7 +583,10 @@ def _wgmma_exchange(wide: bool, rows: int = MMA_M64_B_ROWS) -> str:
         f"and.b32 u, t, 3; mad.lo.u32 a, u, 4, a; " + stores
         # the generic-proxy stores before the tensor cores' (async-proxy) reads, then the barrier
         + "fence.proxy.async.shared::cta; bar.sync 0; "
-        f"shr.b32 lo, b, 4; or.b32 lo, lo, {(WGMMA_LBO >> 4) << 16:#x}; mov.b64 $0, {{lo, {WGMMA_SBO >> 4}}}; }}"
+        # the start address: 14 bits of (address >> 4); sm_90 shared addresses carry the CTA's rank in a cluster at
+        # bit 24 (not masked, it ran into the LBO field: garbage, or illegal addresses, in clusters of 2 .. 8)
+        f"shr.b32 lo, b, 4; and.b32 lo, lo, 0x3fff; or.b32 lo, lo, {(WGMMA_LBO >> 4) << 16:#x}; "
+        f"mov.b64 $0, {{lo, {WGMMA_SBO >> 4}}}; }}"
     )
 
 

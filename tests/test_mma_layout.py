@@ -766,7 +766,7 @@ def test_k_warp_sum_fits_static_shared_memory():
 
 
 def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = (),
-                          size: int | None = None):
+                          size: int | None = None, rank: int = 0):
     """Run the PTX of `decode.MMA_SHARED_B_PTX`, `MMA_M64_EXCHANGE_PTX` or `WGMMA_EXCHANGE_PTX`
     for the threads of a program, its instructions as written (a small interpreter for the
     ones it uses): every thread up to the barrier, its input bytes ($first_input on, in order)
@@ -774,7 +774,8 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
     (PTX of `ld.shared` instructions, such as those of `MMA_STEPS_M64_PTX`) with $20 = the
     thread's $0. Returns each thread's loaded registers (4 labels each), the bytes written
     (address: label), the size of the buffer (declared, or `size` for a buffer passed in as an
-    address: then 0) and each thread's registers."""
+    address: then 0, with the CTA's `rank` in a cluster at bit 24 as sm_90 shared addresses carry it; memory is
+    addressed by the low 24 bits) and each thread's registers."""
     body = ptx.strip()[1:-1]
     size = size or int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
     address = re.search(r"mov\.u32 b, (\$\d+);", body)  # a buffer passed in
@@ -790,7 +791,7 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
             if operand == parity_operand:
                 return parity
             if address and operand == address.group(1):
-                return 0
+                return rank << 24
             return regs[operand] if operand in regs else int(operand, 0)
 
         def labels(operand, width):  # an input's bytes, or a register holding some
@@ -805,6 +806,8 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
                 vec, width = int(vec or 1), int(bits) // 8
                 base, offset = re.search(r"\[([\w$]+)(?:\+(\d+))?\]", args).groups()
                 addr = regs[base] + int(offset or 0)
+                assert addr >> 24 == (rank if address else 0)
+                addr &= 0xFFFFFF
                 assert addr % (vec * width) == 0 and 0 <= addr and addr + vec * width <= size, (op, addr)
                 if op.startswith("st"):
                     values = [x for o in re.search(r"\], \{?([^}]*)\}?$", args).group(1).split(", ") for x in labels(o, width)]
@@ -902,20 +905,23 @@ def test_m64_exchange_gives_each_lane_its_b(wide):
     assert not written[0] & written[1]
 
 
+@pytest.mark.parametrize("rank", [0, 3])
 @pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
-def test_wgmma_exchange_gives_each_step_its_b(wide):
+def test_wgmma_exchange_gives_each_step_its_b(wide, rank):
     """The wgmma exchange, run for 256 threads, then read as wgmma reads a K-major,
     unswizzled B through the descriptor it returns (element (n, k) of step s at start + 16 s
     + SBO (n >> 3) + LBO (k >> 3) + 16 (n & 7) + 2 (k & 7), the layout the H100 tests passed
     with): logical k = 2q + (j & 1) + 8 (j >> 1) of step s must be K 16q + 4s + j of row n, as
     the weights' K order (mma.sync's B registers) has it: bytes 2 (j & 1) of the writer's
     register 2s + (j >> 1), writer 4n + q. Every thread gets the same descriptor; the two
-    buffers lie inside the declared array and do not overlap."""
+    buffers lie inside the declared array and do not overlap; also for a CTA of rank 3 in a cluster (its shared
+    addresses carry the rank at bit 24, which the descriptor's 14-bit start field must not)."""
     from blockscaled.kernels.decode import WGMMA_EXCHANGE_PTX, m64_exchange_buffer
 
     written = []
     for parity in (0, 1):
-        _, memory, size, regs = run_shared_b_exchange(WGMMA_EXCHANGE_PTX[wide], parity, 1, 256, size=m64_exchange_buffer(True)[0])
+        _, memory, size, regs = run_shared_b_exchange(WGMMA_EXCHANGE_PTX[wide], parity, 1, 256, size=m64_exchange_buffer(True)[0],
+                                                      rank=rank)
         written.append(set(memory))
         assert size == 2 * 64 * 128 and len(memory) == 64 * 128
         (descriptor,) = {r["$0"] for r in regs}
