@@ -577,6 +577,13 @@ MMA_TILE_128_MAX_M = 128
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own (1 KB at
 # M = 64, sm_90).
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
+# mma_m64_kernel sums its split-K parts in thread-block clusters only above this many programs per SM: the hardware
+# places a cluster's CTAs within one GPC, and a grid the CTA scheduler would spread at two per SM lost in clusters.
+# H100, M = 64, x cuBLAS bf16, split 4, cluster / workspace atomics in one process (256 programs;
+# bench/results/h100_mma_m64_cluster_occupancy_df421c0u_2026-11-24.log): 8192^2 nvfp4 x nvfp4 1.24 / 1.33x, bf16 x
+# mxfp4 1.34 / 1.39x; 8192 x 28672 1.38 / 1.82x, 1.15 / 1.91x. Capping residency at two per SM (dynamic shared memory)
+# made the clusters slower still (0.99x / 1.03x at 8192^2).
+MMA_CLUSTER_PROGRAMS_PER_SM = 2
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -831,7 +838,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
                                                      b.device, MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m)
+    cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's ROW_GROUPS,
     # SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
@@ -849,12 +856,14 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
-def _mma_cluster(m: int, split: int, tile_m: int) -> bool:
-    """Whether mma_m64_kernel's SPLIT parts of an output tile can sum in a thread-block cluster
-    (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing the 4 x column groups accumulators per
-    thread, 64 activation rows per program, and the sums' slots beside the B windows in static shared memory."""
+def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device) -> bool:
+    """Whether mma_m64_kernel's SPLIT parts of an output tile sum in a thread-block cluster
+    (`decode.MMA_CLUSTER_SUM_PTX`): more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM, split 2 ..
+    CLUSTER_MAX_CTAS dividing the 4 x column groups accumulators per thread, 64 activation rows per program,
+    and the sums' slots beside the B windows in static shared memory."""
     values = 4 * _mma_column_groups(m)
-    return (tile_m == MMA_M64_B_ROWS and 1 < split <= CLUSTER_MAX_CTAS and (values, split) in MMA_CLUSTER_SUM_PTX
+    return (programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device) and tile_m == MMA_M64_B_ROWS
+            and 1 < split <= CLUSTER_MAX_CTAS and (values, split) in MMA_CLUSTER_SUM_PTX
             and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
 
 

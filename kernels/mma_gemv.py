@@ -623,17 +623,24 @@ def mma_m64_kernel(
     windows = K // 64
     steps = windows // SPLIT
     blocks = 64 // BLOCK
-    # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
-    # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next
-    for part, tile_p, tile_m in hl.tile([SPLIT, N // 128, (M + TILE_M - 1) // TILE_M], block_size=[1, 1, 1]):
+    rows, tiles_m = N // 128, (M + TILE_M - 1) // TILE_M
+    for program in hl.tile(SPLIT * rows * tiles_m, block_size=1):
+        # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
+        # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next; the K parts last (the parts
+        # of an output tile run apart: their workspace adds do not meet), or with CLUSTER first (a cluster's CTAs
+        # are consecutive programs)
+        pid = program.begin
+        part = pid % SPLIT if CLUSTER else pid // (rows * tiles_m)
+        tile = pid // SPLIT if CLUSTER else pid % (rows * tiles_m)
+        tile_p, tile_m = tile % rows, tile // rows
         tid = thread_ids(256)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = tile_p.begin * 8 + (tid >> 5)  # the warp's row group
-        # the first activation row (the last tile index, so Helion writes it without `% 1`: 0 is spelled out, which
-        # saves ptxas 38 registers at M = 64)
-        col0 = tile_m.begin * TILE_M if M > TILE_M else 0
+        gr = tile_p * 8 + (tid >> 5)  # the warp's row group
+        # the first activation row (0 spelled out for one tile: ptxas took 38 more registers at M = 64 when it
+        # could not see that)
+        col0 = tile_m * TILE_M if M > TILE_M else 0
         r = col0 + (tid >> 2)
         row = torch.where(r < M, r, M - 1)  # the thread's B row (past M: the last)
         row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
@@ -646,7 +653,7 @@ def mma_m64_kernel(
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
-        first = part.begin * steps
+        first = part * steps
         scale = post[0] * x_post[0]
         ctas = cluster_arrive(scale.to(torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
@@ -733,7 +740,7 @@ def mma_m64_kernel(
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
                 hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-                slot = tile_m.begin * (N // 128) + tile_p.begin  # the program's ticket
+                slot = tile  # the program's ticket
                 ticket = hl.atomic_add(tickets, [slot], 1, sem="acq_rel")
                 if ticket == SPLIT - 1:
                     store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)

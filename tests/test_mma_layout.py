@@ -575,22 +575,27 @@ def test_tile_m_options(monkeypatch):
 
 def test_cluster_options(monkeypatch):
     """mma_m64_kernel sums its split-K parts in a thread-block cluster (CLUSTER, its last constexpr) with wgmma,
-    split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per program; not without split,
-    with "cluster": False, mma.sync, 128 rows or split 16; "cluster" is refused at M <= 16 and when not a bool."""
+    more than 2 programs per SM, split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per
+    program; not without split, with "cluster": False, mma.sync, 128 rows, split 16 or at most 2 programs per SM
+    (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused at M <= 16 and when not a bool."""
     from blockscaled.kernels import api
 
-    b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
     monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    for m, config, split, cluster in ((64, {}, 4, True), (64, {"max_split": 8}, 8, True), (64, {"max_split": 2}, 2, True),
-                                      (64, {"cluster": False}, 4, False), (64, {"max_split": 1}, 1, False),
-                                      (64, {"wgmma": False}, 4, False), (64, {"max_split": 16}, 16, False),
-                                      (17, {"max_split": 4}, 4, True), (17, {"max_split": 8}, 8, False),
-                                      (40, {"max_split": 4}, 4, True), (100, {"max_split": 4}, 4, False),
-                                      (100, {"max_split": 4, "tile_m": 64}, 4, True)):
-        x = torch.randn(m, 1024, dtype=torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, 8192, 1024, api._mma_options(config, m, 8192, False))
-        assert (plan.split, plan.consts[-1]) == (split, cluster), (m, config)
+    assert api.MMA_CLUSTER_PROGRAMS_PER_SM == 2
+    for m, n, config, split, cluster in ((64, 10240, {}, 4, True), (64, 10240, {"max_split": 8}, 8, True),
+                                         (64, 57344, {"max_split": 2}, 2, True), (64, 8192, {}, 4, False),
+                                         (64, 8192, {"max_split": 8}, 8, True), (64, 10240, {"cluster": False}, 4, False),
+                                         (64, 10240, {"max_split": 1}, 1, False),
+                                         (64, 10240, {"max_split": 4, "wgmma": False}, 4, False),
+                                         (64, 10240, {"max_split": 16}, 16, False), (17, 10240, {"max_split": 4}, 4, True),
+                                         (17, 10240, {"max_split": 8}, 8, False), (40, 10240, {"max_split": 4}, 4, True),
+                                         (100, 10240, {"max_split": 4}, 4, False),
+                                         (100, 10240, {"max_split": 4, "tile_m": 64}, 4, True)):
+        b = bs.quantize(torch.randn(n, 128), "mxfp4").with_data_layout("mma_m16k16")
+        x = torch.randn(m, 128, dtype=torch.bfloat16)
+        plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options(config, m, n, False))
+        assert (plan.split, plan.consts[-1]) == (split, cluster), (m, n, config)
     for bad, m in (({"cluster": True}, 16), ({"cluster": 1}, 64)):
         with pytest.raises(ValueError, match="cluster"):
             api._mma_options(bad, m, 8192, False)
