@@ -234,13 +234,16 @@ def test_mma_m64_pairs(pair, m, gen):
 def test_mma_m64_cluster_sums(pair, m, gen):
     """Split-K parts summed in thread-block clusters (`decode.MMA_CLUSTER_SUM_PTX`): a shape's first call runs
     through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
-    SPLIT CTAs; every call matches the reference (poisoned output), at the decode shape and with split 2, 4 and 8
-    (8 where the accumulators divide by it: M = 64), with bias and bf16 out, and the workspace stays zero."""
+    SPLIT CTAs where the plan takes them (more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM, the accumulators
+    divisible by SPLIT); every call matches the reference (poisoned output): the decode shapes (8192^2: 256
+    programs, no clusters), split 2, 4 and 8 on grids that take them, with bias and bf16 out; the workspace stays
+    zero."""
     from blockscaled.kernels import api
 
-    name = bs.SUPPORTED_PAIRS[pair]
-    for n, k, config, bias in ((8192, 8192, None, False), (1024, 2048, {"max_split": 2}, True),
-                               (1024, 2048, {"max_split": 4}, False), (1024, 2048, {"max_split": 8}, False)):
+    name, sms = bs.SUPPORTED_PAIRS[pair], torch.cuda.get_device_properties(0).multi_processor_count
+    clustered_splits = set()
+    for n, k, config, bias in ((8192, 8192, None, False), (10240, 8192, None, False), (17024, 1024, {"max_split": 2}, True),
+                               (8576, 2048, {"max_split": 4}, False), (4352, 2048, {"max_split": 8}, False)):
         a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
         out_dtype = torch.bfloat16 if bias else torch.float32
         bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
@@ -253,9 +256,13 @@ def test_mma_m64_cluster_sums(pair, m, gen):
         options = api.mma_options_for(config, a, b, m, n)
         (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
         launcher = plan.launch.keywords["_launcher"]
-        clustered = plan.split > 1 and (4 * -(-m // 8)) % plan.split == 0
+        programs = n // 128 * plan.split
+        clustered = (plan.split > 1 and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
+                     and (4 * -(-m // 8)) % plan.split == 0)
         assert plan.consts[-1] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
         assert launcher.kernel is not None and launcher.launcher[2][1] == launcher.cluster  # the direct launch's
+        clustered_splits |= {plan.split} if clustered else set()
+    assert {2, 4} <= clustered_splits and (m != 64 or 8 in clustered_splits)
     assert_split_k_workspaces_zero()
 
 
