@@ -578,11 +578,18 @@ MMA_TILE_128_MAX_M = 128
 # M = 64, sm_90).
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # mma_m64_kernel sums its split-K parts in thread-block clusters only above this many programs per SM: the hardware
-# places a cluster's CTAs within one GPC, and a grid the CTA scheduler would spread at two per SM lost in clusters.
-# H100, M = 64, x cuBLAS bf16, split 4, cluster / workspace atomics in one process (256 programs;
-# bench/results/h100_mma_m64_cluster_occupancy_df421c0u_2026-11-24.log): 8192^2 nvfp4 x nvfp4 1.24 / 1.33x, bf16 x
-# mxfp4 1.34 / 1.39x; 8192 x 28672 1.38 / 1.82x, 1.15 / 1.91x. Capping residency at two per SM (dynamic shared memory)
-# made the clusters slower still (0.99x / 1.03x at 8192^2).
+# places a cluster's CTAs within one GPC, and grids that the CTA scheduler spreads at two per SM lost in clusters.
+# H100, M = 64, x cuBLAS bf16, cluster / workspace atomics in one process, every cell checked in fp32:
+# - 256 programs (split 4; bench/results/h100_mma_m64_cluster_occupancy_df421c0u_2026-11-24.log, the workspace
+#   path then with the K parts first in the grid): 8192^2 nvfp4 x nvfp4 1.24 / 1.33x, bf16 x mxfp4 1.34 / 1.39x;
+#   8192 x 28672 1.38 / 1.82x, 1.15 / 1.91x. The atomics kernel launched in clusters of 4 took 47.4 us against 36.8
+#   (h100_mma_m64_cluster_launch_n8192_k8192_df421c0_2026-11-24.log), and capping residency at two per SM (dynamic
+#   shared memory) made the clusters slower still (0.99x / 1.03x at 8192^2).
+# - 320 and 640 programs (10240 x 8192, split 4 for bf16 activations and fp8 weights, 8 for fp4 / fp8 activations on
+#   fp4 weights; h100_mma_m64_cluster_n10240_k8192_b085d76_2026-11-25.log): faster in all 7 pairs, bf16 x mxfp4 1.34 ->
+#   1.65x, mxfp8 x mxfp8 1.12 -> 1.36x, nvfp4 x nvfp4 1.32 -> 1.37x.
+# - 1792 programs (57344 x 8192, split 4; h100_mma_m64_cluster_n57344_k8192_93dd6fb_2026-11-25.log): faster in all 7,
+#   nvfp4 x nvfp4 1.56 -> 1.80x, bf16 x mxfp8 1.32 -> 1.57x.
 MMA_CLUSTER_PROGRAMS_PER_SM = 2
 
 

@@ -52,6 +52,6 @@ class DirectLaunch:
                 self.launcher = kernel.run, kernel.function, (num_warps, self.cluster, shared)
             return kernel
         run, function, metadata = self.launcher
-        run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device), function, metadata, None, None,
-            None, *args)
+        run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
+            function, metadata, None, None, None, *args)
         return self.kernel

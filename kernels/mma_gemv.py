@@ -617,6 +617,11 @@ def mma_m64_kernel(
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
     w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
+    With SPLIT > 1 the parts of an output tile add their fp32 sums into a workspace (the last by ticket stores), or
+    with CLUSTER, launched as one thread-block cluster of SPLIT CTAs (`launch.DirectLaunch`), through distributed
+    shared memory (`cluster_store`); Triton's own launch (a shape's first call) runs without clusters, and the
+    kernel takes the workspace path when %cluster_nctarank says so. H100, M = 64, clusters / workspace: 10240 x 8192
+    1.37x-1.65x / 1.12x-1.36x, 57344 x 8192 1.49x-1.83x / 1.29x-1.62x (b085d76, 93dd6fb).
     H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16: 1.14x-1.95x (9b4b358; 67784e5: 1.18x-1.73x,
     mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x); N = K = 8192, M = 128 to 4096: 0.43x-0.82x,
     1.1x-7.5x faster in each of the 28 cells than the other kernels on the k_order copy (5aee332)."""
