@@ -561,7 +561,8 @@ def cluster_wait(like, CLUSTER):
 
 def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):
     """SPLIT > 1, the program's K part running as CTA r of a cluster of SPLIT: values 4 COL_GROUPS / SPLIT r .. of
-    the accumulators (`sums`: 4 per column group, flat), summed over the cluster (`decode.MMA_CLUSTER_SUM_PTX`), into `out`. Nothing without CLUSTER."""
+    the accumulators (`sums`: 4 per column group, flat), summed over the cluster (`decode.MMA_CLUSTER_SUM_PTX`),
+    into `out`. Nothing without CLUSTER."""
     if not CLUSTER:
         return
     values = list(sums[:4 * COL_GROUPS])
@@ -745,9 +746,8 @@ def mma_m64_kernel(
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
                 hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-                slot = tile  # the program's ticket
-                ticket = hl.atomic_add(tickets, [slot], 1, sem="acq_rel")
+                ticket = hl.atomic_add(tickets, [tile], 1, sem="acq_rel")  # the output tile's
                 if ticket == SPLIT - 1:
                     store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
-                    hl.store(tickets, [slot], 0)
+                    hl.store(tickets, [tile], 0)
     return out
