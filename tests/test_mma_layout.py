@@ -3,6 +3,7 @@ fragment mapping the GPU kernel relies on, emulated bit for bit against the refe
 
 import itertools
 import re
+import struct
 
 import pytest
 import torch
@@ -14,6 +15,11 @@ from blockscaled.layouts.mma import ELEMENTS, SLOTS
 from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scale_code_sets, run_and_check
 
 U32 = 0xFFFFFFFF
+
+
+def f32(x: float) -> float:
+    """x rounded to float32, as the GPU's fp32 adds round (the PTX interpreters below)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def ptx_registers(word: torch.Tensor, element: str) -> list[torch.Tensor]:
@@ -673,12 +679,7 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, group, rounds, gen):
     summed over the groups, in group order; the others keep their own; every shared access is
     aligned and inside the declared buffer, every round writes each word of it once, and
     nothing is read that was not written in the same round."""
-    import struct
-
     from blockscaled.kernels.decode import MMA_K_WARP_SUM_PTX
-
-    def f32(x):
-        return struct.unpack("f", struct.pack("f", x))[0]
 
     body = MMA_K_WARP_SUM_PTX[values, k_warps, group, rounds].strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 kr\[(\d+)\];", body).group(1))
@@ -948,12 +949,7 @@ def test_cluster_sum_adds_every_cta(values, split, gen):
     the cluster barrier before any goes past it): thread t of CTA r gets its values c r .. c r + c - 1 summed
     over the CTAs, its own first, then the others by rank; each CTA's buffer is written once per word by the
     other CTAs' remote stores, every access aligned and inside it, nothing read that was not written."""
-    import struct
-
     from blockscaled.kernels.decode import MMA_CLUSTER_SUM_PTX, cluster_sum_bytes
-
-    def f32(x):
-        return struct.unpack("f", struct.pack("f", x))[0]
 
     threads, own = 256, values // split
     body = MMA_CLUSTER_SUM_PTX[values, split].strip()[1:-1]
@@ -1001,10 +997,9 @@ def test_cluster_sum_adds_every_cta(values, split, gen):
                         regs[name] = memory[rank][addr + 4 * i]
                 continue
             dst, *srcs = args.split(", ")
-            if op == "mov.u32":
-                regs[dst] = {"%tid.x": tid, "%cluster_ctarank": rank, "cs": 0}.get(srcs[0], None)
-                if regs[dst] is None:
-                    regs[dst] = val(srcs[0])
+            if op == "mov.u32":  # the buffer's address: 0
+                special = {"%tid.x": tid, "%cluster_ctarank": rank, "cs": 0}
+                regs[dst] = special[srcs[0]] if srcs[0] in special else val(srcs[0])
             elif op == "mov.b32" and dst.startswith("$"):
                 outputs[rank][tid][int(dst[1:])] = regs[srcs[0]]
             elif op == "mov.b32":
