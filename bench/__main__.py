@@ -45,6 +45,7 @@ from .providers import (  # noqa: E402
     triton_dot_scaled_fn,
     weight_layouts,
 )
+from .read_floor import read_fn  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
@@ -53,7 +54,9 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # providers that compute from exactly our quantized operands: their max_rel_err is recorded
 EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "triton_dot_scaled")
 PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise",
-             "triton_dot_scaled", "gemlite", "d2d_copy_weights")
+             "triton_dot_scaled", "gemlite", "d2d_copy_weights", "read_weights")
+# yardsticks that move the weight bytes only (no activation, no output)
+WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
 
 
 def parse_args(argv=None):
@@ -243,6 +246,8 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
         "gemlite": (lambda x, w, a, b: gemlite_fn(x, w, pair), ours),
         # read + write of the weight bytes: the achievable-bandwidth yardstick of this run
         "d2d_copy_weights": (lambda x, w, a, b: copy_fn(b), 2.0 * operand_bytes(pair[1], n, k)),
+        # a read of the weight bytes on the fastest grid of `python -m bench.read_floor`: the floor of any kernel
+        "read_weights": (lambda x, w, a, b: read_fn(b), operand_bytes(pair[1], n, k)),
     }
     assert set(providers) == set(PROVIDERS)
     times, errs = {}, {}
@@ -266,7 +271,7 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
         times[prov] = (
             time_ms(run_all, use_graph) / copies,
             time_ms(run_all, False) / copies if use_graph else None,
-            nbytes + (0 if prov == "d2d_copy_weights" else out_bytes),
+            nbytes + (0 if prov in WEIGHT_ONLY else out_bytes),
         )
     bf16_ms = times.get("cublas_bf16", (None,))[0]
     rows = []

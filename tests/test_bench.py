@@ -52,6 +52,22 @@ def test_precompile_runs_cells_in_processes_and_reports_failures(capsys):
     assert len(failures) == 1 and "bf16xmxfp4 M=1 N=32 K=48" in failures[0] and "K" in failures[0]
 
 
+@pytest.mark.parametrize("warps,loads,programs", [(4, 1, 3), (4, 2, None), (8, 1, 1)])
+def test_read_floor_reads_every_word_once(warps, loads, programs):
+    """The read_weights yardstick covers every word exactly once (the programs' xors give the xor of all; a
+    flipped word or a program that skipped its last step would not), on looping and one-step grids, with a tail."""
+    from bench.read_floor import checked_read, read_launcher, weight_words, xor_all
+
+    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32)
+    checked_read(words, warps, loads, programs)
+    call, out = read_launcher(words, warps, loads, programs or 1)
+    call()
+    words[4999] ^= 1 << 7  # the last word lies in the tail past the last full step
+    assert xor_all(out) != xor_all(words)
+    b = bs.quantize(torch.randn(32, 64), "nvfp4")
+    assert weight_words(b).numel() * 4 == operand_bytes("nvfp4", 32, 64)
+
+
 def test_providers_option():
     assert cli.parse_args([]).providers == list(cli.PROVIDERS)
     assert cli.parse_args(["--providers", "blockscaled_pairs", "cublas_bf16"]).providers == ["blockscaled_pairs", "cublas_bf16"]
