@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-# The grid of `read_fn`: 8 warps, two 16-byte loads per thread, one step per program (8 KB), so 4600 programs at
-# N = K = 8192 for nvfp4 weights. H100, that shape: 13.8 us against 14.3-14.7 us for one full wave of programs that
-# loop, and 16.2 us for a quarter wave (bench/results/h100_read_floor_12a6ef0_2026-11-25.log).
+# The grid of `read_fn`: 8 warps, two 16-byte loads per thread, one step per program (8 KB), so 4608 programs at
+# N = K = 8192 for nvfp4 weights. H100, that shape: 13.75 us (the fastest of the sweep) against 13.9-14.4 us for one
+# full wave of programs that loop and 14.8-20.0 us for a quarter wave (bench/results/h100_read_floor_3155e8a_2026-11-25.log).
 READ_WARPS = 8
 READ_LOADS = 2
 
