@@ -7,7 +7,8 @@ plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
-conversion instructions, scale arithmetic. It needs the CUDA backend of Triton (any Triton
+conversion instructions, scale arithmetic, and the global loads issued before the loop's first fence or
+barrier (`early`). It needs the CUDA backend of Triton (any Triton
 wheel for Linux), not a GPU. Counts are per loop iteration of one thread.
 """
 
@@ -39,7 +40,7 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
-COLUMNS = ["instr", "per_w", *COUNTS, "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
+COLUMNS = ["instr", "per_w", *COUNTS, "early", "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
 TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int16: "*i16", torch.int64: "*i64"}
 
@@ -86,10 +87,18 @@ def loop_counts(sass: str) -> dict:
         raise ValueError("no loop in the SASS (did the K loop unroll away? use a larger K)")
     code = instructions(body)
     ops = [op for op, _ in code]
-    counts = {"instr": len(ops), "rt": serial_reads(code)}
+    counts = {"instr": len(ops), "rt": serial_reads(code), "early": early_loads(ops)}
     for name, pattern in COUNTS.items():
         counts[name] = sum(bool(re.match(pattern, op)) for op in ops)
     return {**counts, "ep_rt": serial_reads(instructions(sass[back:]))}
+
+
+def early_loads(ops: list[str]) -> int:
+    """Global loads of the loop issued before its first fence or barrier (MEMBAR, BAR): those the B exchange does not
+    hold back. mma_m64_kernel, mxfp8 x mxfp4 at M = 64: 2 of 9 in the 36.0-us build, 0 in the 42.4-us one of 4053425,
+    whose instruction count per window was no higher (bench/DECODE_NOTES.md, 2026-11-25)."""
+    fence = next((i for i, op in enumerate(ops) if re.match(r"(MEM)?BAR\b", op)), len(ops))
+    return sum(bool(re.match(COUNTS["LDG"], op)) for op in ops[:fence])
 
 
 def serial_reads(code: list[tuple[str, str]]) -> int:
