@@ -160,9 +160,14 @@ def blockscaled_mma_fn(a, b, out_dtype):
     return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
 
 
+def weight_bytes(b) -> torch.Tensor:
+    """The bytes of QTensor `b` (data, then scales) as one flat uint8 tensor: what the weight yardsticks move."""
+    return torch.cat([b.data.view(torch.uint8).reshape(-1), b.scale.view(torch.uint8).reshape(-1)])
+
+
 def copy_fn(b):
     """Device-to-device copy of the weight bytes (data + scales): the bandwidth yardstick."""
-    src = torch.cat([b.data.view(torch.uint8).reshape(-1), b.scale.view(torch.uint8).reshape(-1)])
+    src = weight_bytes(b)
     dst = torch.empty_like(src)
     return lambda: dst.copy_(src)
 

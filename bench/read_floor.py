@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .providers import operand_bytes, weight_bytes
+
 # The grid of `read_fn`: 8 warps, two 16-byte loads per thread, one step per program (8 KB), so 4608 programs at
 # N = K = 8192 for nvfp4 weights. H100, that shape: 13.75 us (the fastest of the sweep) against 13.9-14.4 us for one
 # full wave of programs that loop and 14.8-20.0 us for a quarter wave (bench/results/h100_read_floor_3155e8a_2026-11-25.log).
@@ -33,10 +35,15 @@ def read_words(words, out, n_words, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out + pid, tl.xor_sum(acc, 0))
 
 
+def step_words(warps: int, loads: int) -> int:
+    """int32 words a program of `warps` warps reads per step: `loads` 16-byte loads per thread."""
+    return warps * 32 * 4 * loads
+
+
 def read_launcher(words: torch.Tensor, warps: int, loads: int, programs: int):
     """A call of `read_words` over the int32 `words` by about `programs` programs of `warps` warps, `loads` 16-byte
     loads per thread per step; returns (call, out): out[:grid] holds the programs' xors after a call."""
-    block = warps * 32 * 4 * loads
+    block = step_words(warps, loads)
     chunk = triton.cdiv(triton.cdiv(words.numel(), programs), block) * block
     grid = triton.cdiv(words.numel(), chunk)
     out = torch.empty(grid, device=words.device, dtype=torch.int32)
@@ -55,7 +62,7 @@ def xor_all(t: torch.Tensor) -> int:
 
 def checked_read(words: torch.Tensor, warps: int = READ_WARPS, loads: int = READ_LOADS, programs: int | None = None):
     """`read_launcher`, called once and checked: the programs' xors together must be the xor of every word."""
-    call, out = read_launcher(words, warps, loads, programs or triton.cdiv(words.numel(), warps * 32 * 4 * loads))
+    call, out = read_launcher(words, warps, loads, programs or triton.cdiv(words.numel(), step_words(warps, loads)))
     call()
     if xor_all(out) != xor_all(words):
         raise AssertionError(f"read_words ({warps} warps, {loads} loads, {out.numel()} programs) missed words")
@@ -64,7 +71,7 @@ def checked_read(words: torch.Tensor, warps: int = READ_WARPS, loads: int = READ
 
 def weight_words(b) -> torch.Tensor:
     """The weight bytes of QTensor `b` (data and scales) as one int32 buffer (zero-padded to 4 bytes)."""
-    raw = torch.cat([b.data.view(torch.uint8).reshape(-1), b.scale.view(torch.uint8).reshape(-1)])
+    raw = weight_bytes(b)
     return torch.nn.functional.pad(raw, (0, -raw.numel() % 4)).view(torch.int32)
 
 
@@ -75,7 +82,6 @@ def read_fn(b):
 
 def main(argv=None):
     from .__main__ import cold_copies, time_ms
-    from .providers import operand_bytes
 
     p = argparse.ArgumentParser(prog="python -m bench.read_floor", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
