@@ -424,22 +424,27 @@ def staged_b_offset(row, k16, k: int):
     return row * staged_b_row_bytes(k) + k16 * 32
 
 
-def _staged_b_store(chunks: int) -> str:
+def _staged_b_store(chunks: int, early: int) -> str:
     """Output $0: the buffer address (a token the window reads take, so that they come after);
     inputs: the lane's `chunks` x 8 B registers (16 decoded elements each), their byte offsets
-    in the buffer, then the buffer's address (`shared_buffer_ptx`)."""
+    in the buffer, the buffer's address (`shared_buffer_ptx`), then `early` words loaded before the
+    staging. Those are only waited for: where their xor is 0x7fc00001 the lane stores it to the first
+    word of its first chunk, which its own next store overwrites (ptxas drops a load nothing uses)."""
     offsets, base = 1 + 8 * chunks, 1 + 9 * chunks
+    wait = f"mov.b32 x, ${base + 1}; " + "".join(f"xor.b32 x, x, ${base + 1 + i}; " for i in range(1, early))
+    wait += "setp.eq.u32 p, x, 0x7fc00001; @p st.shared.b32 [a], x; "
     stores = "".join(
-        f"add.u32 a, ${base}, ${offsets + j}; "
+        f"add.u32 a, ${base}, ${offsets + j}; " + (wait if j == 0 else "")
         + "".join(f"st.shared.v4.b32 [a+{16 * h}], {{{', '.join(f'${1 + 8 * j + 4 * h + i}' for i in range(4))}}}; "
                   for h in range(2))
         for j in range(chunks)
     )
-    return "{ .reg .b32 a; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
+    return "{ .reg .b32 a, x; .reg .pred p; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
 
 
-# by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps)
-MMA_STAGED_B_STORE_PTX = {c: _staged_b_store(c) for c in range(1, 17)}
+# by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps), waiting for
+# the first window's 4 weight words and its factor word (`mma_gemv.staged_b`)
+MMA_STAGED_B_STORE_PTX = {c: _staged_b_store(c, 5) for c in range(1, 17)}
 # Outputs $0 .. $7: a lane's 8 B registers of a window (step s: $2s, $2s + 1), input: their shared address
 MMA_STAGED_B_LOAD_PTX = "ld.shared.v4.b32 {$0, $1, $2, $3}, [$8]; ld.shared.v4.b32 {$4, $5, $6, $7}, [$8+16];"
 # Largest staged B buffer: with the K-warp sums' (at most 7.7 KB at M <= 8) inside 48 KB of static shared
@@ -456,24 +461,33 @@ MMA_STAGED_B_MAX_BYTES = 32 * 1024 + 16
 STATIC_SHARED_BYTES = 48 * 1024
 
 
+# Loads of other groups' values issued before their adds, at most this many at a time. One register
+# reused for every load (before) had ptxas run them as a chain of LDS -> FADD -> LDS, 30 at M = 1 with 16 warps
+# and 56 at M = 16 with 8 K slices (sm_90 SASS), each waiting for its shared-memory round trip.
+K_WARP_SUM_LOADS = 8
+
+
 def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1) -> str:
     """Outputs $0 .. $(n - 1): inputs $n .. $(2n - 1) (fp32) summed over the K_WARPS groups of
-    `group` threads of the program, valid in group 0 (the other groups get their own values back)."""
+    `group` threads of the program, in group order, valid in group 0 (the other groups get their own
+    values back). Group 0 loads the others' values K_WARP_SUM_LOADS at a time before adding them."""
     n, per = values, values // rounds
     stride = 4 * group * per  # bytes between two groups' slices
     body = ""
     for r in range(rounds):
         js = range(r * per, (r + 1) * per)
         body += "".join(f"@p st.shared.f32 [w+{4 * group * (j - r * per)}], ${n + j}; " for j in js) + "bar.sync 0; "
-        body += "".join(
-            f"@!p ld.shared.f32 v, [a+{stride * (s - 1) + 4 * group * (j - r * per)}]; @!p add.f32 s{j}, s{j}, v; "
-            for s in range(1, k_warps) for j in js
-        )
+        terms = [(s, j) for s in range(1, k_warps) for j in js]  # each value's adds in group order
+        for start in range(0, len(terms), K_WARP_SUM_LOADS):
+            batch = terms[start:start + K_WARP_SUM_LOADS]
+            body += "".join(f"@!p ld.shared.f32 v{i}, [a+{stride * (s - 1) + 4 * group * (j - r * per)}]; "
+                            for i, (s, j) in enumerate(batch))
+            body += "".join(f"@!p add.f32 s{j}, s{j}, v{i}; " for i, (s, j) in enumerate(batch))
         body += "bar.sync 0; " if r < rounds - 1 else ""  # the reads before the next round's writes
     shift = group.bit_length() - 1
     return (
         f"{{ .shared .align 16 .b8 kr[{(k_warps - 1) * stride}]; .reg .b32 t, a, w; .reg .pred p; "
-        f".reg .f32 v, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, {shift}; setp.ne.u32 p, w, 0; "
+        f".reg .f32 v<{K_WARP_SUM_LOADS}>, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, {shift}; setp.ne.u32 p, w, 0; "
         f"and.b32 t, t, {group - 1}; mov.u32 a, kr; mad.lo.u32 a, t, 4, a; "
         # group w > 0 writes at a + (w - 1) * stride
         f"mad.lo.u32 w, w, {stride}, a; sub.u32 w, w, {stride}; "

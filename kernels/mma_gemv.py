@@ -209,11 +209,12 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
-def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT):
+def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early):
     """Stage the warp's B (`decode.MMA_STAGED_B_STORE_PTX`): rows 0 .. M - 1 of the activation in
     the warp's K range (`steps` windows from `first`), decoded by 16-K chunks (`b_words`,
     `b_registers`, `decode.staged_b_chunk`) into a new shared buffer; returns the buffer's address,
-    which the window reads (`staged_b_registers`) take so that they come after."""
+    which the window reads (`staged_b_registers`) take so that they come after. The store waits for
+    (and ignores) `early`, the first window's `a_words`, loaded before the staging."""
     buffer = shared_buffer(staged_b_bytes(M, K), threads)
     regs, offsets = [], []
     for j in range(M * steps // 8):
@@ -222,8 +223,10 @@ def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BL
                                  ACT_SCALE))
         offsets.append(staged_b_offset(row, k16, K))
     n = len(offsets)
-    return hl.inline_asm_elementwise(MMA_STAGED_B_STORE_PTX[n], ",".join(["=r"] + ["r"] * (9 * n + 1)),
-                                     [*regs, *offsets, buffer], dtype=torch.int32, is_pure=False, pack=1)
+    early = [word.to(torch.int32) for word in early]  # fp8 weights: the low half of each int64 word
+    return hl.inline_asm_elementwise(MMA_STAGED_B_STORE_PTX[n],
+                                     ",".join(["=r"] + ["r"] * (9 * n + 1 + len(early))),
+                                     [*regs, *offsets, buffer, *early], dtype=torch.int32, is_pure=False, pack=1)
 
 
 def staged_b_registers(staged, row, win, q, K):
@@ -389,8 +392,11 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums(threads)
         if SHARED_B:
             b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
-        if STAGE_B:
-            staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT)
+        if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
+            # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
+            # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
+            staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
+                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1)[0])
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,

@@ -1,7 +1,9 @@
 """The "mma_m16k16" weight layout (CPU): round trip, scale factors, and the decode + mma
 fragment mapping the GPU kernel relies on, emulated bit for bit against the reference."""
 
+import functools
 import itertools
+import operator
 import re
 import struct
 
@@ -627,19 +629,39 @@ def run_staged_b(m: int, k: int, k_warps: int):
             ins |= {f"${1 + 8 * j + i}": [(warp, row, k16, 4 * i + b) for b in range(4)] for i in range(8)}
             ins[f"${1 + 8 * chunks + j}"] = staged_b_offset(row, k16, k)
         ins[f"${1 + 9 * chunks}"] = 0  # the buffer's address
-        regs = {}
+        # the first window's 5 words, which the store only waits for: every third lane's xor to 0x7fc00001, so
+        # that its guarded store runs (and must be overwritten by the lane itself)
+        early = [(warp * 32 + lane) * 7919 + i for i in range(4)]
+        early.append(functools.reduce(operator.xor, early, 0x7fc00001 if lane % 3 == 0 else 0x7fc00000))
+        ins |= {f"${2 + 9 * chunks + i}": word for i, word in enumerate(early)}
+        regs, own = {}, set()  # own: bytes of this lane's guarded store, not yet overwritten
         for line in (x.strip() for x in ptx.strip()[1:-1].split(";")):
             if line.startswith("add.u32"):
                 dst, x, y = line.split(None, 1)[1].split(", ")
                 regs[dst] = ins[x] + ins[y]
+            elif line.startswith(("mov.b32 x", "xor.b32")):
+                dst, *srcs = line.split(None, 1)[1].split(", ")
+                regs[dst] = functools.reduce(operator.xor, (regs[v] if v in regs else ins[v] for v in srcs))
+            elif line.startswith("setp.eq.u32"):
+                dst, x, y = line.split(None, 1)[1].split(", ")
+                regs[dst] = regs[x] == int(y, 0)
+            elif line.startswith("@p st.shared.b32"):
+                assert regs["p"] == (lane % 3 == 0) and line == "@p st.shared.b32 [a], x"
+                if regs["p"]:
+                    own = {regs["a"] + b for b in range(4)}
+                    assert not own & set(memory), "the guarded store over another lane's bytes"
+                    memory |= {addr: "early" for addr in own}
             elif line.startswith("st.shared.v4.b32"):
                 base, off, values = re.match(r"st\.shared\.v4\.b32 \[(\w+)\+(\d+)\], \{([^}]*)\}", line).groups()
                 addr = regs[base] + int(off)
                 assert addr % 16 == 0 and 0 <= addr and addr + 16 <= size
                 for i, v in enumerate(values.split(", ")):
                     for b, label in enumerate(ins[v]):
-                        assert addr + 4 * i + b not in memory, "a byte written twice"
+                        assert addr + 4 * i + b not in memory or addr + 4 * i + b in own, "a byte written twice"
+                        own.discard(addr + 4 * i + b)
                         memory[addr + 4 * i + b] = label
+        assert not own, "the guarded store not overwritten by the lane"
+    assert "early" not in memory.values()
     reads = {}
     loads = re.findall(r"ld\.shared\.v4\.b32 \{([^}]*)\}, \[\$8(?:\+(\d+))?\]", MMA_STAGED_B_LOAD_PTX)
     for warp, lane, w in itertools.product(range(k_warps), range(32), range(steps)):
