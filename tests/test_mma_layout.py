@@ -699,9 +699,9 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, group, rounds, gen):
     (a small interpreter of the instructions it uses, fp32 adds rounded as the GPU's; every
     thread runs to a barrier before any goes past it): thread t < group gets value j of thread t
     summed over the groups, in group order; the others keep their own; every shared access is
-    aligned and inside the declared buffer, every round writes each word of it once, and
-    nothing is read that was not written in the same round."""
-    from blockscaled.kernels.decode import MMA_K_WARP_SUM_PTX
+    aligned and inside the declared buffer, every round writes each word of it once,
+    nothing is read that was not written in the same round, and group 0's loads go out in batches."""
+    from blockscaled.kernels.decode import K_WARP_SUM_LOADS, MMA_K_WARP_SUM_PTX
 
     body = MMA_K_WARP_SUM_PTX[values, k_warps, group, rounds].strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 kr\[(\d+)\];", body).group(1))
@@ -709,6 +709,13 @@ def test_k_warp_sum_adds_every_warp(values, k_warps, group, rounds, gen):
     barriers = [i for i, line in enumerate(code) if line == "bar.sync 0"]
     assert len(barriers) == 2 * rounds - 1
     phases = [code[a + 1:b] for a, b in zip([-1, *barriers], [*barriers, len(code)], strict=True)]
+    # group 0 issues its loads K_WARP_SUM_LOADS at a time, into distinct registers, before adding them (one register
+    # reused had ptxas wait for every load in turn)
+    for phase in phases[1::2]:
+        ops = [line.split()[1] for line in phase if line.startswith("@!p")]
+        first_add = ops.index("add.f32")
+        assert first_add == min(K_WARP_SUM_LOADS, (k_warps - 1) * values // rounds), ops
+        assert len({line.split()[2] for line in phase if "ld.shared" in line}) == min(K_WARP_SUM_LOADS, len(ops) // 2)
     threads = group * k_warps
     inputs = [[f32(x) for x in row] for row in torch.randn(threads, values, generator=gen).tolist()]
     memory, outputs = {}, [[None] * values for _ in range(threads)]
