@@ -40,7 +40,7 @@ COUNTS = {  # column: SASS opcode pattern
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
-COLUMNS = ["instr", "per_w", *COUNTS, "early", "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
+COLUMNS = ["instr", "per_w", *COUNTS, "early", "pre", "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
 TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
                 torch.int16: "*i16", torch.int64: "*i64"}
 
@@ -77,7 +77,8 @@ def instructions(sass: str) -> list[tuple[str, str]]:
 
 def loop_counts(sass: str) -> dict:
     """Instruction counts of the first loop (from a label to the first branch back to it), its
-    global reads in sequence (`rt`, `serial_reads`) and those of the code after it (`ep_rt`)."""
+    global reads in sequence (`rt`, `serial_reads`), those of the code after it (`ep_rt`) and the global loads
+    before it (`pre`: with staged B at M = 1, the first window's 5 weight words and the activation's 2)."""
     for label in re.finditer(r"^(\.L_x_\d+):", sass, re.M):
         back = sass.find(f"BRA `({label.group(1)})", label.end())
         if back > 0:
@@ -90,7 +91,8 @@ def loop_counts(sass: str) -> dict:
     counts = {"instr": len(ops), "rt": serial_reads(code), "early": early_loads(ops)}
     for name, pattern in COUNTS.items():
         counts[name] = sum(bool(re.match(pattern, op)) for op in ops)
-    return {**counts, "ep_rt": serial_reads(instructions(sass[back:]))}
+    pre = sum(bool(re.match(COUNTS["LDG"], op)) for op, _ in instructions(sass[:label.start()]))
+    return {**counts, "pre": pre, "ep_rt": serial_reads(instructions(sass[back:]))}
 
 
 def early_loads(ops: list[str]) -> int:

@@ -260,6 +260,21 @@ def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
             assert_programs_fit(pair, counts, 64 // k_warps, warps=k_warps)
 
 
+def test_mma_staged_b_loads_the_first_window_early(capfd):
+    """The M = 1 plan of fp4 / fp8 activations at N = K = 8192 (staged B, 16 K warps): its first window's 5 weight
+    words are loaded before the loop with the activation's (`pre` >= 7; ptxas drops loads whose values nothing uses,
+    and without them the staging's 2-3 loads are all), and its programs still fit 4 per SM (<= 32 registers)."""
+    from bench import sass
+
+    formats = mma_formats(True)
+    assert sass.main(["--backend", "mma", "--format", *formats, "-M", "1", "-N", "8192", "-K", "8192"]) == 0
+    out = capfd.readouterr().out
+    for pair in (bs.SUPPORTED_PAIRS[FORMAT_PAIRS[f]] for f in formats):
+        (counts,) = sass_rows(out, pair)
+        assert counts["pre"] >= 7 and counts["LDS"] == 2, (pair, counts)  # LDS: B read from the staged buffer
+        assert_programs_fit(pair, counts, 4, warps=16)
+
+
 def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every plan it makes at
