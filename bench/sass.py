@@ -3,7 +3,7 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u, "data_layout": "mma_m16k16_v4"}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -183,8 +183,10 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
 
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
-    "mma_m16k16" QTensor, `variant` may set any `_mma_options` key; 32 weights per thread,
-    row group and window."""
+    "mma_m16k16" QTensor, `variant` may set any `_mma_options` key and "data_layout" (an mma layout
+    the weights are arranged in instead); 32 weights per thread, row group and window."""
+    variant = dict(variant)
+    b = b.with_data_layout(variant.pop("data_layout", b.data_layout))
     with planned_as_h100():
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
