@@ -87,11 +87,20 @@ ELEMENTS = {
 }
 
 
+def lane_word_base(gr, win, lane, windows: int, lane_words: bool):
+    """Flat index of the lane's step-0 word of row group gr's window win in an mma layout whose rows hold `windows`
+    windows (ints or kernel tensors; the kernel's operation order): 128 words per row group and window."""
+    return (gr * windows + win) * 128 + (4 * lane if lane_words else lane)
+
+
+def word_step(lane_words: bool) -> int:
+    """Words between a lane's consecutive steps: 32 ("mma_m16k16"), 1 ("mma_m16k16_v4")."""
+    return 1 if lane_words else 32
+
+
 def word_index(gr, win, lane, s, windows: int, lane_words: bool):
-    """Flat index of word (row group gr, window win, lane, step s) of an mma layout whose rows hold `windows`
-    windows (ints or kernel tensors): what the kernel loads, in its operation order."""
-    window = (gr * windows + win) * 128  # the words of a row group's window
-    return window + 4 * lane + s if lane_words else window + lane + 32 * s
+    """Flat index of word (row group gr, window win, lane, step s): what the kernel loads."""
+    return lane_word_base(gr, win, lane, windows, lane_words) + word_step(lane_words) * s
 
 
 def holds_shape(rows: int, k: int) -> bool:

@@ -512,3 +512,29 @@ def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
     assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
     cli.precompile(compile_fn, work[:1], 15)
     assert started["workers"] == 15  # 8192^2 alone: all of them
+
+
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_mma_v4_weights_load_16_bytes_per_lane(capfd, tmp_path, m):
+    """"mma_m16k16_v4" weights: the default plans' K loops (N = K = 8192; staged B at M = 1 for fp4 activations, K
+    slices at M = 16, wgmma at M = 64) load each lane's window words with one LDG.E.128 (two for fp8's int64 words)
+    where "mma_m16k16" takes 4 LDG.E (LDG.E.64): 3 (2) fewer loads per weight window, and no more registers per warp
+    in the allocation's units, so the wave rules' resident programs hold for both layouts."""
+    from bench import sass
+
+    formats = ["nvfp4", "w4a16-mxfp4", "mxfp8"]
+    argv = ["--backend", "mma", "--format", *formats, "-M", str(m), "-N", "8192", "-K", "8192", "--variants",
+            json.dumps([{}, {"data_layout": "mma_m16k16_v4"}]), "--keep", str(tmp_path)]
+    assert sass.main(argv) == 0
+    out = capfd.readouterr().out
+    for fmt in formats:
+        pair = bs.SUPPORTED_PAIRS[FORMAT_PAIRS[fmt]]
+        steps, lanes = sass_rows(out, pair)
+        per_window = 3 if FORMAT_PAIRS[fmt][1] != "mxfp8" else 2
+        fewer = steps["LDG"] - lanes["LDG"]
+        assert fewer > 0 and fewer % per_window == 0, (pair, steps, lanes)
+        name = fmt.replace("-", "_")
+        assert "LDG.E.128" not in (tmp_path / f"{name}_0.sass").read_text(), pair
+        assert (tmp_path / f"{name}_1.sass").read_text().count("LDG.E.128") >= fewer // per_window, pair
+        assert -(-int(lanes["regs"]) * 32 // 256) <= -(-int(steps["regs"]) * 32 // 256), (pair, steps, lanes)
+        assert lanes["spill"] == 0 and lanes["smem"] == steps["smem"], (pair, lanes)
