@@ -113,7 +113,7 @@ class QTensor:
     @functools.cached_property
     def kernel_words(self) -> torch.Tensor:
         """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads; for
-        "mma_m16k16" data (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
+        data in the mma layouts (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
         each); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
         if self.data_layout in MMA_LAYOUTS:
             return self.data.view(torch.int32 if ELEMENTS[self.fmt.element].word_bits == 32 else torch.int64).view(-1)
@@ -121,7 +121,7 @@ class QTensor:
 
     @functools.cached_property
     def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """"mma_m16k16" weights: (factor bytes as int16 words, float32 [1] post-scale =
+        """Weights in the mma layouts: (factor bytes as int16 words, float32 [1] post-scale =
         2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
         if self.data_layout not in MMA_LAYOUTS:
             raise ValueError(f"data_layout: the mma factors belong to {tuple(MMA_LAYOUTS)} data, this is "

@@ -3,7 +3,8 @@
 `mma_gemv_kernel` runs M <= 16 (below); `mma_m64_kernel` M > 16, a program per 64 activation rows (its docstring).
 
 Each warp multiplies one 16-row group of weights (two with ROW_GROUPS = 2): per 64-K window a thread loads 4 int32
-words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
+words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`; 4 loads, or with LANE_WORDS, for
+"mma_m16k16_v4" weights, one 16-byte load), decodes
 each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 FMAs (with -0: exact
 products) by its rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
 activation as the B operand: 8 activation rows per column group, so M = 1 uses one group
@@ -68,8 +69,8 @@ from blockscaled.layouts import scale_offset
 from blockscaled.layouts.mma import lane_word_base, word_step
 
 from .configs import KERNEL_SETTINGS
-from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, LANE_WORDS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
-                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, LANE_WORDS_PTX, MMA_A_FRAGMENTS_PTX,
+                     MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -106,10 +107,10 @@ def lane_words(w, index, W_ELEM):
     like = torch.zeros_like(index, dtype=torch.int64 if wide else torch.int32)
     kind, dtype = ("l", "tl.int64") if wide else ("r", "tl.int32")
     ptx = repr(LANE_WORDS_PTX[wide]).replace("{", "{{").replace("}", "}}")  # inline_triton formats the source
+    constraints = ",".join(["=" + kind] * 4 + ["l"])  # the byte address: Triton's pointer as an int64
     return hl.inline_triton(
-        f"tl.inline_asm_elementwise({ptx}, '{'=' + kind},{'=' + kind},{'=' + kind},{'=' + kind},l', "
-        f"[({{0}} + {{1}}).to(tl.int64)], dtype=({dtype},) * 4, is_pure=True, pack=1)",
-        args=(w, index), output_like=(like, like, like, like))
+        f"tl.inline_asm_elementwise({ptx}, '{constraints}', [({{0}} + {{1}}).to(tl.int64)], dtype=({dtype},) * 4, "
+        "is_pure=True, pack=1)", args=(w, index), output_like=(like, like, like, like))
 
 
 def a_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS):
@@ -371,7 +372,8 @@ def mma_gemv_kernel(
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
     of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f:
     the weights' words (ELEMENT_CODES value W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and
-    factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
+    factor words ("mma_m16k16", or with LANE_WORDS "mma_m16k16_v4": a lane's words of a window in one
+    16-byte load), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
     one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1): a program is
     K_WARPS warps on the same 16 ROW_GROUPS rows (with SHARED_B K_WARPS slices of the 4 warps on
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
