@@ -433,7 +433,8 @@ def fake_tritonbench(monkeypatch):
 
 def test_operator_module_registers_and_runs(fake_tritonbench):
     module = tb_runner.load_operator_module()
-    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_pairs": False, "blockscaled_mma": False}
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_pairs": False, "blockscaled_mma": False,
+                                "blockscaled_mma_v4": False}
     args = types.SimpleNamespace(device="cpu")
     op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
     inputs = list(op.get_input_iter())
@@ -442,6 +443,7 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(op.blockscaled_pairs(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     torch.testing.assert_close(op.blockscaled_mma(*inputs[0])().float(), got.float(), rtol=0, atol=0)
+    torch.testing.assert_close(op.blockscaled_mma_v4(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     fp8 = module.Operator(args, ["--pair", "bf16xmxfp8", "-M", "3", "--n", "32", "--k", "64"])  # fp8 weights arranged too
     fp8_inputs = list(fp8.get_input_iter())
     torch.testing.assert_close(fp8.blockscaled_mma(*fp8_inputs[0])().float(), fp8.blockscaled(*fp8_inputs[0])().float(),
