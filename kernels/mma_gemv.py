@@ -100,11 +100,11 @@ def zero_sums(threads=128, count=4):
     return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
-def lane_words(w, index, W_ELEM):
-    """The lane's 4 words of a window in "mma_m16k16_v4" weights, from word `index` on: one 16-byte load
+def lane_words(w, index):
+    """The lane's 4 words of a window in "mma_m16k16_v4" weights `w`, from word `index` on: one 16-byte load
     (two for E4M3's int64 words, `decode.LANE_WORDS_PTX`)."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    like = torch.zeros_like(index, dtype=torch.int64 if wide else torch.int32)
+    wide = w.dtype == torch.int64
+    like = torch.zeros_like(index, dtype=w.dtype)
     kind, dtype = ("l", "tl.int64") if wide else ("r", "tl.int32")
     ptx = repr(LANE_WORDS_PTX[wide]).replace("{", "{{").replace("}", "}}")  # inline_triton formats the source
     constraints = ",".join(["=" + kind] * 4 + ["l"])  # the byte address: Triton's pointer as an int64
@@ -113,21 +113,21 @@ def lane_words(w, index, W_ELEM):
         "is_pure=True, pack=1)", args=(w, index), output_like=(like, like, like, like))
 
 
-def a_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS):
+def a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step; "mma_m16k16" in 4 loads,
     with LANE_WORDS "mma_m16k16_v4" in one) and its rows' factor byte."""
     base = lane_word_base(gr, win, lane, windows, LANE_WORDS)
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
     if LANE_WORDS:
-        return (*lane_words(w, base, W_ELEM), factors)
+        return (*lane_words(w, base), factors)
     # (the operations in the order of the build every "mma_m16k16" timing ran: sm_90 SASS unchanged)
     return (*(hl.load(w, [base + word_step(False) * s]) for s in range(4)), factors)
 
 
-def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS, ROW_GROUPS):
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS, ROW_GROUPS):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
-    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS)
-    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS) if ROW_GROUPS == 2 else a0
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS)
+    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, LANE_WORDS) if ROW_GROUPS == 2 else a0
 
 
 def a_fragments(loaded, W_ELEM, ENCODING):
@@ -416,11 +416,11 @@ def mma_gemv_kernel(
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
-                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS, 1)[0])
+                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, LANE_WORDS, 1)[0])
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
-                W_ELEM, LANE_WORDS, ROW_GROUPS)
+                LANE_WORDS, ROW_GROUPS)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
@@ -430,17 +430,17 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, W_ELEM, LANE_WORDS, ROW_GROUPS)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, LANE_WORDS, ROW_GROUPS)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, W_ELEM, LANE_WORDS, ROW_GROUPS)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, LANE_WORDS, ROW_GROUPS)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
                 if not STAGE_B:
                     loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
                     loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS,
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS,
                                                      ROW_GROUPS)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
@@ -492,21 +492,21 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, W_ELEM,
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
                  LANE_WORDS):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
     return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
-            *a_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS))
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, W_ELEM, LANE_WORDS, ROW_GROUPS):
+                        COL_GROUPS, LANE_WORDS, ROW_GROUPS):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
     b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS))
-    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, W_ELEM, LANE_WORDS, ROW_GROUPS)
+    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS, ROW_GROUPS)
     return (*b, *a0, *a1)
 
 
@@ -695,22 +695,22 @@ def mma_m64_kernel(
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, W_ELEM, LANE_WORDS)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, LANE_WORDS)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, W_ELEM,
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
                                                                   LANE_WORDS)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, W_ELEM,
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
                                                                   LANE_WORDS)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
-                BLOCK_A, A_LAYOUT, W_ELEM, LANE_WORDS)
+                BLOCK_A, A_LAYOUT, LANE_WORDS)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
