@@ -52,8 +52,8 @@ COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,s
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # providers that compute from exactly our quantized operands: their max_rel_err is recorded
-EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "blockscaled_mma_v4", "triton_dot_scaled")
-PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "blockscaled_mma_v4", "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise",
+EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "triton_dot_scaled")
+PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise",
              "triton_dot_scaled", "gemlite", "d2d_copy_weights", "read_weights")
 # yardsticks that move the weight bytes only (no activation, no output)
 WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
@@ -239,7 +239,6 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
         "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
         "blockscaled_pairs": (lambda x, w, a, b: blockscaled_pairs_fn(a, b, out_dtype), ours),
         "blockscaled_mma": (lambda x, w, a, b: blockscaled_mma_fn(a, b, out_dtype), ours),
-        "blockscaled_mma_v4": (lambda x, w, a, b: blockscaled_mma_fn(a, b, out_dtype, "mma_m16k16_v4"), ours),
         "cublas_bf16": (lambda x, w, a, b: cublas_bf16_fn(x, w, out_dtype), 2.0 * (m * k + n * k)),
         "scaled_mm_fp8_rowwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"), fp8),
         "scaled_mm_fp8_blockwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"), fp8),

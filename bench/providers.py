@@ -48,14 +48,13 @@ def make_operands(pair, m, n, k, device, seed):
 
 def weight_layouts(b, k):
     """The data layouts of weights `b` that are validated and timed: k_order, for packed
-    fp4 block_pairs (K holds whole block pairs), and for fp4 and fp8 the mma layouts (16-row groups,
-    64-K windows; on a CPU only mma_m16k16: both run the same k_order copy there)."""
+    fp4 block_pairs (K holds whole block pairs), and for fp4 and fp8 mma_m16k16 (16-row groups,
+    64-K windows)."""
     weights = {"k_order": b}
     if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
         weights["block_pairs"] = b.with_data_layout("block_pairs")
     if mma.holds(b.fmt.element, b.rows, k):
-        for name in mma.MMA_LAYOUTS if b.data.is_cuda else ("mma_m16k16",):
-            weights[name] = b.with_data_layout(name)
+        weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
     return weights
 
 
@@ -151,14 +150,14 @@ def blockscaled_pairs_fn(a, b, out_dtype):
     return blockscaled_fn(a, b.with_data_layout("block_pairs"), out_dtype)
 
 
-def blockscaled_mma_fn(a, b, out_dtype, data_layout="mma_m16k16"):
-    """This project with fp4 / fp8 weights arranged once in an mma layout ("mma_m16k16", or "mma_m16k16_v4": 16-byte
-    weight loads): the tensor-core decode kernel, for the pairs it runs (others would time the k_order path again)."""
+def blockscaled_mma_fn(a, b, out_dtype):
+    """This project with fp4 / fp8 weights arranged once as "mma_m16k16": the tensor-core decode
+    kernel, for the pairs it runs (others would time the k_order path again)."""
     from blockscaled.kernels.api import MMA_PAIRS, _fmt_name
 
     if bs.SUPPORTED_PAIRS[_fmt_name(a), b.fmt.name] not in MMA_PAIRS:
         raise Unsupported(f"the mma kernel runs {MMA_PAIRS}")
-    return blockscaled_fn(a, b.with_data_layout(data_layout), out_dtype)
+    return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
 
 
 def weight_bytes(b) -> torch.Tensor:

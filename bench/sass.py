@@ -3,11 +3,11 @@
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
 plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
 (block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u, "data_layout": "mma_m16k16_v4"}), has
+`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
-(`per_w`), barriers and shared-memory traffic (layout conversions), global loads (`LDG128`: the
-16-byte ones), tensor-core and conversion instructions, scale arithmetic, and the global loads issued before the loop's first fence or
+(`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
+conversion instructions, scale arithmetic, and the global loads issued before the loop's first fence or
 barrier (`early`). It needs the CUDA backend of Triton (any Triton
 wheel for Linux), not a GPU. Counts are per loop iteration of one thread.
 """
@@ -36,8 +36,7 @@ from .providers import FORMAT_PAIRS, make_operands
 
 H100_SMS = 132
 COUNTS = {  # column: SASS opcode pattern
-    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "LDG128": r"LDG(\.E)?\.128\b",
-    "HMMA": r"HMMA\b", "HGMMA": r"[HQ]GMMA\b",
+    "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"[HQ]GMMA\b",
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
@@ -184,10 +183,8 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
 
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
-    "mma_m16k16" QTensor, `variant` may set any `_mma_options` key and "data_layout" (an mma layout
-    the weights are arranged in instead); 32 weights per thread, row group and window."""
-    variant = dict(variant)
-    b = b.with_data_layout(variant.pop("data_layout", b.data_layout))
+    "mma_m16k16" QTensor, `variant` may set any `_mma_options` key; 32 weights per thread,
+    row group and window."""
     with planned_as_h100():
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)

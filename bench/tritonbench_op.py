@@ -97,24 +97,15 @@ class Operator(BenchmarkOperator):
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 
-    def _mma_weights(self, pair_name, x, w, data_layout):
-        """`scaled_mm` with fp4 / fp8 weights arranged once in the mma layout `data_layout`, where they fit it."""
-        a, b = self._operands(pair_name, x, w)
-        if mma.holds(b.fmt.element, b.rows, b.K):
-            b = b.with_data_layout(data_layout)
-        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
-        return lambda: bs.scaled_mm(a, b, out=out)
-
     @register_benchmark()
     def blockscaled_mma(self, pair_name, x, w):
         """fp4 and fp8 weights arranged once as "mma_m16k16", the tensor-core decode kernel's
         layout (every pair and M; N % 128 != 0 above M = 16 reads its k_order copy)."""
-        return self._mma_weights(pair_name, x, w, "mma_m16k16")
-
-    @register_benchmark()
-    def blockscaled_mma_v4(self, pair_name, x, w):
-        """The same with "mma_m16k16_v4" weights (one 16-byte load per lane and window; not yet timed on a GPU)."""
-        return self._mma_weights(pair_name, x, w, "mma_m16k16_v4")
+        a, b = self._operands(pair_name, x, w)
+        if mma.holds(b.fmt.element, b.rows, b.K):
+            b = b.with_data_layout("mma_m16k16")
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
+        return lambda: bs.scaled_mm(a, b, out=out)
 
     @register_metric()
     def flops(self, fn_name, example_inputs, metrics):
@@ -127,7 +118,7 @@ class Operator(BenchmarkOperator):
         benchmark callable, named by its `_name`."""
         provider = getattr(fn, "_name", fn)
         pair_name, m, n, k = self.get_x_val(example_inputs)
-        if provider in ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "blockscaled_mma_v4"):
+        if provider in ("blockscaled", "blockscaled_pairs", "blockscaled_mma"):
             nbytes = operand_bytes(PAIRS[pair_name][0], m, k) + operand_bytes(PAIRS[pair_name][1], n, k)
         else:
             nbytes = 2 * (m * k + n * k)

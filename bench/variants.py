@@ -6,9 +6,7 @@ laid over the default entry of its backend ("backend": "block_dot", the default,
 "num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. The
 mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
 "max_split": n, "row_groups": r, "shared_b": b, "ahead": a, "k_warps": w, "stage_b": s, "unroll": u}; above M = 16
-"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c. Any variant may name the "data_layout" its
-weights take instead of --data_layout (e.g. '[{"backend": "mma"}, {"backend": "mma", "data_layout":
-"mma_m16k16_v4"}]': the two mma layouts timed in one process). For
+"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
 bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
@@ -35,7 +33,6 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noq
 
 from .__main__ import cold_copies, ours_bytes, precompile, time_ms  # noqa: E402
 from .providers import FORMAT_PAIRS, LLAMA_70B, cublas_bf16_fn, make_operands  # noqa: E402
-from blockscaled.layouts import MMA_LAYOUTS  # noqa: E402
 
 FP32_BOUND = 1e-5
 
@@ -49,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
     p.add_argument("--llama", action="store_true", help="the four Llama-3-70B (N, K) shapes instead of -N/-K (GPU only)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
-    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order", *MMA_LAYOUTS],
+    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order", "mma_m16k16"],
                    help="layout of fp4 weights (fp8 weights are always k_order)")
     p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
     p.add_argument("--log", type=Path, default=None, help="append every line to this file too")
@@ -58,14 +55,13 @@ def parse_args(argv=None):
 
 
 def weights_as(b, data_layout):
-    return b.with_data_layout(data_layout) if b.fmt.is_packed or data_layout in MMA_LAYOUTS else b
+    return b.with_data_layout(data_layout) if b.fmt.is_packed or data_layout == "mma_m16k16" else b
 
 
 def backend_and_fields(variant):
     """A variant dict as `scaled_mm`'s backend (block_dot unless named; null: `scaled_mm`'s choice) and
-    config fields (None if there are none); its "data_layout" is the weights', not a field."""
-    fields = {key: v for key, v in variant.items() if key not in ("backend", "data_layout")}
-    return variant.get("backend", "block_dot"), fields or None
+    config fields (None if there are none)."""
+    return variant.get("backend", "block_dot"), {key: v for key, v in variant.items() if key != "backend"} or None
 
 
 def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
@@ -73,9 +69,8 @@ def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
     binaries land in Triton's on-disk cache (as `bench --jobs`); nothing is checked here."""
     _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
     backend, fields = backend_and_fields(variant)
-    b = weights_as(b, variant.get("data_layout", data_layout))
     for out_dtype in (torch.float32, torch.bfloat16):
-        bs.scaled_mm(a, b, out_dtype=out_dtype, backend=backend, config=fields)
+        bs.scaled_mm(a, weights_as(b, data_layout), out_dtype=out_dtype, backend=backend, config=fields)
     torch.cuda.synchronize()
 
 
@@ -121,14 +116,10 @@ def main(argv=None):
             copies = cold_copies(ours_bytes(pair, m, n, k, torch.bfloat16), args.copies) if on_gpu else 1
             sets = [make_operands(pair, m, n, k, device, seed=s) for s in range(copies)]
             a = [s[2] for s in sets]
-            weights = {}  # by data layout, arranged once
-            ref = ref_scaled_mm(a[0], sets[0][3])
+            b = [weights_as(s[3], args.data_layout) for s in sets]
+            ref = ref_scaled_mm(a[0], b[0])
             for variant in args.variants:
                 backend, fields = backend_and_fields(variant)
-                data_layout = variant.get("data_layout", args.data_layout)
-                if data_layout not in weights:
-                    weights[data_layout] = [weights_as(s[3], data_layout) for s in sets]
-                b = weights[data_layout]
                 name = f"M={m} {bs.SUPPORTED_PAIRS[pair]:12s} {json.dumps(variant, sort_keys=True):60s}"
                 try:
                     # the first call launches through Triton, the second directly (`kernels/launch.py`; in clusters
@@ -154,7 +145,7 @@ def main(argv=None):
                 torch.cuda.synchronize()
                 us = time_ms(run_all, True) / copies * 1e3
                 say(f"{name} {us:7.1f} us {bf16_ms * 1e3 / us:5.2f}x err={err:.1e} {status}")
-            del sets, a, b, weights
+            del sets, a, b
     if log:
         log.close()
     return 1 if failed else 0

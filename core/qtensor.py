@@ -9,7 +9,6 @@ import torch
 
 from .formats import BlockFormat, get_format
 from blockscaled.layouts import (
-    MMA_LAYOUTS,
     arrange_mma_codes,
     check_data_layout,
     element_codes,
@@ -40,9 +39,8 @@ class QTensor:
     global_scale: float32 scalar tensor for nvfp4, None otherwise.
     shape:        the logical (rows, K).
     data_layout:  element order, "k_order" (above), "block_pairs" (fp4: the block-dot
-                  kernel's pre-arranged weights) or "mma_m16k16" / "mma_m16k16_v4" (fp4 and
-                  fp8: the tensor-core decode kernel's; "_v4" data must start 16-byte aligned,
-                  its kernel loads 16 bytes at a time), see `blockscaled.layouts.data`.
+                  kernel's pre-arranged weights) or "mma_m16k16" (fp4 and fp8: the
+                  tensor-core decode kernel's), see `blockscaled.layouts.data`.
     """
 
     data: torch.Tensor
@@ -73,9 +71,6 @@ class QTensor:
         if k % fmt.block_size:
             raise ValueError(f"data: K={k} must be a multiple of the {fmt.name} block size {fmt.block_size}")
         check_data_layout(self.data_layout, k, fmt.block_size, fmt.is_packed, rows)
-        if MMA_LAYOUTS.get(self.data_layout) and self.data.data_ptr() % 16:
-            raise ValueError(f"data: {self.data_layout!r} data must start 16-byte aligned (its kernel loads 16 bytes "
-                             f"at a time), got address {self.data.data_ptr():#x}; pass a contiguous copy")
         if not isinstance(self.scale, torch.Tensor):
             raise TypeError(f"scale: expected a tensor, got {type(self.scale).__name__}")
         if self.scale.dtype != fmt.scale_dtype:
@@ -113,19 +108,18 @@ class QTensor:
     @functools.cached_property
     def kernel_words(self) -> torch.Tensor:
         """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads; for
-        data in the mma layouts (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
+        "mma_m16k16" data (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
         each); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
-        if self.data_layout in MMA_LAYOUTS:
+        if self.data_layout == "mma_m16k16":
             return self.data.view(torch.int32 if ELEMENTS[self.fmt.element].word_bits == 32 else torch.int64).view(-1)
         return self.data.view(torch.int32)
 
     @functools.cached_property
     def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weights in the mma layouts: (factor bytes as int16 words, float32 [1] post-scale =
+        """"mma_m16k16" weights: (factor bytes as int16 words, float32 [1] post-scale =
         2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
-        if self.data_layout not in MMA_LAYOUTS:
-            raise ValueError(f"data_layout: the mma factors belong to {tuple(MMA_LAYOUTS)} data, this is "
-                             f"{self.data_layout!r}")
+        if self.data_layout != "mma_m16k16":
+            raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
         return self._mma_factors(element_codes(self.data_k_order(), self.fmt.element))
 
     def _mma_factors(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,9 +165,8 @@ class QTensor:
         """The element data in "k_order" regardless of the stored data layout."""
         if self.data_layout == "k_order":
             return self.data
-        if self.data_layout in MMA_LAYOUTS:
-            return unarrange_mma_m16k16(self.data, self.fmt.element, MMA_LAYOUTS[self.data_layout]).view(
-                self.fmt.storage_dtype)
+        if self.data_layout == "mma_m16k16":
+            return unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
         return unpair_blocks(self.data, self.fmt.block_size)
 
     def with_data_layout(self, data_layout: str) -> QTensor:
@@ -190,11 +183,11 @@ class QTensor:
         data = self.data_k_order()
         if data_layout == "block_pairs":
             data = pair_blocks(data, self.fmt.block_size)
-        if data_layout in MMA_LAYOUTS:
+        if data_layout == "mma_m16k16":
             element = self.fmt.element
             codes = zero_scale_codes(element_codes(data, element), self.scale_rowmajor(), self.fmt.scale_encoding,
                                      self.fmt.block_size)
-            arranged = arrange_mma_codes(codes, element, MMA_LAYOUTS[data_layout]).view(self.fmt.storage_dtype)
+            arranged = arrange_mma_codes(codes, element).view(self.fmt.storage_dtype)
             arranged = replace(self, data=arranged, data_layout=data_layout)
             # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
             # keeps it) from the codes at hand rather than un-arranging the data again

@@ -10,7 +10,6 @@ import torch
 import helion
 
 from blockscaled.formats import BlockFormat
-from blockscaled.layouts import MMA_LAYOUTS
 from blockscaled.qtensor import QTensor
 
 from . import configs
@@ -210,7 +209,7 @@ def scaled_mm(
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
-    if b.data_layout in MMA_LAYOUTS:
+    if b.data_layout == "mma_m16k16":
         if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
             backend = "mma"
         elif backend == "mma":
@@ -219,7 +218,7 @@ def scaled_mm(
         else:  # the other pairs, N % 128 != 0 above M = 16, CPU: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
-        raise ValueError(f"backend: 'mma' reads weights in the {tuple(MMA_LAYOUTS)} data layouts; b is {b.data_layout!r}")
+        raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r}")
     if backend is None:
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
@@ -236,8 +235,7 @@ def scaled_mm(
         raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
         options = mma_options_for(config, a, b, m, n)
-        key = (backend, pair, m, n, k, _layout(a), b.data_layout, out_dtype, None if bias is None else bias.dtype, device,
-               options)
+        key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
         plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
         return _mma_run(key, plan, a, b, bias, out)
     words = backend == "gemv"  # gemv reads every operand as int32 words
@@ -853,8 +851,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
             else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
-    consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, MMA_LAYOUTS[b.data_layout], act_elem, act_scale, block_a,
-              a_layout, has_bias,
+    consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:

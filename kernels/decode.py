@@ -172,12 +172,6 @@ def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[in
     return ELEMENT_CODES[fmt.element], SCALE_CODES[fmt.scale_encoding], fmt.block_size or 1, LAYOUT_CODES[layout]
 
 
-# "mma_m16k16_v4" weights: a lane's 4 words of a window from the byte address $4 (16-byte aligned), by wide
-# (int64 words of E4M3): one 16-byte load of 4 int32, or two of 2 int64 (`mma_gemv.a_words`).
-LANE_WORDS_PTX = {False: "ld.global.v4.b32 {$0, $1, $2, $3}, [$4];",
-                  True: "ld.global.v2.b64 {$0, $1}, [$4]; ld.global.v2.b64 {$2, $3}, [$4+16];"}
-
-
 # "mma_m16k16" weights (`blockscaled.layouts.mma`) -> mma.sync A fragments, exact.
 # Inputs $16-$19: a window's 4 words (one per mma step; int32 for E2M1, int64 for E4M3), $20:
 # the 16-bit factor word (R0 byte, R1 byte). Outputs $4s..$4s+3: step s's A registers (R0 j0/1,

@@ -3,8 +3,7 @@
 `mma_gemv_kernel` runs M <= 16 (below); `mma_m64_kernel` M > 16, a program per 64 activation rows (its docstring).
 
 Each warp multiplies one 16-row group of weights (two with ROW_GROUPS = 2): per 64-K window a thread loads 4 int32
-words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`; 4 loads, or with LANE_WORDS, for
-"mma_m16k16_v4" weights, one 16-byte load), decodes
+words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
 each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 FMAs (with -0: exact
 products) by its rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
 activation as the B operand: 8 activation rows per column group, so M = 1 uses one group
@@ -66,11 +65,10 @@ import helion.language as hl
 
 from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
-from blockscaled.layouts.mma import lane_word_base, word_step
 
 from .configs import KERNEL_SETTINGS
-from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, LANE_WORDS_PTX, MMA_A_FRAGMENTS_PTX,
-                     MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
+                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -100,34 +98,18 @@ def zero_sums(threads=128, count=4):
     return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
-def lane_words(w, index):
-    """The lane's 4 words of a window in "mma_m16k16_v4" weights `w`, from word `index` on: one 16-byte load
-    (two for E4M3's int64 words, `decode.LANE_WORDS_PTX`)."""
-    wide = w.dtype == torch.int64
-    like = torch.zeros_like(index, dtype=w.dtype)
-    kind, dtype = ("l", "tl.int64") if wide else ("r", "tl.int32")
-    ptx = repr(LANE_WORDS_PTX[wide]).replace("{", "{{").replace("}", "}}")  # inline_triton formats the source
-    constraints = ",".join(["=" + kind] * 4 + ["l"])  # the byte address: Triton's pointer as an int64
-    return hl.inline_triton(
-        f"tl.inline_asm_elementwise({ptx}, '{constraints}', [({{0}} + {{1}}).to(tl.int64)], dtype=({dtype},) * 4, "
-        "is_pure=True, pack=1)", args=(w, index), output_like=(like, like, like, like))
-
-
-def a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS):
-    """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step; "mma_m16k16" in 4 loads,
-    with LANE_WORDS "mma_m16k16_v4" in one) and its rows' factor byte."""
-    base = lane_word_base(gr, win, lane, windows, LANE_WORDS)
+def a_words(w, f, gr, win, lane, q, g, windows, blocks):
+    """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
+    factor byte."""
+    base = (gr * windows + win) * 128 + lane
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
-    if LANE_WORDS:
-        return (*lane_words(w, base), factors)
-    # (the operations in the order of the build every "mma_m16k16" timing ran: sm_90 SASS unchanged)
-    return (*(hl.load(w, [base + word_step(False) * s]) for s in range(4)), factors)
+    return (*(hl.load(w, [base + 32 * s]) for s in range(4)), factors)
 
 
-def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS, ROW_GROUPS):
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
-    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS)
-    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, LANE_WORDS) if ROW_GROUPS == 2 else a0
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
+    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
 
 
 def a_fragments(loaded, W_ELEM, ENCODING):
@@ -354,7 +336,6 @@ def mma_gemv_kernel(
     BLOCK: hl.constexpr,
     W_ELEM: hl.constexpr,
     ENCODING: hl.constexpr,
-    LANE_WORDS: hl.constexpr,
     ACT_ELEM: hl.constexpr,
     ACT_SCALE: hl.constexpr,
     BLOCK_A: hl.constexpr,
@@ -372,8 +353,7 @@ def mma_gemv_kernel(
     int64 words, flat (ELEMENT_CODES value ACT_ELEM: bf16, or fp4 / fp8 with scale codes xs
     of SCALE_CODES value ACT_SCALE, blocks of BLOCK_A, flat in SCALE_LAYOUTS[A_LAYOUT]); w, f:
     the weights' words (ELEMENT_CODES value W_ELEM: int32 of 8 fp4 or int64 of 8 fp8 codes) and
-    factor words ("mma_m16k16", or with LANE_WORDS "mma_m16k16_v4": a lane's words of a window in one
-    16-byte load), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
+    factor words ("mma_m16k16"), flat. SPLIT > 1: workspace (float32 [M * N]) and tickets (int32,
     one per program row) are zero before and after. K_WARPS > 1 (SPLIT 1): a program is
     K_WARPS warps on the same 16 ROW_GROUPS rows (with SHARED_B K_WARPS slices of the 4 warps on
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
@@ -416,11 +396,11 @@ def mma_gemv_kernel(
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
-                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, LANE_WORDS, 1)[0])
+                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1)[0])
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
-                LANE_WORDS, ROW_GROUPS)
+                ROW_GROUPS)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
@@ -430,18 +410,17 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, LANE_WORDS, ROW_GROUPS)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, LANE_WORDS, ROW_GROUPS)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
                 if not STAGE_B:
                     loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
                     loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS,
-                                                     ROW_GROUPS)
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             elif STAGE_B:  # one column group
@@ -492,21 +471,20 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                 LANE_WORDS):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
     return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
-            *a_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS))
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, LANE_WORDS, ROW_GROUPS):
+                        COL_GROUPS, ROW_GROUPS):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
     b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS))
-    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, LANE_WORDS, ROW_GROUPS)
+    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
     return (*b, *a0, *a1)
 
 
@@ -625,7 +603,6 @@ def mma_m64_kernel(
     BLOCK: hl.constexpr,
     W_ELEM: hl.constexpr,
     ENCODING: hl.constexpr,
-    LANE_WORDS: hl.constexpr,
     ACT_ELEM: hl.constexpr,
     ACT_SCALE: hl.constexpr,
     BLOCK_A: hl.constexpr,
@@ -695,22 +672,20 @@ def mma_m64_kernel(
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, LANE_WORDS)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                                                                  LANE_WORDS)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                                                                  LANE_WORDS)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
-                BLOCK_A, A_LAYOUT, LANE_WORDS)
+                BLOCK_A, A_LAYOUT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,

@@ -2,8 +2,8 @@
 
 from .fp4 import pack_codes, unpack_codes
 from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
-from .mma import (MMA_LAYOUTS, arrange_mma_codes, arrange_mma_m16k16, element_bytes, element_codes, factor_bytes,
-                  factor_value, zero_scale_codes, unarrange_mma_m16k16)
+from .mma import (arrange_mma_codes, arrange_mma_m16k16, element_bytes, element_codes, factor_bytes, factor_value,
+                  zero_scale_codes, unarrange_mma_m16k16)
 from .scales import (
     cdna4_offset,
     cdna4_shuffle,
@@ -21,7 +21,6 @@ from .scales import (
 
 __all__ = [
     "DATA_LAYOUTS",
-    "MMA_LAYOUTS",
     "check_data_layout",
     "pair_blocks",
     "unpair_blocks",

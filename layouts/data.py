@@ -9,9 +9,7 @@
                  pre-arrangement of static weights, done once).
 - "mma_m16k16":  mma.sync A fragments with the bits placed for a bf16 decode, 16-row
                  groups (`blockscaled.layouts.mma`): the tensor-core decode kernel's weights,
-                 fp4 and (the mma layouts are the ones here that take them) fp8.
-- "mma_m16k16_v4": the same words with each lane's 4 words of a window side by side
-                 (one 16-byte load per lane and window).
+                 fp4 and (the one layout here that takes them) fp8.
 """
 
 from __future__ import annotations
@@ -19,16 +17,16 @@ from __future__ import annotations
 import torch
 
 from .fp4 import unpack_codes
-from .mma import MMA_LAYOUTS, check_mma_shape
+from .mma import check_mma_shape
 
-DATA_LAYOUTS = ("k_order", "block_pairs", *MMA_LAYOUTS)
+DATA_LAYOUTS = ("k_order", "block_pairs", "mma_m16k16")
 
 
 def check_data_layout(layout: str, k: int, block: int, packed: bool, rows: int = 0) -> None:
     """Raise a clear error if `layout` cannot hold [rows, K=`k`] elements of this format."""
     if layout not in DATA_LAYOUTS:
         raise ValueError(f"data_layout: expected one of {DATA_LAYOUTS}, got {layout!r}")
-    if layout in MMA_LAYOUTS:
+    if layout == "mma_m16k16":
         check_mma_shape(rows, k)
     if layout == "block_pairs":
         if not packed:

@@ -8,12 +8,8 @@ the bits already where the decode wants them:
 - Rows are cut into groups of 16, K into windows of 64, a window into 4 steps of 16.
   Word (group gr, window w, step s, lane l) with l = 4g + q holds rows R0 = 16 gr + g and
   R1 = R0 + 8 at K = 64 w + 16 q + 4 s + j, j = 0..3 (so a lane's 16 K of a window are
-  contiguous: one scale block, and one contiguous activation load). "mma_m16k16" stores the
-  words in that order [gr, w, s, l], so a warp's load of one step is 128 contiguous bytes
-  (4 loads of 4 bytes per lane and window); "mma_m16k16_v4" stores them [gr, w, l, s], so a
-  lane's 4 words of a window are contiguous: one 16-byte load (two for fp8's int64 words),
-  the load width of the fastest plain read of the weight bytes (`bench/read_floor.py`).
-  `MMA_LAYOUTS` maps each name to whether its words are lane-major.
+  contiguous: one scale block, and one contiguous activation load). The words are stored
+  in that order [gr, w, s, l], so a warp's load of one step is 128 contiguous bytes.
 - The word's four registers are (R0, j 0/1), (R1, j 0/1), (R0, j 2/3), (R1, j 2/3), the
   lower j in the low 16 bits. In each 16-bit half the code's bits (sign, e1, e0, m) sit at
   `SLOTS[reg]`; register 0's slots are bf16's sign and the lowest exponent and highest
@@ -45,8 +41,6 @@ from .fp4 import pack_codes, unpack_codes
 
 GROUP_ROWS = 16
 WINDOW_K = 64
-# The mma data layouts: name -> lane-major words ([gr, w, l, s] instead of [gr, w, s, l]).
-MMA_LAYOUTS = {"mma_m16k16": False, "mma_m16k16_v4": True}
 # E2M1: bit positions (sign, e1, e0, m) of a code in each 16-bit half of the four registers.
 SLOTS = ((15, 8, 7, 6), (12, 5, 4, 3), (9, 2, 1, 0), (14, 13, 11, 10))
 # Per register: (row half 0 = R0 / 1 = R1, first j of its two K).
@@ -87,22 +81,6 @@ ELEMENTS = {
 }
 
 
-def lane_word_base(gr, win, lane, windows: int, lane_words: bool):
-    """Flat index of the lane's step-0 word of row group gr's window win in an mma layout whose rows hold `windows`
-    windows (ints or kernel tensors; the kernel's operation order): 128 words per row group and window."""
-    return (gr * windows + win) * 128 + (4 * lane if lane_words else lane)
-
-
-def word_step(lane_words: bool) -> int:
-    """Words between a lane's consecutive steps: 32 ("mma_m16k16"), 1 ("mma_m16k16_v4")."""
-    return 1 if lane_words else 32
-
-
-def word_index(gr, win, lane, s, windows: int, lane_words: bool):
-    """Flat index of word (row group gr, window win, lane, step s): what the kernel loads."""
-    return lane_word_base(gr, win, lane, windows, lane_words) + word_step(lane_words) * s
-
-
 def holds_shape(rows: int, k: int) -> bool:
     """Whether [rows, K] cuts into whole 16-row groups and 64-K windows."""
     return rows % GROUP_ROWS == 0 and k % WINDOW_K == 0
@@ -137,12 +115,11 @@ def element_bytes(codes: torch.Tensor, element: str) -> torch.Tensor:
     return pack_codes(codes) if _placement(element).code_bits == 4 else codes.to(torch.uint8).contiguous()
 
 
-def _fragments(codes: torch.Tensor, lane_words: bool) -> torch.Tensor:
-    """codes [rows, K] -> [gr, w, s, g, q, half R0/R1, j], or with `lane_words` [gr, w, g, q, s, half, j]
-    (a view in the layout's word order)."""
+def _fragments(codes: torch.Tensor) -> torch.Tensor:
+    """codes [rows, K] -> [gr, w, s, g, q, half R0/R1, j] (a view in the layout's order)."""
     rows, k = codes.shape
     c = codes.reshape(rows // 16, 2, 8, k // 64, 4, 4, 4)  # gr, half, g, w, q, s, j
-    return c.permute(0, 3, 2, 4, 5, 1, 6) if lane_words else c.permute(0, 3, 5, 2, 4, 1, 6)
+    return c.permute(0, 3, 5, 2, 4, 1, 6)
 
 
 def _word_bytes(word: torch.Tensor, word_bits: int) -> torch.Tensor:
@@ -152,22 +129,22 @@ def _word_bytes(word: torch.Tensor, word_bits: int) -> torch.Tensor:
     return word.view(torch.uint8)
 
 
-def arrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1", lane_words: bool = False) -> torch.Tensor:
-    """k_order bytes -> "mma_m16k16" (`lane_words`: "mma_m16k16_v4") uint8 bytes of the same shape: E2M1
-    [rows, K/2] or E4M3 [rows, K] (any 1-byte dtype). Raises ValueError for E4M3 NaN codes (no bf16 holds
-    them in place)."""
-    return arrange_mma_codes(element_codes(data, element), element, lane_words)
+def arrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1") -> torch.Tensor:
+    """k_order bytes -> "mma_m16k16" uint8 bytes of the same shape: E2M1 [rows, K/2] or E4M3
+    [rows, K] (any 1-byte dtype). Raises ValueError for E4M3 NaN codes (no bf16 holds them
+    in place)."""
+    return arrange_mma_codes(element_codes(data, element), element)
 
 
-def arrange_mma_codes(codes: torch.Tensor, element: str, lane_words: bool = False) -> torch.Tensor:
-    """Codes [rows, K] (`element_codes`) -> "mma_m16k16" (`lane_words`: "mma_m16k16_v4") uint8 bytes
-    [rows, K * code bits / 8] (`arrange_mma_m16k16` without reading the codes out of k_order bytes)."""
+def arrange_mma_codes(codes: torch.Tensor, element: str) -> torch.Tensor:
+    """Codes [rows, K] (`element_codes`) -> "mma_m16k16" uint8 bytes [rows, K * code bits / 8]
+    (`arrange_mma_m16k16` without reading the codes out of k_order bytes)."""
     place = _placement(element)
     rows, k = codes.shape
     check_mma_shape(rows, k)
     if place.code_bits == 8 and bool(((codes & 0x7F) == 0x7F).any()):
         raise ValueError("data: NaN elements (E4M3 0x7F / 0xFF) cannot be arranged as 'mma_m16k16'; keep k_order")
-    frag = _fragments(codes, lane_words)
+    frag = _fragments(codes)
     word = torch.zeros(frag.shape[:5], dtype=torch.int64, device=codes.device)
     for reg, (row_half, j0) in enumerate(_REGS):
         for part in range(2):
@@ -177,18 +154,15 @@ def arrange_mma_codes(codes: torch.Tensor, element: str, lane_words: bool = Fals
     return _word_bytes(word, place.word_bits).reshape(rows, k * place.code_bits // 8).contiguous()
 
 
-def unarrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1", lane_words: bool = False) -> torch.Tensor:
-    """"mma_m16k16" (`lane_words`: "mma_m16k16_v4") bytes -> k_order uint8 bytes (inverse of
-    `arrange_mma_m16k16`)."""
+def unarrange_mma_m16k16(data: torch.Tensor, element: str = "e2m1") -> torch.Tensor:
+    """"mma_m16k16" bytes -> k_order uint8 bytes (inverse of `arrange_mma_m16k16`)."""
     place = _placement(element)
     rows = data.shape[0]
     k = data.shape[1] * 8 // place.code_bits
     check_mma_shape(rows, k)
     raw = data.contiguous().view(torch.uint8)
     word = (raw.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) if place.word_bits == 32 else raw.view(torch.int64)
-    # gr, w, s, g, q
-    word = word.reshape(rows // 16, k // 64, 8, 4, 4).permute(0, 1, 4, 2, 3) if lane_words else word.reshape(
-        rows // 16, k // 64, 4, 8, 4)
+    word = word.reshape(rows // 16, k // 64, 4, 8, 4)
     frag = torch.zeros((*word.shape, 2, 4), dtype=torch.int64, device=data.device)
     for reg, (row_half, j0) in enumerate(_REGS):
         for part in range(2):

@@ -5,7 +5,7 @@ import itertools
 import torch
 
 import blockscaled as bs
-from blockscaled.layouts import MMA_LAYOUTS, pack_codes
+from blockscaled.layouts import pack_codes
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 PAIRS = list(bs.SUPPORTED_PAIRS)
@@ -76,14 +76,14 @@ def block_dot_folded(pair, m):
 
 
 def decodes_every_byte(fmt, device, backend, data_layout="k_order"):
-    """Row r of fp4 / fp8 weights repeats byte r (fp8 in the mma layouts, which hold no NaN: 1.0 for
+    """Row r of fp4 / fp8 weights repeats byte r ("mma_m16k16" fp8, which holds no NaN: 1.0 for
     the NaN bytes); one-hot activations pick the low (even K) and high (odd K) nibble of
     every fp4 byte, or the fp8 byte, at K positions of every word, register slot and lane:
     each output is one code times its scale, exact."""
     f = bs.FORMATS[fmt]
     k = 4 * f.block_size
     data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, f.data_cols(k)).contiguous()
-    if not f.is_packed and data_layout in MMA_LAYOUTS:
+    if not f.is_packed and data_layout == "mma_m16k16":
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
     scales = torch.full((256, k // f.block_size), 0.5, device=device).to(f.scale_dtype)
     b = bs.QTensor(data.view(f.storage_dtype), scales, fmt,

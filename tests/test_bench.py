@@ -433,8 +433,7 @@ def fake_tritonbench(monkeypatch):
 
 def test_operator_module_registers_and_runs(fake_tritonbench):
     module = tb_runner.load_operator_module()
-    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_pairs": False, "blockscaled_mma": False,
-                                "blockscaled_mma_v4": False}
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_pairs": False, "blockscaled_mma": False}
     args = types.SimpleNamespace(device="cpu")
     op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
     inputs = list(op.get_input_iter())
@@ -443,7 +442,6 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(op.blockscaled_pairs(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     torch.testing.assert_close(op.blockscaled_mma(*inputs[0])().float(), got.float(), rtol=0, atol=0)
-    torch.testing.assert_close(op.blockscaled_mma_v4(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     fp8 = module.Operator(args, ["--pair", "bf16xmxfp8", "-M", "3", "--n", "32", "--k", "64"])  # fp8 weights arranged too
     fp8_inputs = list(fp8.get_input_iter())
     torch.testing.assert_close(fp8.blockscaled_mma(*fp8_inputs[0])().float(), fp8.blockscaled(*fp8_inputs[0])().float(),
@@ -514,28 +512,3 @@ def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
     assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
     cli.precompile(compile_fn, work[:1], 15)
     assert started["workers"] == 15  # 8192^2 alone: all of them
-
-
-@pytest.mark.parametrize("m", [1, 16, 64])
-def test_mma_v4_weights_load_16_bytes_per_lane(capfd, m):
-    """"mma_m16k16_v4" weights: the default plans' K loops (N = K = 8192; staged B at M = 1 for fp4 activations, K
-    slices at M = 16, wgmma at M = 64) load each lane's window words with one LDG.E.128 (two for fp8's int64 words)
-    where "mma_m16k16" takes 4 LDG.E (LDG.E.64): 3 (2) fewer loads per weight window, and no more registers per warp
-    in the allocation's units, so the wave rules' resident programs hold for both layouts."""
-    from bench import sass
-
-    formats = ["nvfp4", "w4a16-mxfp4", "mxfp8"]
-    argv = ["--backend", "mma", "--format", *formats, "-M", str(m), "-N", "8192", "-K", "8192", "--variants",
-            json.dumps([{}, {"data_layout": "mma_m16k16_v4"}])]
-    assert sass.main(argv) == 0
-    out = capfd.readouterr().out
-    for fmt in formats:
-        pair = bs.SUPPORTED_PAIRS[FORMAT_PAIRS[fmt]]
-        steps, lanes = sass_rows(out, pair)
-        per_window = 3 if FORMAT_PAIRS[fmt][1] != "mxfp8" else 2
-        fewer = steps["LDG"] - lanes["LDG"]
-        assert fewer > 0 and fewer % per_window == 0, (pair, steps, lanes)
-        # the loop's 16-byte loads: one per fp4 window, two per fp8 one
-        assert steps["LDG128"] == 0 and lanes["LDG128"] == fewer // per_window * (1 if per_window == 3 else 2), pair
-        assert -(-int(lanes["regs"]) * 32 // 256) <= -(-int(steps["regs"]) * 32 // 256), (pair, steps, lanes)
-        assert lanes["spill"] == 0 and lanes["smem"] == steps["smem"], (pair, lanes)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.layouts import MMA_LAYOUTS
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
@@ -298,28 +297,13 @@ def test_mma_layout_elsewhere(pair, m, gen):
 
 
 
-@pytest.mark.parametrize("data_layout", MMA_LAYOUTS)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_mma_decodes_every_byte_and_scale(fmt, data_layout):
+def test_mma_decodes_every_byte_and_scale(fmt):
     """Every code in every register slot and lane, and every scale code the layout holds
     (zero, negative and subnormal E4M3 scales; E8M0 codes over both halves of their range):
-    exact, in both word orders."""
-    decodes_every_byte(fmt, "cuda", "mma", data_layout=data_layout)
-    decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout=data_layout)
-
-
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 16, 64, 130])
-def test_mma_v4_weights(pair, m, gen):
-    """"mma_m16k16_v4" weights (one 16-byte load per lane and window, two for fp8): the default plans at two
-    decode shapes (staged B or K warps at M = 1, K slices or split-K at M = 16, split-K with and without
-    clusters at M = 64, 128-row tiles at M = 130), without split, bias and bf16 out."""
-    for n, k in ((8192, 8192), (10240, 8192)):
-        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16_v4")
-        assert backend_used(pair, m) == "mma"
-    run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16_v4", config={"max_split": 1})
-    run_and_check(pair, m, 128, 1984, "cuda", gen, data_layout="mma_m16k16_v4", out_dtype=torch.bfloat16, bias=True)
-    assert_split_k_workspaces_zero()
+    exact."""
+    decodes_every_byte(fmt, "cuda", "mma", data_layout="mma_m16k16")
+    decodes_every_scale(fmt, "cuda", "mma", mma_scale_code_sets(fmt), data_layout="mma_m16k16")
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS[2:5], ids=lambda p: f"{p[0]}x{p[1]}")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.layouts import MMA_LAYOUTS, arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
-from blockscaled.layouts.mma import ELEMENTS, SLOTS, word_index
+from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
+from blockscaled.layouts.mma import ELEMENTS, SLOTS
 
 from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scale_code_sets, run_and_check
 
@@ -47,8 +47,7 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     like the PTX, times its rows' factors, placed where the PTX ISA's A-fragment layout
     puts it (a0,a1: row g, k 2q, 2q+1; a2,a3: row g+8; a4..a7: k + 8), with the mma's
     logical k mapped to the activation K the lane loads (2q + i -> 16q + 4s + i,
-    2q + 8 + i -> 16q + 4s + 2 + i). Each lane's words are read where the kernel loads them
-    (`word_index` of the tensor's layout)."""
+    2q + 8 + i -> 16q + 4s + 2 + i)."""
     n, k = b.shape
     factors, _ = b.kernel_mma_factors
     f = factor_value(factors.view(torch.uint8), b.fmt.scale_encoding)
@@ -56,8 +55,7 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     f = f.double().reshape(n // 16, k // 64, blocks, 8, 2)
     raw = b.data.contiguous().view(torch.uint8)
     word = raw.view(torch.int32).to(torch.int64) & U32 if b.fmt.is_packed else raw.view(torch.int64)
-    gr, win, s, lane = torch.meshgrid(*(torch.arange(d) for d in (n // 16, k // 64, 4, 32)), indexing="ij")
-    regs = ptx_registers(word.reshape(-1)[word_index(gr, win, lane, s, k // 64, MMA_LAYOUTS[b.data_layout])], b.fmt.element)
+    regs = ptx_registers(word.reshape(n // 16, k // 64, 4, 32), b.fmt.element)
     w = torch.full((n, k), float("nan"), dtype=torch.float64)
     for gr in range(n // 16):
         for win in range(k // 64):
@@ -73,12 +71,11 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     return w
 
 
-@pytest.mark.parametrize("data_layout", MMA_LAYOUTS)
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
-def test_fragments_decode_to_the_reference(fmt, data_layout, gen):
-    """Every weight the kernel's decode gives, from the words where it loads them, equals the
-    reference dequantization times 2^-shift, bit for bit (zero and subnormal nvfp4 scales
-    included; fp8: every non-NaN byte, subnormals included)."""
+def test_fragments_decode_to_the_reference(fmt, gen):
+    """Every weight the kernel's decode gives equals the reference dequantization times
+    2^-shift, bit for bit (zero and subnormal nvfp4 scales included; fp8: every non-NaN
+    byte, subnormals included)."""
     w = torch.randn(32, 128, generator=gen) * torch.exp2(torch.randint(-6, 7, (32, 1), generator=gen))
     q = bs.quantize(w * (2.0**10 if fmt == "mxfp8" else 1.0), fmt)
     scale = q.scale.view(torch.uint8).clone()
@@ -89,7 +86,7 @@ def test_fragments_decode_to_the_reference(fmt, data_layout, gen):
         every = torch.arange(256, dtype=torch.uint8)
         data[:2] = torch.where(every & 0x7F == 0x7F, 0x00, every).reshape(2, 128)
     q = bs.QTensor(data.view(q.data.dtype), scale.view(q.scale.dtype), fmt, global_scale=q.global_scale)
-    b = q.with_data_layout(data_layout)
+    b = q.with_data_layout("mma_m16k16")
     _, post = b.kernel_mma_factors
     place = ELEMENTS[q.fmt.element]
     shift = 7 if fmt == "nvfp4" else max(0, int(q.scale.view(torch.uint8).max()) + place.decode_shift - 254)
@@ -197,39 +194,17 @@ def test_round_trip(element, gen):
     data = torch.randint(0, 256, (48, 96 if element == "e2m1" else 192), generator=gen, dtype=torch.uint8)  # K = 192
     if element == "e4m3":
         data = torch.where(data & 0x7F == 0x7F, 0x38, data)
-    arranged, lanes = (arrange_mma_m16k16(data, element, lane_words) for lane_words in (False, True))
-    assert arranged.shape == lanes.shape == data.shape and not torch.equal(arranged, data)
+    arranged = arrange_mma_m16k16(data, element)
+    assert arranged.shape == data.shape and not torch.equal(arranged, data)
     assert torch.equal(unarrange_mma_m16k16(arranged, element), data)
-    assert torch.equal(unarrange_mma_m16k16(lanes, element, True), data)
-    # the same words, each lane's 4 of a window side by side: [gr, w, s, lane] -> [gr, w, lane, s]
-    word = 8 if element == "e4m3" else 4
-    steps = arranged.view(torch.uint8).reshape(3, 3, 4, 32, word)
-    assert torch.equal(lanes.view(torch.uint8).reshape(3, 3, 32, 4, word), steps.transpose(2, 3))
 
 
-@pytest.mark.parametrize("data_layout", MMA_LAYOUTS)
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
-def test_values_kept(fmt, data_layout, gen):
+def test_values_kept(fmt, gen):
     q = bs.quantize(torch.randn(64, 256, generator=gen), fmt)
-    m = q.with_data_layout(data_layout)
+    m = q.with_data_layout("mma_m16k16")
     assert torch.equal(m.dequantize(), q.dequantize())
     assert torch.equal(m.k_order_copy.data, q.data) and m.k_order_copy.data_layout == "k_order"
-    other = m.with_data_layout(next(name for name in MMA_LAYOUTS if name != data_layout))
-    assert torch.equal(other.data_k_order(), q.data)
-    assert all(torch.equal(x, y) for x, y in zip(other.kernel_mma_factors, m.kernel_mma_factors, strict=True))
-
-
-def test_v4_data_must_be_16_byte_aligned(gen):
-    """"mma_m16k16_v4" weights are loaded 16 bytes at a time: data that starts elsewhere is refused when the
-    tensor is made, not left to a misaligned load in the kernel."""
-    q = bs.quantize(torch.randn(32, 128, generator=gen), "mxfp4").with_data_layout("mma_m16k16_v4")
-    rows, cols = q.data.shape
-    shifted = torch.empty(rows * cols + 4, dtype=torch.uint8)[4:].view(rows, cols)  # 4 bytes past an aligned start
-    shifted.copy_(q.data)
-    assert shifted.data_ptr() % 16 == 4
-    with pytest.raises(ValueError, match="data: 'mma_m16k16_v4' data must start 16-byte aligned"):
-        bs.QTensor(shifted, q.scale, "mxfp4", data_layout="mma_m16k16_v4")
-    bs.QTensor(shifted, q.scale, "mxfp4", data_layout="mma_m16k16")  # 4-byte loads: any int32-aligned start
 
 
 def test_bad_shapes_and_formats():
@@ -291,12 +266,12 @@ def test_mma_backend_needs_the_layout(gen):
         bs.scaled_mm(a, b.with_data_layout("mma_m16k16"), backend="mma")
 
 
-@pytest.mark.parametrize("data_layout", MMA_LAYOUTS)
 @pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
                                   ("bf16", "mxfp8"), ("mxfp8", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
-def test_other_kernels_read_the_k_order_copy(pair, data_layout, gen):
-    """On CPU (and for pairs or sizes the mma kernel does not run) mma weights take the k_order path."""
-    run_and_check(pair, 3, 64, 128, "cpu", gen, data_layout=data_layout, bias=True)
+def test_other_kernels_read_the_k_order_copy(pair, gen):
+    """On CPU (and for pairs or sizes the mma kernel does not run) "mma_m16k16" weights
+    take the k_order path."""
+    run_and_check(pair, 3, 64, 128, "cpu", gen, data_layout="mma_m16k16", bias=True)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
