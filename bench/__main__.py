@@ -57,6 +57,21 @@ PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "cublas_bf16
              "triton_dot_scaled", "gemlite", "d2d_copy_weights", "read_weights")
 # yardsticks that move the weight bytes only (no activation, no output)
 WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
+# this project's providers by the data layout of the weights they time: in the CSV each is provider "blockscaled"
+# (DESIGN.md section 5) with the layout in the column `weights_layout` (empty for the other providers)
+OURS_LAYOUT = {"blockscaled": "k_order", "blockscaled_pairs": "block_pairs", "blockscaled_mma": "mma_m16k16"}
+# the CSV's columns after DESIGN.md's
+EXTRA_COLUMNS = ["timing", "plain_ms", "weights_layout"]
+
+
+def csv_provider(prov: str) -> dict:
+    """The CSV's `provider` and `weights_layout` of a provider of this module."""
+    return dict(provider="blockscaled" if prov in OURS_LAYOUT else prov, weights_layout=OURS_LAYOUT.get(prov, ""))
+
+
+def provider_label(row: dict) -> str:
+    """A CSV row's provider as printed and plotted: this project's with its weights' layout."""
+    return f"{row['provider']}[{row['weights_layout']}]" if row.get("weights_layout") else row["provider"]
 
 
 def parse_args(argv=None):
@@ -276,7 +291,7 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
     bf16_ms = times.get("cublas_bf16", (None,))[0]
     rows = []
     for prov, (ms, plain_ms, nbytes) in times.items():
-        rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], provider=prov,
+        rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], **csv_provider(prov),
                          median_ms=f"{ms:.5f}", tflops=f"{flops / ms / 1e9:.2f}", gbps=f"{nbytes / ms / 1e6:.1f}",
                          speedup_vs_bf16=f"{bf16_ms / ms:.3f}" if bf16_ms else "",
                          max_rel_err=f"{errs[prov]:.2e}" if errs[prov] is not None else "",
@@ -290,7 +305,7 @@ def print_header():
 
 
 def print_row(r):
-    print(f"{r['pair']:12s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {r['provider']:24s} {r['median_ms']:>9s} {r['tflops']:>8s} {r['gbps']:>8s} {r['speedup_vs_bf16']:>8s} {r['max_rel_err']:>9s}")
+    print(f"{r['pair']:12s} {r['M']:5d} {r['N']:6d} {r['K']:6d} {provider_label(r):24s} {r['median_ms']:>9s} {r['tflops']:>8s} {r['gbps']:>8s} {r['speedup_vs_bf16']:>8s} {r['max_rel_err']:>9s}")
 
 
 def result_name(gpu):
@@ -300,14 +315,14 @@ def result_name(gpu):
 def record(rows, gpu, folder=RESULTS):
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{result_name(gpu)}.csv"
-    fields = COLUMNS + ["timing", "plain_ms"]
+    fields = COLUMNS + EXTRA_COLUMNS
     new = not path.exists()
     if not new:
         header = path.open().readline().strip().split(",")
         if header != fields:
             raise SystemExit(f"{path}: header {header} is not {fields}; migrate the file first")
     with path.open("a", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=fields)
+        wr = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         if new:
             wr.writeheader()
         wr.writerows(rows)
@@ -345,7 +360,7 @@ def plot(rows, path):
     series = {}  # one line per provider in each (pair, shape) panel: speedup vs cuBLAS bf16 against M
     for r in rows:
         if r["speedup_vs_bf16"] and r["provider"] not in ("cublas_bf16", "d2d_copy_weights"):
-            series.setdefault((r["pair"], (r["N"], r["K"]), r["provider"]), []).append((r["M"], float(r["speedup_vs_bf16"])))
+            series.setdefault((r["pair"], (r["N"], r["K"]), provider_label(r)), []).append((r["M"], float(r["speedup_vs_bf16"])))
     providers = sorted({prov for _, _, prov in series})
     colors = {prov: plt.get_cmap("tab10")(i % 10) for i, prov in enumerate(providers)}  # one color per provider in every panel
     for (pair, nk, prov), pts in sorted(series.items()):

@@ -85,7 +85,7 @@ def test_commit_label_prefers_the_environment(monkeypatch):
 
 def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
     """A run split over several commands is drawn from its rows in the CSV, one commit only."""
-    fields = cli.COLUMNS + ["timing", "plain_ms"]
+    fields = cli.COLUMNS + cli.EXTRA_COLUMNS
     rows = [dict.fromkeys(fields, "") | dict(commit=c, gpu="H100", pair="mxfp4xmxfp4", M=m, N=64, K=64, provider=p,
                                            median_ms="0.01", speedup_vs_bf16=str(x))
             for c, x in (("old", 0.5), ("new", 1.5)) for m in (1, 16) for p in ("blockscaled", "cublas_bf16")]
@@ -105,6 +105,44 @@ def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert cli.main(["--plot", str(path), "--commit", "old"]) == 0
     assert (tmp_path / "h100_old.png").stat().st_size > 0
+
+
+def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path):
+    """DESIGN.md section 5: this project's rows read provider "blockscaled" whatever layout its weights take; the
+    layout goes to `weights_layout` (empty for baselines and yardsticks), and a CSV of other columns is refused."""
+    assert set(cli.OURS_LAYOUT) == {p for p in cli.PROVIDERS if p.startswith("blockscaled")}
+    assert set(cli.OURS_LAYOUT.values()) <= {"k_order", *bs.layouts.DATA_LAYOUTS}
+    rows = [dict.fromkeys(cli.COLUMNS, "1") | dict(timing="cudagraph", plain_ms="1") | cli.csv_provider(p)
+            for p in cli.PROVIDERS]
+    cli.record(rows, "NVIDIA H100 80GB HBM3", tmp_path)
+    with (tmp_path / "h100.csv").open(newline="") as f:
+        raw = f.read()
+        f.seek(0)
+        got = list(cli.csv.DictReader(f))
+    assert "\r" not in raw and raw.splitlines()[0] == ",".join(cli.COLUMNS + cli.EXTRA_COLUMNS)
+    assert [(r["provider"], r["weights_layout"]) for r in got] == [
+        ("blockscaled", "k_order"), ("blockscaled", "block_pairs"), ("blockscaled", "mma_m16k16"),
+        *[(p, "") for p in cli.PROVIDERS[3:]]]
+    assert [cli.provider_label(r) for r in got[:4]] == [
+        "blockscaled[k_order]", "blockscaled[block_pairs]", "blockscaled[mma_m16k16]", "cublas_bf16"]
+    old = tmp_path / "old" / "h100.csv"
+    old.parent.mkdir()
+    old.write_text(",".join(cli.COLUMNS + ["timing", "plain_ms"]) + "\n")
+    with pytest.raises(SystemExit, match="migrate the file first"):
+        cli.record(rows, "NVIDIA H100 80GB HBM3", old.parent)
+
+
+def test_committed_results_follow_the_design_columns():
+    """Every committed results CSV parses to rows of exactly the recorded columns, with this project's rows as
+    provider "blockscaled" and a weights layout."""
+    for path in sorted(cli.RESULTS.glob("*.csv")):
+        with path.open(newline="") as f:
+            rows = list(cli.csv.DictReader(f))
+        assert rows, path
+        for r in rows:
+            assert list(r) == cli.COLUMNS + cli.EXTRA_COLUMNS and None not in r.values(), (path, r)
+            assert r["provider"] not in ("blockscaled_pairs", "blockscaled_mma"), (path, r)
+            assert (r["provider"] == "blockscaled") == bool(r["weights_layout"]), (path, r)
 
 
 def test_variants_check_every_variant_on_cpu(capsys, tmp_path):
