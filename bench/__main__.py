@@ -51,15 +51,15 @@ RESULTS = Path(__file__).parent / "results"
 COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
-# providers that compute from exactly our quantized operands: their max_rel_err is recorded
-EXACT_PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "triton_dot_scaled")
-PROVIDERS = ("blockscaled", "blockscaled_pairs", "blockscaled_mma", "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise",
-             "triton_dot_scaled", "gemlite", "d2d_copy_weights", "read_weights")
-# yardsticks that move the weight bytes only (no activation, no output)
-WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
 # this project's providers by the data layout of the weights they time: in the CSV each is provider "blockscaled"
 # (DESIGN.md section 5) with the layout in the column `weights_layout` (empty for the other providers)
 OURS_LAYOUT = {"blockscaled": "k_order", "blockscaled_pairs": "block_pairs", "blockscaled_mma": "mma_m16k16"}
+# providers that compute from exactly our quantized operands: their max_rel_err is recorded
+EXACT_PROVIDERS = (*OURS_LAYOUT, "triton_dot_scaled")
+PROVIDERS = (*OURS_LAYOUT, "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise", "triton_dot_scaled",
+             "gemlite", "d2d_copy_weights", "read_weights")
+# yardsticks that move the weight bytes only (no activation, no output)
+WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
 # the CSV's columns after DESIGN.md's
 EXTRA_COLUMNS = ["timing", "plain_ms", "weights_layout"]
 
