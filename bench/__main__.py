@@ -31,6 +31,7 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noq
 from .providers import (  # noqa: E402
     FORMAT_PAIRS,
     LLAMA_70B,
+    OURS_LAYOUT,
     Unsupported,
     blockscaled_fn,
     blockscaled_mma_fn,
@@ -51,9 +52,6 @@ RESULTS = Path(__file__).parent / "results"
 COLUMNS = "date,commit,gpu,pair,M,N,K,out_dtype,provider,median_ms,tflops,gbps,speedup_vs_bf16,max_rel_err".split(",")
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
-# this project's providers by the data layout of the weights they time: in the CSV each is provider "blockscaled"
-# (DESIGN.md section 5) with the layout in the column `weights_layout` (empty for the other providers)
-OURS_LAYOUT = {"blockscaled": "k_order", "blockscaled_pairs": "block_pairs", "blockscaled_mma": "mma_m16k16"}
 # providers that compute from exactly our quantized operands: their max_rel_err is recorded
 EXACT_PROVIDERS = (*OURS_LAYOUT, "triton_dot_scaled")
 PROVIDERS = (*OURS_LAYOUT, "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise", "triton_dot_scaled",
@@ -65,7 +63,8 @@ EXTRA_COLUMNS = ["timing", "plain_ms", "weights_layout"]
 
 
 def csv_provider(prov: str) -> dict:
-    """The CSV's `provider` and `weights_layout` of a provider of this module."""
+    """The CSV's `provider` and `weights_layout` of a provider of this module: DESIGN.md section 5 names this
+    project's rows "blockscaled" whatever layout their weights take (`weights_layout`, empty for the others)."""
     return dict(provider="blockscaled" if prov in OURS_LAYOUT else prov, weights_layout=OURS_LAYOUT.get(prov, ""))
 
 

@@ -143,6 +143,10 @@ def gemlite_fn(x, w, pair):
     return lambda: layer(xb)
 
 
+# this project's providers (`python -m bench`, the TritonBench operator) by the data layout of the weights they time
+OURS_LAYOUT = {"blockscaled": "k_order", "blockscaled_pairs": "block_pairs", "blockscaled_mma": "mma_m16k16"}
+
+
 def blockscaled_pairs_fn(a, b, out_dtype):
     """This project with fp4 weights pre-arranged once ("block_pairs"): the decode kernel's layout."""
     if not b.fmt.is_packed:

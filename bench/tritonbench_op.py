@@ -19,7 +19,7 @@ from tritonbench.utils.triton_op import BenchmarkOperator, register_benchmark, r
 
 import blockscaled as bs
 from blockscaled.layouts import mma
-from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes, quantize_pair
+from bench.providers import FORMAT_PAIRS, LLAMA_70B, OURS_LAYOUT, operand_bytes, quantize_pair
 
 PAIRS = {bs.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
 
@@ -118,7 +118,7 @@ class Operator(BenchmarkOperator):
         benchmark callable, named by its `_name`."""
         provider = getattr(fn, "_name", fn)
         pair_name, m, n, k = self.get_x_val(example_inputs)
-        if provider in ("blockscaled", "blockscaled_pairs", "blockscaled_mma"):
+        if provider in OURS_LAYOUT:
             nbytes = operand_bytes(PAIRS[pair_name][0], m, k) + operand_bytes(PAIRS[pair_name][1], n, k)
         else:
             nbytes = 2 * (m * k + n * k)
