@@ -492,6 +492,10 @@ MMA_AHEAD = 0
 # (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
 # bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
 MMA_FP8_M16_MAX_SPLIT = 8
+# Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows) at M <= 16,
+# where no power of two fills 90% of the last wave: the fullest split up to the cap. TO BE TIMED (10240 x 8192,
+# M = 16: 80 row programs, 8 resident per SM: split 8 fills 0.61 of a wave, 13 0.98).
+MMA_UNEVEN_SPLIT = True
 # fp8 weights at 8 < M <= 16 on split-K load one window ahead (AHEAD 1) from K = MMA_FP8_M16_AHEAD_K. H100, M = 16,
 # x cuBLAS bf16, ahead 0 / 1 in one process, two processes each: 8192 x 28672 (split 8, 56 windows per program;
 # h100_mma_near_miss_m16_28672{,_fp8_again}_902c692_2026-11-24.log) mxfp8 x mxfp8 1.73 / 1.81x and 1.78 / 1.86x,
@@ -621,6 +625,7 @@ class MmaOptions(NamedTuple):
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
     tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
     cluster: bool  # M > MMA_WARP_M with split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
+    split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -641,7 +646,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     decodes its K range of the activation once, into shared memory; default at M = 1 for them where
     the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
     "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
-    the plan).
+    the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
+    does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -650,18 +656,22 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
-    keys = {"max_split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m", "cluster"}
+    keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
+            "cluster"}
     if not isinstance(config, dict) or not set(config) <= keys:
-        raise ValueError("config: the mma backend takes a dict of 'max_split', 'row_groups', 'shared_b', 'wgmma', "
+        raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m' and 'cluster', or None, got {config!r}")
+    split = config.get("split", 0)
+    if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
+        raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
     wide_m = m > MMA_WARP_M
-    auto = (m == 1 and not narrow and not set(config) & {"max_split", "shared_b", "ahead"}) or (
-        1 < m <= MMA_WARP_M and not set(config) & {"max_split", "shared_b", "ahead", "row_groups"})
+    auto = (m == 1 and not narrow and not set(config) & {"max_split", "split", "shared_b", "ahead"}) or (
+        1 < m <= MMA_WARP_M and not set(config) & {"max_split", "split", "shared_b", "ahead", "row_groups"})
     k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` / `_mma_k_slices` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
-    if k_warps > 1 and (wide_m or "max_split" in config):
-        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' (split 1), got {config!r} "
+    if k_warps > 1 and (wide_m or "max_split" in config or split > 1):
+        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' or 'split' (split 1), got {config!r} "
                          f"at M = {m}")
     if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
@@ -713,7 +723,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -731,10 +741,13 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> Mma
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
-               unsplit_waves: float = 0) -> int:
+               unsplit_waves: float = 0, uneven: bool = False) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
     with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
-    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave."""
+    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave.
+    With `uneven` (mma_gemv_kernel without windows loaded ahead: parts of W / split or W / split + 1
+    windows), where the wave rule finds no power of two that fills 90% of its last wave, the fullest of
+    every split up to max_split and the windows (`MMA_UNEVEN_SPLIT`)."""
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
     if not programs_per_sm:
         return splits[-1]
@@ -746,7 +759,10 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
         waves = row_programs * s / resident
         return waves / -(-waves // 1)
 
-    return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
+    full = next((s for s in splits if fill(s) >= 0.9), None)
+    if full is None and uneven and MMA_UNEVEN_SPLIT:
+        return max(range(1, min(max_split, windows) + 1), key=fill)
+    return full or max(splits, key=fill)
 
 
 def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
@@ -842,8 +858,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
-    split = 1 if options.k_warps > 1 else _mma_split(k // 64, row_programs, options.max_split, options.programs_per_sm,
-                                                     b.device, MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0)
+    if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead)):
+        raise ValueError(f"config: split {options.split} must be at most the K / 64 = {k // 64} windows and, with "
+                         f"ahead {options.ahead}, divide them")
+    split = options.split or (1 if options.k_warps > 1 else _mma_split(
+        k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
+        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, uneven=not wide_m and not options.ahead))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's ROW_GROUPS,

@@ -364,6 +364,9 @@ def mma_gemv_kernel(
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
+    # SPLIT that does not divide the windows (K_WARPS 1): part p runs windows p W / SPLIT .. (p + 1) W / SPLIT,
+    # a loop of steps or steps + 1 (`api._mma_split`: a full last wave where no power of two fills one)
+    uneven = windows % (SPLIT * K_WARPS) != 0
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
     for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
         tid = thread_ids(threads)
@@ -372,7 +375,7 @@ def mma_gemv_kernel(
         q = lane & 3
         if K_WARPS == 1:  # the warp's first row group, and the program's first window
             gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS
-            first = part.begin * steps
+            first = part.begin * windows // SPLIT if uneven else part.begin * steps
         elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
             gr = (tile_p.begin * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
             first = (part.begin * K_WARPS + (tid >> 7)) * steps
@@ -401,7 +404,7 @@ def mma_gemv_kernel(
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS)
-        for it in hl.tile(steps, block_size=1):
+        for it in hl.tile((part.begin + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
@@ -681,7 +684,7 @@ def mma_m64_kernel(
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-        for it in hl.tile(steps, block_size=1):
+        for it in hl.tile((part.begin + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,

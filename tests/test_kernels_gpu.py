@@ -175,6 +175,25 @@ def test_mma_m16_shape_defaults(pair, gen):
     assert backend_used(pair, 16) == "mma"
 
 
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_mma_uneven_split(pair, m, gen):
+    """Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows): 3 to 31
+    parts, one and two row groups, B per warp or shared, bias and bf16 out; at M = 16 the 10240 x 8192 default,
+    13 parts for fp4 weights (`api.MMA_UNEVEN_SPLIT`), 8 for fp8 weights (no wave rule)."""
+    for n, k, config in [(1024, 1984, {"split": 3}), (1024, 1984, {"split": 31}), (2048, 8192, {"split": 13}),
+                         (2048, 8192, {"split": 13, "row_groups": 1, "shared_b": False}),
+                         (256, 1024, {"split": 5, "row_groups": 1, "shared_b": True})]:
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
+    run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"split": 7})
+    assert_split_k_workspaces_zero()
+    if m == 16:
+        run_and_check(pair, 16, 10240, 8192, "cuda", gen, data_layout="mma_m16k16")
+        assert mma_plan_tails(pair, 16, 10240, 8192) == {(2, 8 if pair[1] == "mxfp8" else 13, True, 0, 1, False)}
+    assert backend_used(pair, m) == "mma"
+
+
 @pytest.mark.parametrize("pair", MMA_PAIRS[2:5] + MMA_PAIRS[6:], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_mma_staged_b(pair, m, gen):

@@ -296,29 +296,30 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert two_groups == {(8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
     assert api._mma_split(128, 128, 32, 0, cpu) == 32 and api._mma_split(128, 128, 8, 0, cpu) == 8
     with pytest.raises(ValueError, match="max_split"):
-        api._mma_options({"split": 4}, 1, 8192, True)
+        api._mma_options({"splits": 4}, 1, 8192, True)
     with pytest.raises(ValueError, match="row_groups"):
         api._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
-    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, False)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, False)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, False)  # N % 128 != 0: one, the wave rule
+    # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
+    # split as given)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, False, 0)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, False, 0)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, False, 0)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, False)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, False, 0)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, False)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, False, 0)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, False)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, False, 0)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, False)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, False, 0)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, False)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, False, 0)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -352,6 +353,42 @@ def test_split_fills_the_last_wave(monkeypatch):
         assert (plan.split, plan.consts[-4]) == (split, has_wgmma), (has_wgmma, w)
 
 
+def test_uneven_split(monkeypatch):
+    """Where no power of two fills 90% of the last wave, mma_gemv_kernel's split-K takes the fullest split
+    of any size (`api.MMA_UNEVEN_SPLIT`): M = 16, 10240 x 8192 (80 row programs, 8 resident per SM, 132
+    SMs) 13 parts (1040 programs, 0.98 of a wave) instead of 8 (0.61); the other decode shapes keep their
+    power of two. "split" gives the factor itself; one that does not divide the windows runs parts of
+    W / split or W / split + 1 windows, never with windows loaded ahead or above M = 16."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]
+    two_groups = {(n, k): api._mma_split(k // 64, n // 128, 16, 8, cpu, uneven=True) for n, k in shapes}
+    assert two_groups == {(8192, 8192): 16, (10240, 8192): 13, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 16}
+    assert api._mma_split(128, 80, 16, 0, cpu, uneven=True) == 16  # without the wave rule: the largest power of two
+    monkeypatch.setattr(api, "MMA_UNEVEN_SPLIT", False)
+    assert api._mma_split(128, 80, 16, 8, cpu, uneven=True) == 8
+    monkeypatch.setattr(api, "MMA_UNEVEN_SPLIT", True)
+    x, b = torch.randn(16, 8192).to(torch.bfloat16), bs.quantize(torch.randn(128, 8192), "mxfp4").with_data_layout("mma_m16k16")
+
+    def plan(config, n=10240):
+        return api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(config, x, b, 16, n))
+
+    # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K with two row groups and shared B
+    assert plan(None).consts[-6:] == (2, 13, True, 0, 1, False) and plan(None).split == 13
+    assert plan({"split": 13}).consts[-6:] == plan(None).consts[-6:]
+    assert plan({"split": 7, "row_groups": 1, "shared_b": False}).consts[-6:] == (1, 7, False, 0, 1, False)
+    assert plan({"split": 8, "ahead": 1}).consts[-6:] == (2, 8, True, 1, 1, False)  # divides: ahead may load
+    for bad, match in [({"split": 7, "ahead": 1}, "with ahead 1, divide them"), ({"split": 129}, "at most the K / 64 = 128"),
+                       ({"split": 0}, "split is an int >= 1"), ({"split": 4, "max_split": 4}, "without 'max_split'"),
+                       ({"split": 2.0}, "split is an int"), ({"split": 4, "k_warps": 2}, "without 'max_split' or 'split'")]:
+        with pytest.raises(ValueError, match=match):
+            plan(bad)
+    with pytest.raises(ValueError, match="at M <= 16"):
+        api._mma_options({"split": 4}, 64, 8192, False)
+
+
 def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
     where their programs (4 per SM, 132 SMs) fill 0.5-1 wave or make >= 3, else 8, else split-K;
@@ -365,10 +402,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, False)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, False)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, False)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, False)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, False, 0)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, False, 0)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, False, 0)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, False, 0)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -391,7 +428,7 @@ def test_k_warps_options(monkeypatch):
     with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
         api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
     plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
-    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu, uneven=True) == 31  # 31 windows: split-K, uneven
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
     monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
@@ -504,7 +541,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, False)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, False, 0)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
