@@ -492,10 +492,16 @@ MMA_AHEAD = 0
 # (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
 # bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
 MMA_FP8_M16_MAX_SPLIT = 8
-# Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows) at M <= 16,
-# where no power of two fills 90% of the last wave: the fullest split up to the cap. TO BE TIMED (10240 x 8192,
-# M = 16: 80 row programs, 8 resident per SM: split 8 fills 0.61 of a wave, 13 0.98).
-MMA_UNEVEN_SPLIT = True
+# Split-K factors that do not divide the K / 64 windows (config "split": parts of W / split or W / split + 1 windows)
+# are not taken by the wave rule: the fuller last wave did not pay. H100, M = 16, 10240 x 8192 (80 row programs, 8
+# resident per SM: split 8 fills 0.61 of a wave, 12 0.91, 13 0.98), x cuBLAS bf16, split 8 / 13 / 12 / 8 in one process
+# (bench/results/h100_mma_uneven_split_ab_n10240_k8192_8d98a82_2026-11-25.log): bf16 x mxfp4 2.59 / 2.62 / 2.64 /
+# 2.61x, bf16 x nvfp4 2.53 / 2.53 / 2.55 / 2.54x, nvfp4 x nvfp4 2.52 / 2.57 / 2.55 / 2.52x, mxfp4 x mxfp4 2.50 / 2.28 /
+# 2.23 / 2.53x, mxfp8 x mxfp4 2.45 / 2.24 / 2.19 / 2.46x, mxfp8 x mxfp8 1.78 / 1.57 / 1.54 / 1.78x, bf16 x mxfp8 1.80 /
+# 1.57 / 1.54 / 1.80x. What that shape pays instead is the split-K epilogue's ticket and read-back: without them
+# (timing-only probe, the relaxed adds kept) 2-3 us of 25-37 us (h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_
+# 2026-11-25.log: bf16 x mxfp4 25.3 -> 22.3 us, nvfp4 x nvfp4 26.0 -> 24.1, mxfp8 x mxfp8 36.9 -> 33.7; the adds alone
+# cost nothing: 22.6 / 23.9 / 33.5 us with plain stores instead).
 # fp8 weights at 8 < M <= 16 on split-K load one window ahead (AHEAD 1) from K = MMA_FP8_M16_AHEAD_K. H100, M = 16,
 # x cuBLAS bf16, ahead 0 / 1 in one process, two processes each: 8192 x 28672 (split 8, 56 windows per program;
 # h100_mma_near_miss_m16_28672{,_fp8_again}_902c692_2026-11-24.log) mxfp8 x mxfp8 1.73 / 1.81x and 1.78 / 1.86x,
@@ -741,13 +747,10 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> Mma
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
-               unsplit_waves: float = 0, uneven: bool = False) -> int:
+               unsplit_waves: float = 0) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
     with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
-    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave.
-    With `uneven` (mma_gemv_kernel without windows loaded ahead: parts of W / split or W / split + 1
-    windows), where the wave rule finds no power of two that fills 90% of its last wave, the fullest of
-    every split up to max_split and the windows (`MMA_UNEVEN_SPLIT`)."""
+    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave."""
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
     if not programs_per_sm:
         return splits[-1]
@@ -759,10 +762,7 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
         waves = row_programs * s / resident
         return waves / -(-waves // 1)
 
-    full = next((s for s in splits if fill(s) >= 0.9), None)
-    if full is None and uneven and MMA_UNEVEN_SPLIT:
-        return max(range(1, min(max_split, windows) + 1), key=fill)
-    return full or max(splits, key=fill)
+    return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
 
 
 def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
@@ -863,7 +863,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                          f"ahead {options.ahead}, divide them")
     split = options.split or (1 if options.k_warps > 1 else _mma_split(
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
-        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, uneven=not wide_m and not options.ahead))
+        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device)
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's ROW_GROUPS,

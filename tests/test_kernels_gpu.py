@@ -179,8 +179,7 @@ def test_mma_m16_shape_defaults(pair, gen):
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_uneven_split(pair, m, gen):
     """Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows): 3 to 31
-    parts, one and two row groups, B per warp or shared, bias and bf16 out; at M = 16 the 10240 x 8192 default,
-    13 parts for fp4 weights (`api.MMA_UNEVEN_SPLIT`), 8 for fp8 weights (no wave rule)."""
+    parts, one and two row groups, B per warp or shared, bias and bf16 out, and 13 parts at M = 16, 10240 x 8192."""
     for n, k, config in [(1024, 1984, {"split": 3}), (1024, 1984, {"split": 31}), (2048, 8192, {"split": 13}),
                          (2048, 8192, {"split": 13, "row_groups": 1, "shared_b": False}),
                          (256, 1024, {"split": 5, "row_groups": 1, "shared_b": True})]:
@@ -189,8 +188,8 @@ def test_mma_uneven_split(pair, m, gen):
                   config={"split": 7})
     assert_split_k_workspaces_zero()
     if m == 16:
-        run_and_check(pair, 16, 10240, 8192, "cuda", gen, data_layout="mma_m16k16")
-        assert mma_plan_tails(pair, 16, 10240, 8192) == {(2, 8 if pair[1] == "mxfp8" else 13, True, 0, 1, False)}
+        run_and_check(pair, 16, 10240, 8192, "cuda", gen, data_layout="mma_m16k16", config={"split": 13})
+        assert mma_plan_tails(pair, 16, 10240, 8192) == {(2, 13, True, 0, 1, False)}
     assert backend_used(pair, m) == "mma"
 
 

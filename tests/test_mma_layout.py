@@ -354,30 +354,20 @@ def test_split_fills_the_last_wave(monkeypatch):
 
 
 def test_uneven_split(monkeypatch):
-    """Where no power of two fills 90% of the last wave, mma_gemv_kernel's split-K takes the fullest split
-    of any size (`api.MMA_UNEVEN_SPLIT`): M = 16, 10240 x 8192 (80 row programs, 8 resident per SM, 132
-    SMs) 13 parts (1040 programs, 0.98 of a wave) instead of 8 (0.61); the other decode shapes keep their
-    power of two. "split" gives the factor itself; one that does not divide the windows runs parts of
-    W / split or W / split + 1 windows, never with windows loaded ahead or above M = 16."""
+    """"split" gives the split-K factor itself (M <= 16); one that does not divide the windows runs parts of
+    W / split or W / split + 1 windows, never with windows loaded ahead or above M = 16. The wave rule takes
+    powers of two only (M = 16, 10240 x 8192: 8, `api._mma_split`; 12 and 13 were timed and did not pay)."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    cpu = torch.device("cpu")
-    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]
-    two_groups = {(n, k): api._mma_split(k // 64, n // 128, 16, 8, cpu, uneven=True) for n, k in shapes}
-    assert two_groups == {(8192, 8192): 16, (10240, 8192): 13, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 16}
-    assert api._mma_split(128, 80, 16, 0, cpu, uneven=True) == 16  # without the wave rule: the largest power of two
-    monkeypatch.setattr(api, "MMA_UNEVEN_SPLIT", False)
-    assert api._mma_split(128, 80, 16, 8, cpu, uneven=True) == 8
-    monkeypatch.setattr(api, "MMA_UNEVEN_SPLIT", True)
     x, b = torch.randn(16, 8192).to(torch.bfloat16), bs.quantize(torch.randn(128, 8192), "mxfp4").with_data_layout("mma_m16k16")
 
     def plan(config, n=10240):
         return api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(config, x, b, 16, n))
 
-    # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K with two row groups and shared B
-    assert plan(None).consts[-6:] == (2, 13, True, 0, 1, False) and plan(None).split == 13
-    assert plan({"split": 13}).consts[-6:] == plan(None).consts[-6:]
+    # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K by 8 with two row groups and shared B
+    assert plan(None).consts[-6:] == (2, 8, True, 0, 1, False) and plan(None).split == 8
+    assert plan({"split": 13}).consts[-6:] == (2, 13, True, 0, 1, False) and plan({"split": 13}).split == 13
     assert plan({"split": 7, "row_groups": 1, "shared_b": False}).consts[-6:] == (1, 7, False, 0, 1, False)
     assert plan({"split": 8, "ahead": 1}).consts[-6:] == (2, 8, True, 1, 1, False)  # divides: ahead may load
     for bad, match in [({"split": 7, "ahead": 1}, "with ahead 1, divide them"), ({"split": 129}, "at most the K / 64 = 128"),
@@ -428,7 +418,7 @@ def test_k_warps_options(monkeypatch):
     with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
         api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
     plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
-    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu, uneven=True) == 31  # 31 windows: split-K, uneven
+    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
     monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
