@@ -365,7 +365,7 @@ def mma_gemv_kernel(
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
     # SPLIT that does not divide the windows (K_WARPS 1): part p runs windows p W / SPLIT .. (p + 1) W / SPLIT,
-    # a loop of steps or steps + 1 (`api._mma_split`: a full last wave where no power of two fills one)
+    # a loop of steps or steps + 1 (config "split" only: the wave rule takes powers of two)
     uneven = windows % (SPLIT * K_WARPS) != 0
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
     for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
@@ -684,7 +684,7 @@ def mma_m64_kernel(
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-        for it in hl.tile((part.begin + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
+        for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
