@@ -601,6 +601,10 @@ MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # - 1792 programs (57344 x 8192, split 4; h100_mma_m64_cluster_n57344_k8192_93dd6fb_2026-11-25.log): faster in all 7,
 #   nvfp4 x nvfp4 1.56 -> 1.80x, bf16 x mxfp8 1.32 -> 1.57x.
 MMA_CLUSTER_PROGRAMS_PER_SM = 2
+# mma_gemv_kernel (M <= 16) sums its split-K parts in thread-block clusters too (same rule, `_mma_gemv_cluster`): the
+# workspace epilogue's ticket and read-back cost 2-3 us of 25-37 us at M = 16, 10240 x 8192 on the H100 (split 8;
+# bench/results/h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_2026-11-25.log). TO BE TIMED.
+MMA_GEMV_CLUSTER = True
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -630,7 +634,7 @@ class MmaOptions(NamedTuple):
     stage_b: bool | None  # each warp decodes its K range of B into shared memory once (STAGE_B); None: by the plan
     unroll: int  # windows per K-loop iteration (LLVM unrolls the loop by this factor); 0: by the plan
     tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
-    cluster: bool  # M > MMA_WARP_M with split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
+    cluster: bool  # split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
 
 
@@ -653,7 +657,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
     "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
-    does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows).
+    does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
+    "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
+    `_mma_gemv_cluster` allows it; False: workspace atomics).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -687,9 +693,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_M64_PROGRAMS_PER_SM[False, narrow and not fp8_weights]
         row_groups, default_split, shared_b = 1, MMA_M64_MAX_SPLIT, True
     else:
-        for name in ("wgmma", "cluster"):
-            if name in config:
-                raise ValueError(f"config: '{name}' applies above M = {MMA_WARP_M}, got it at M = {m}")
+        if "wgmma" in config:
+            raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
         col_groups = _mma_column_groups(m)
         row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
         if row_groups not in (1, 2) or n % (64 * row_groups):
@@ -702,7 +707,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
-    wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m)
+    wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
@@ -865,11 +870,13 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
         MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    cluster = wgmma and options.cluster and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device)
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's ROW_GROUPS,
-    # SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    cluster = options.cluster and (_mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wgmma else
+                                   not wide_m and _mma_gemv_cluster(split, 4 * options.row_groups * _mma_column_groups(m),
+                                                                    row_programs * split, b.device))
+    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's CLUSTER,
+    # ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
-            else (options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
+            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               _mma_column_groups(m), *tail)
@@ -890,8 +897,21 @@ def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.d
     and the sums' slots beside the B windows in static shared memory."""
     values = 4 * _mma_column_groups(m)
     return (programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device) and tile_m == MMA_M64_B_ROWS
-            and 1 < split <= CLUSTER_MAX_CTAS and (values, split) in MMA_CLUSTER_SUM_PTX
+            and 1 < split <= CLUSTER_MAX_CTAS and (values, split, 256) in MMA_CLUSTER_SUM_PTX
             and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
+
+
+def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
+    """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
+    sm_90, split 2 .. CLUSTER_MAX_CTAS dividing the `values` accumulators per thread, more than
+    MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (_has_wgmma(device) and 1 < split <= CLUSTER_MAX_CTAS and (values, split, 128) in MMA_CLUSTER_SUM_PTX
+            and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
+
+
+def _mma_cluster_size(plan: SplitKPlan) -> int:
+    """CTAs per thread-block cluster of an mma plan's launch: its split where it sums in clusters, else 1."""
+    return plan.split if plan.consts[-1 if plan.m_pad > MMA_WARP_M else -7] else 1
 
 
 def mma_kernel(m: int):
@@ -920,8 +940,8 @@ def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
 def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     args = _mma_args(plan, a, b, bias, out)
     if plan.launch is None:
-        cluster = plan.split if plan.m_pad > MMA_WARP_M and plan.consts[-1] else 1  # mma_m64_kernel's CLUSTER
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device, cluster))
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
+                                                              _mma_cluster_size(plan)))
     plan.launch(*args)
     return out
 

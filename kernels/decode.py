@@ -685,6 +685,7 @@ def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
     )
 
 
-# by (values per thread: 4 x column groups, cluster size)
-MMA_CLUSTER_SUM_PTX = {(4 * g, s): _cluster_sum(4 * g, s) for g in range(1, MMA_M64_B_ROWS // 8 + 1)
-                       for s in (2, 4, 8) if 4 * g % s == 0}
+# by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads,
+# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
+MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
+                       for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}

@@ -342,6 +342,7 @@ def mma_gemv_kernel(
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
+    CLUSTER: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     SHARED_B: hl.constexpr,
@@ -359,7 +360,9 @@ def mma_gemv_kernel(
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
     end (`k_warp_sums`). STAGE_B (K_WARPS > 1, COL_GROUPS 1, fp4 / fp8 activations): each warp
     decodes its K range of the activation into shared memory once (`staged_b`) and reads its B
-    registers there every window."""
+    registers there every window. CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
+    programs, and launched as one thread-block cluster (`launch.DirectLaunch`) they sum through distributed shared
+    memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters."""
     row_warps = program_row_warps(K_WARPS, SHARED_B)
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
@@ -368,22 +371,27 @@ def mma_gemv_kernel(
     # a loop of steps or steps + 1 (config "split" only: the wave rule takes powers of two)
     uneven = windows % (SPLIT * K_WARPS) != 0
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
-    for tile_p, part in hl.tile([N // (16 * row_warps * ROW_GROUPS), SPLIT], block_size=[1, 1]):
+    rows = N // (16 * row_warps * ROW_GROUPS)
+    for program in hl.tile(rows * SPLIT, block_size=1):
+        # the row programs first, or with CLUSTER the K parts (a cluster's CTAs are consecutive programs)
+        pid = program.begin
+        tile_p = pid // SPLIT if CLUSTER else pid % rows
+        part = pid % SPLIT if CLUSTER else pid // rows
         tid = thread_ids(threads)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
         if K_WARPS == 1:  # the warp's first row group, and the program's first window
-            gr = (tile_p.begin * 4 + (tid >> 5)) * ROW_GROUPS
-            first = part.begin * windows // SPLIT if uneven else part.begin * steps
+            gr = (tile_p * 4 + (tid >> 5)) * ROW_GROUPS
+            first = part * windows // SPLIT if uneven else part * steps
         elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
-            gr = (tile_p.begin * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
-            first = (part.begin * K_WARPS + (tid >> 7)) * steps
+            gr = (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
+            first = (part * K_WARPS + (tid >> 7)) * steps
         else:  # one row group (pair) per program; warp w from window w * steps, a per-thread value,
             # so only here (for K_WARPS 1 too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and
             # bf16 x mxfp4 a second load round trip: tests/test_bench.py)
-            gr = tile_p.begin * ROW_GROUPS
-            first = (part.begin * K_WARPS + (tid >> 5)) * steps
+            gr = tile_p * ROW_GROUPS
+            first = (part * K_WARPS + (tid >> 5)) * steps
         # B column g of column group c is activation row 8c + g (the last row past M)
         row_0 = torch.where(g < M, g, M - 1)
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)
@@ -393,6 +401,7 @@ def mma_gemv_kernel(
         b0, b1, b2, b3 = zero_sums(threads)
         c0, c1, c2, c3 = zero_sums(threads)
         d0, d1, d2, d3 = zero_sums(threads)
+        ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         if SHARED_B:
             b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
@@ -404,7 +413,7 @@ def mma_gemv_kernel(
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS)
-        for it in hl.tile((part.begin + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
+        for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
@@ -448,13 +457,18 @@ def mma_gemv_kernel(
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
-        else:
-            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS)
-            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
-            ticket = hl.atomic_add(tickets, [tile_p.begin], 1, sem="acq_rel")
-            if ticket == SPLIT - 1:
-                store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
-                hl.store(tickets, [tile_p.begin], 0)
+        else:  # (data-dependent ifs on `ctas`, which is 1 without CLUSTER, as in mma_m64_kernel)
+            if ctas == SPLIT:  # launched in clusters of the SPLIT parts
+                gemv_cluster_store(out, bias, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), q, g, gr,
+                                   scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER)
+            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=workspace_keep(ctas, SPLIT, CLUSTER))
+            if ctas != SPLIT:
+                cluster_wait(q, CLUSTER)
+                hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
+                ticket = hl.atomic_add(tickets, [tile_p], 1, sem="acq_rel")
+                if ticket == SPLIT - 1:
+                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
+                    hl.store(tickets, [tile_p], 0)
     return out
 
 
@@ -568,6 +582,32 @@ def cluster_wait(like, CLUSTER):
         hl.inline_asm_elementwise(CLUSTER_WAIT_PTX, "=r,r", [like], dtype=torch.int32, is_pure=False, pack=1)
 
 
+def workspace_keep(ctas, SPLIT, CLUSTER):
+    """Where the workspace adds run: without CLUSTER everywhere (None), with it where the program was launched
+    without clusters."""
+    return ctas != SPLIT if CLUSTER else None
+
+
+def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
+    """mma_gemv_kernel's `cluster_store`: `sums` are its 16 accumulators (row group r, column group c, slot i at
+    8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs are summed over the cluster, CTA r storing values
+    4 ROW_GROUPS COL_GROUPS / SPLIT r .. of them (in row group, column group, slot order). Nothing without CLUSTER."""
+    if not CLUSTER:
+        return
+    values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
+    own = len(values) // SPLIT
+    totals = hl.inline_asm_elementwise(
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, 128], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        dtype=(torch.float32,) * own, is_pure=True, pack=1,
+    )
+    rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
+                                     pack=1)
+    for k in range(own):
+        j = rank * own + k  # row group j / (4 COL_GROUPS), column group (j / 4) mod COL_GROUPS (1 or 2), slot j mod 4
+        index, valid = out_index((j >> 2) & (COL_GROUPS - 1), q, g, gr + (j >> (COL_GROUPS + 1)), j & 3, M, N)
+        store_out(out, bias, index, valid, (totals[k] if own > 1 else totals) * scale, N, HAS_BIAS)
+
+
 def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):
     """SPLIT > 1, the program's K part running as CTA r of a cluster of SPLIT: values 4 COL_GROUPS / SPLIT r .. of
     the accumulators (`sums`: 4 per column group, flat), summed over the cluster (`decode.MMA_CLUSTER_SUM_PTX`),
@@ -577,7 +617,7 @@ def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, 
     values = list(sums[:4 * COL_GROUPS])
     own = len(values) // SPLIT
     totals = hl.inline_asm_elementwise(
-        MMA_CLUSTER_SUM_PTX[len(values), SPLIT], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, 256], ",".join(["=r"] * own + ["r"] * len(values)), values,
         dtype=(torch.float32,) * own, is_pure=True, pack=1,
     )
     rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,

@@ -285,6 +285,45 @@ def test_mma_m64_cluster_sums(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 4, 9, 16])
+def test_mma_gemv_cluster_sums(pair, m, gen):
+    """mma_gemv_kernel's split-K parts summed in thread-block clusters (`api.MMA_GEMV_CLUSTER`): the first call of a
+    shape through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
+    SPLIT CTAs where the plan takes them; every call matches the reference (poisoned output): the M = 16 default at
+    10240 x 8192 (split 8), split 2, 4 and 8 with one and two row groups, B shared or per warp, an uneven split,
+    bias and bf16 out; the workspace stays zero."""
+    from blockscaled.kernels import api
+
+    name = bs.SUPPORTED_PAIRS[pair]
+    clustered_splits = set()
+    cases = [(10240, 1024, {"split": 2, "row_groups": 1, "shared_b": False}, False),
+             (10240, 2048, {"split": 4, "row_groups": 2, "shared_b": True}, True),
+             (10240, 1984, {"split": 8, "row_groups": 2, "shared_b": True}, False),  # 31 windows: parts of 3 or 4
+             (10240, 2048, {"split": 8, "row_groups": 1, "shared_b": True, "cluster": False}, False)]
+    if m == 16:
+        cases.append((10240, 8192, None, False))
+    for n, k, config, bias in cases:
+        a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
+        out_dtype = torch.bfloat16 if bias else torch.float32
+        bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
+        ref = ref_scaled_mm(a, b, bias=bias_t)
+        for call in range(3):
+            out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+            bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
+            err = max_rel_err(out, ref)
+            assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
+        options = api.mma_options_for(config, a, b, m, n)
+        (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
+        launcher = plan.launch.keywords["_launcher"]
+        clustered = plan.consts[-7]
+        assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher[2][1] == launcher.cluster
+        assert clustered is (options.cluster and plan.split > 1 and (4 * options.row_groups * -(-m // 8)) % plan.split == 0)
+        clustered_splits |= {plan.split} if clustered else set()
+    assert {2, 4} <= clustered_splits and (m < 9 or 8 in clustered_splits)
+    assert_split_k_workspaces_zero()
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [65, 130, 256])
 def test_mma_m64_tiles(pair, m, gen):
     """M > 64 on mma_m64_kernel (the default for "mma_m16k16" weights): a program per 64 (or, "tile_m",

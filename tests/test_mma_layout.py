@@ -303,19 +303,19 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, False, 0)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, False, 0)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, False, 0)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, False, 0)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, False, 0)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, False, 0)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, False, 0)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, False, 0)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
     assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0)
@@ -392,10 +392,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, False, 0)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, False, 0)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, False, 0)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, False, 0)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -531,7 +531,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, False, 0)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -612,7 +612,10 @@ def test_cluster_options(monkeypatch):
     """mma_m64_kernel sums its split-K parts in a thread-block cluster (CLUSTER, its last constexpr) with wgmma,
     more than 2 programs per SM, split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per
     program; not without split, with "cluster": False, mma.sync, 128 rows, split 16 or at most 2 programs per SM
-    (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused at M <= 16 and when not a bool."""
+    (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused when not a bool. mma_gemv_kernel (M <= 16,
+    CLUSTER its 7th constexpr from the end) by the same rule with its 4 x row groups x column groups accumulators:
+    M = 16, 10240 x 8192 (split 8, 640 programs) and fp8 weights at 8192 x 28672 (split 8, 512); not the K-slice
+    plans (no split), split 16 (8192 x 28672, fp4 weights) or split 8 of 4 accumulators (M = 1, one row group)."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
@@ -631,9 +634,27 @@ def test_cluster_options(monkeypatch):
         x = torch.randn(m, 128, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options(config, m, n, False))
         assert (plan.split, plan.consts[-1]) == (split, cluster), (m, n, config)
-    for bad, m in (({"cluster": True}, 16), ({"cluster": 1}, 64)):
-        with pytest.raises(ValueError, match="cluster"):
+    for bad, m in (({"cluster": 1}, 16), ({"cluster": 1}, 64)):
+        with pytest.raises(ValueError, match="cluster must be a bool"):
             api._mma_options(bad, m, 8192, False)
+    for m, n, k, w, config, split, cluster in ((16, 10240, 8192, "mxfp4", None, 8, True),
+                                               (16, 10240, 8192, "mxfp4", {"cluster": False, "max_split": 8}, 8, False),
+                                               (16, 8192, 28672, "mxfp8", None, 8, True),
+                                               (16, 8192, 28672, "mxfp4", None, 16, False),
+                                               (16, 8192, 8192, "mxfp4", None, 1, False),
+                                               (9, 10240, 8192, "mxfp4", {"split": 4}, 4, True),
+                                               (16, 4096, 8192, "mxfp4", {"split": 4}, 4, False),  # 128 programs
+                                               (1, 10240, 8192, "mxfp4", {"max_split": 8, "row_groups": 1}, 8, False),
+                                               (1, 10240, 8192, "mxfp4", {"max_split": 4, "row_groups": 1}, 4, True)):
+        b = bs.quantize(torch.randn(128, k), w).with_data_layout("mma_m16k16")
+        x = torch.randn(m, k).to(torch.bfloat16)
+        plan = api._mma_plan(x, b, False, m, n, k, api.mma_options_for(config, x, b, m, n))
+        assert (plan.split, plan.consts[-7], api._mma_cluster_size(plan)) == (split, cluster, split if cluster else 1), (
+            m, n, k, w, config)
+    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # not sm_90: no clusters
+    x = torch.randn(16, 8192).to(torch.bfloat16)
+    plan = api._mma_plan(x, b, False, 16, 10240, 8192, api.mma_options_for(None, x, b, 16, 10240))
+    assert plan.consts[-7] is False and plan.split == 8
 
 
 def run_staged_b(m: int, k: int, k_warps: int):
@@ -998,19 +1019,22 @@ def test_wgmma_exchange_gives_each_step_its_b(wide, rank):
     assert not written[0] & written[1]
 
 
-@pytest.mark.parametrize("values,split", [(32, 2), (32, 4), (32, 8), (12, 2), (12, 4), (20, 4), (8, 8)])
-def test_cluster_sum_adds_every_cta(values, split, gen):
-    """`decode.MMA_CLUSTER_SUM_PTX`, run for the 256 threads of each CTA of a cluster of `split` (a small
+@pytest.mark.parametrize("values,split,threads", [(32, 2, 256), (32, 4, 256), (32, 8, 256), (12, 2, 256), (12, 4, 256),
+                                                  (20, 4, 256), (8, 8, 256), (16, 8, 128), (16, 2, 128), (8, 4, 128),
+                                                  (4, 4, 128)])
+def test_cluster_sum_adds_every_cta(values, split, threads, gen):
+    """`decode.MMA_CLUSTER_SUM_PTX`, run for the 256 (mma_m64_kernel) or 128 (mma_gemv_kernel) threads of each CTA of
+    a cluster of `split` (a small
     interpreter of the instructions it uses, fp32 adds rounded as the GPU's; every thread of the cluster runs to
     the cluster barrier before any goes past it): thread t of CTA r gets its values c r .. c r + c - 1 summed
     over the CTAs, its own first, then the others by rank; each CTA's buffer is written once per word by the
     other CTAs' remote stores, every access aligned and inside it, nothing read that was not written."""
     from blockscaled.kernels.decode import MMA_CLUSTER_SUM_PTX, cluster_sum_bytes
 
-    threads, own = 256, values // split
-    body = MMA_CLUSTER_SUM_PTX[values, split].strip()[1:-1]
+    own = values // split
+    body = MMA_CLUSTER_SUM_PTX[values, split, threads].strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 cs\[(\d+)\];", body).group(1))
-    assert size == cluster_sum_bytes(values, split)
+    assert size == cluster_sum_bytes(values, split, threads)
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
     assert code.count("barrier.cluster.wait.aligned") == 2 and code.count("barrier.cluster.arrive.aligned") == 1
     barrier = code.index("barrier.cluster.arrive.aligned")
