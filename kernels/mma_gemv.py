@@ -595,10 +595,10 @@ def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GRO
     if not CLUSTER:
         return
     values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
-    own = len(values) // SPLIT
+    own = len(values) // SPLIT  # 1 at M <= 8 with 4 or 8 values in clusters of as many
     totals = hl.inline_asm_elementwise(
         MMA_CLUSTER_SUM_PTX[len(values), SPLIT, 128], ",".join(["=r"] * own + ["r"] * len(values)), values,
-        dtype=(torch.float32,) * own, is_pure=True, pack=1,
+        dtype=(torch.float32,) * own if own > 1 else torch.float32, is_pure=True, pack=1,
     )
     rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
                                      pack=1)
