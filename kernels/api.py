@@ -603,7 +603,13 @@ MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 MMA_CLUSTER_PROGRAMS_PER_SM = 2
 # mma_gemv_kernel (M <= 16) sums its split-K parts in thread-block clusters too (same rule, `_mma_gemv_cluster`): the
 # workspace epilogue's ticket and read-back cost 2-3 us of 25-37 us at M = 16, 10240 x 8192 on the H100 (split 8;
-# bench/results/h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_2026-11-25.log). TO BE TIMED.
+# bench/results/h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_2026-11-25.log). H100, M = 16, x cuBLAS bf16,
+# workspace / cluster / workspace / cluster in one process, every cell checked in fp32
+# (bench/results/h100_mma_m16_cluster_ab_133595e_2026-11-25.log): 10240 x 8192 (split 8, 640 programs) bf16 x mxfp4
+# 2.59 / 2.86 / 2.60 / 2.87x, bf16 x nvfp4 2.51 / 2.77 / 2.55 / 2.78x, mxfp4 x mxfp4 2.51 / 2.66 / 2.53 / 2.69x,
+# mxfp8 x mxfp4 2.44 / 2.65 / 2.48 / 2.66x, nvfp4 x nvfp4 2.51 / 2.59 / 2.53 / 2.61x, mxfp8 x mxfp8 1.78 / 1.93 /
+# 1.79 / 1.94x, bf16 x mxfp8 1.79 / 1.96 / 1.79 / 1.95x; 8192 x 28672, fp8 weights (split 8, 512 programs) mxfp8 x
+# mxfp8 1.84 / 1.88 / 1.85 / 1.88x, bf16 x mxfp8 1.78 / 1.81 / 1.78 / 1.81x.
 MMA_GEMV_CLUSTER = True
 
 
@@ -903,10 +909,11 @@ def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.d
 
 def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90, split 2 .. CLUSTER_MAX_CTAS dividing the `values` accumulators per thread, more than
-    MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
-    return (_has_wgmma(device) and 1 < split <= CLUSTER_MAX_CTAS and (values, split, 128) in MMA_CLUSTER_SUM_PTX
-            and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
+    sm_90, split 2 .. CLUSTER_MAX_CTAS dividing the `values` accumulators per thread into at least 2 per CTA (one
+    per CTA, at M <= 8 in clusters as wide as the accumulators, did not trace at 133595e and was not run on a GPU
+    since), more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (_has_wgmma(device) and 1 < split <= CLUSTER_MAX_CTAS and values // split >= 2
+            and (values, split, 128) in MMA_CLUSTER_SUM_PTX and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

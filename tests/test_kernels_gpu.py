@@ -291,7 +291,7 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     shape through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
     SPLIT CTAs where the plan takes them; every call matches the reference (poisoned output): the M = 16 default at
     10240 x 8192 (split 8), split 2, 4 and 8 with one and two row groups, B shared or per warp, an uneven split,
-    bias and bf16 out; the workspace stays zero."""
+    bias and bf16 out, and split 8 at M <= 8 (8 values: not in clusters); the workspace stays zero."""
     from blockscaled.kernels import api
 
     name = bs.SUPPORTED_PAIRS[pair]
@@ -317,7 +317,8 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
         launcher = plan.launch.keywords["_launcher"]
         clustered = plan.consts[-7]
         assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher[2][1] == launcher.cluster
-        assert clustered is (options.cluster and plan.split > 1 and (4 * options.row_groups * -(-m // 8)) % plan.split == 0)
+        values = 4 * options.row_groups * -(-m // 8)  # at least 2 per CTA
+        assert clustered is (options.cluster and plan.split > 1 and values % plan.split == 0 and values >= 2 * plan.split)
         clustered_splits |= {plan.split} if clustered else set()
     assert {2, 4} <= clustered_splits and (m < 9 or 8 in clustered_splits)
     assert_split_k_workspaces_zero()

@@ -615,7 +615,8 @@ def test_cluster_options(monkeypatch):
     (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused when not a bool. mma_gemv_kernel (M <= 16,
     CLUSTER its 7th constexpr from the end) by the same rule with its 4 x row groups x column groups accumulators:
     M = 16, 10240 x 8192 (split 8, 640 programs) and fp8 weights at 8192 x 28672 (split 8, 512); not the K-slice
-    plans (no split), split 16 (8192 x 28672, fp4 weights) or split 8 of 4 accumulators (M = 1, one row group)."""
+    plans (no split), split 16 (8192 x 28672, fp4 weights) or fewer than 2 accumulators per CTA (M <= 8: 4 or 8 in
+    clusters of 4 or 8)."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
@@ -645,7 +646,10 @@ def test_cluster_options(monkeypatch):
                                                (9, 10240, 8192, "mxfp4", {"split": 4}, 4, True),
                                                (16, 4096, 8192, "mxfp4", {"split": 4}, 4, False),  # 128 programs
                                                (1, 10240, 8192, "mxfp4", {"max_split": 8, "row_groups": 1}, 8, False),
-                                               (1, 10240, 8192, "mxfp4", {"max_split": 4, "row_groups": 1}, 4, True)):
+                                               (1, 10240, 8192, "mxfp4", {"max_split": 4, "row_groups": 1}, 4, False),
+                                               (4, 10240, 8192, "mxfp4", {"max_split": 8, "row_groups": 2}, 8, False),
+                                               (1, 10240, 8192, "mxfp4", {"max_split": 2, "row_groups": 1}, 2, True),
+                                               (4, 10240, 8192, "mxfp4", {"max_split": 4, "row_groups": 2}, 4, True)):
         b = bs.quantize(torch.randn(128, k), w).with_data_layout("mma_m16k16")
         x = torch.randn(m, k).to(torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, k, api.mma_options_for(config, x, b, m, n))
