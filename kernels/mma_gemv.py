@@ -590,20 +590,28 @@ def workspace_keep(ctas, SPLIT, CLUSTER):
     return ctas != SPLIT if CLUSTER else None
 
 
-def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
-    """mma_gemv_kernel's `cluster_store`: `sums` are its 16 accumulators (row group r, column group c, slot i at
-    8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs are summed over the cluster, CTA r storing values
-    4 ROW_GROUPS COL_GROUPS / SPLIT r .. of them (in row group, column group, slot order). Nothing without CLUSTER."""
-    if not CLUSTER:
-        return
-    values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
-    own = len(values) // SPLIT  # >= 2 (`api._mma_gemv_cluster`): a tuple
+def cluster_totals(values, q, SPLIT, threads):
+    """`values` (fp32, one list per thread, the same output positions in every CTA of the cluster) summed over the
+    cluster's SPLIT CTAs (`decode.MMA_CLUSTER_SUM_PTX`): this CTA's share, values own r .. own r + own - 1, as
+    (totals, r, own) (r = %cluster_ctarank, own = len(values) / SPLIT >= 2 by the plans' rules: a tuple of totals)."""
+    own = len(values) // SPLIT
     totals = hl.inline_asm_elementwise(
-        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, 128], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
         dtype=(torch.float32,) * own, is_pure=True, pack=1,
     )
     rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
                                      pack=1)
+    return totals, rank, own
+
+
+def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
+    """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its 16 accumulators (row group r, column group c,
+    slot i at 8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
+    (`cluster_totals`), into `out`. Nothing without CLUSTER."""
+    if not CLUSTER:
+        return
+    values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
+    totals, rank, own = cluster_totals(values, q, SPLIT, 128)
     for k in range(own):
         j = rank * own + k  # row group j / (4 COL_GROUPS), column group (j / 4) mod COL_GROUPS (1 or 2), slot j mod 4
         index, valid = out_index((j >> 2) & (COL_GROUPS - 1), q, g, gr + (j >> (COL_GROUPS + 1)), j & 3, M, N)
@@ -611,23 +619,15 @@ def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GRO
 
 
 def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):
-    """SPLIT > 1, the program's K part running as CTA r of a cluster of SPLIT: values 4 COL_GROUPS / SPLIT r .. of
-    the accumulators (`sums`: 4 per column group, flat), summed over the cluster (`decode.MMA_CLUSTER_SUM_PTX`),
-    into `out`. Nothing without CLUSTER."""
+    """mma_m64_kernel's SPLIT > 1 parts as one cluster: the accumulators (`sums`: 4 per column group, flat) summed
+    over the cluster (`cluster_totals`), into `out`. Nothing without CLUSTER."""
     if not CLUSTER:
         return
-    values = list(sums[:4 * COL_GROUPS])
-    own = len(values) // SPLIT
-    totals = hl.inline_asm_elementwise(
-        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, 256], ",".join(["=r"] * own + ["r"] * len(values)), values,
-        dtype=(torch.float32,) * own, is_pure=True, pack=1,
-    )
-    rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
-                                     pack=1)
+    totals, rank, own = cluster_totals(list(sums[:4 * COL_GROUPS]), q, SPLIT, 256)
     for k in range(own):
         j = rank * own + k  # the accumulator: column group j >> 2, slot j & 3
         index, valid = out_index(j >> 2, q, g, gr, j & 3, M, N, col0)
-        store_out(out, bias, index, valid, (totals[k] if own > 1 else totals) * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid, totals[k] * scale, N, HAS_BIAS)
 
 
 @helion.kernel(**KERNEL_SETTINGS)

@@ -247,6 +247,27 @@ def test_mma_m64_pairs(pair, m, gen):
             assert backend_used(pair, m) == "mma"
 
 
+def three_calls(pair, m, n, k, config, bias, gen):
+    """Three calls of one mma shape and config against the reference (poisoned outputs; fp32 out, or bf16 with bias):
+    the first launched by Triton, the next ones directly (in clusters where the plan takes them). Returns the options,
+    the cached plan and its launcher."""
+    from blockscaled.kernels import api
+
+    a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
+    out_dtype = torch.bfloat16 if bias else torch.float32
+    bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
+    ref = ref_scaled_mm(a, b, bias=bias_t)
+    for call in range(3):
+        out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+        bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
+        err = max_rel_err(out, ref)
+        assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
+    options = api.mma_options_for(config, a, b, m, n)
+    name = bs.SUPPORTED_PAIRS[pair]
+    (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
+    return options, plan, plan.launch.keywords["_launcher"]
+
+
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [17, 40, 64])
 def test_mma_m64_cluster_sums(pair, m, gen):
@@ -258,22 +279,11 @@ def test_mma_m64_cluster_sums(pair, m, gen):
     zero."""
     from blockscaled.kernels import api
 
-    name, sms = bs.SUPPORTED_PAIRS[pair], torch.cuda.get_device_properties(0).multi_processor_count
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     clustered_splits = set()
     for n, k, config, bias in ((8192, 8192, None, False), (10240, 8192, None, False), (17024, 1024, {"max_split": 2}, True),
                                (8576, 2048, {"max_split": 4}, False), (4352, 2048, {"max_split": 8}, False)):
-        a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
-        out_dtype = torch.bfloat16 if bias else torch.float32
-        bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
-        ref = ref_scaled_mm(a, b, bias=bias_t)
-        for call in range(3):
-            out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-            bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
-            err = max_rel_err(out, ref)
-            assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
-        options = api.mma_options_for(config, a, b, m, n)
-        (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
-        launcher = plan.launch.keywords["_launcher"]
+        _, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         programs = n // 128 * plan.split
         clustered = (plan.split > 1 and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
@@ -292,9 +302,6 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     SPLIT CTAs where the plan takes them; every call matches the reference (poisoned output): the M = 16 default at
     10240 x 8192 (split 8), split 2, 4 and 8 with one and two row groups, B shared or per warp, an uneven split,
     bias and bf16 out, and split 8 at M <= 8 (8 values: not in clusters); the workspace stays zero."""
-    from blockscaled.kernels import api
-
-    name = bs.SUPPORTED_PAIRS[pair]
     clustered_splits = set()
     cases = [(10240, 1024, {"split": 2, "row_groups": 1, "shared_b": False}, False),
              (10240, 2048, {"split": 4, "row_groups": 2, "shared_b": True}, True),
@@ -303,18 +310,7 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     if m == 16:
         cases.append((10240, 8192, None, False))
     for n, k, config, bias in cases:
-        a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
-        out_dtype = torch.bfloat16 if bias else torch.float32
-        bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
-        ref = ref_scaled_mm(a, b, bias=bias_t)
-        for call in range(3):
-            out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
-            bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
-            err = max_rel_err(out, ref)
-            assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
-        options = api.mma_options_for(config, a, b, m, n)
-        (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
-        launcher = plan.launch.keywords["_launcher"]
+        options, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         clustered = plan.consts[-7]
         assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher[2][1] == launcher.cluster
         values = 4 * options.row_groups * -(-m // 8)  # at least 2 per CTA
