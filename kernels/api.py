@@ -876,9 +876,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
         MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
-    cluster = options.cluster and (_mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wgmma else
-                                   not wide_m and _mma_gemv_cluster(split, 4 * options.row_groups * _mma_column_groups(m),
-                                                                    row_programs * split, b.device))
+    cluster = options.cluster and (
+        wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
+        else _mma_gemv_cluster(split, 4 * options.row_groups * _mma_column_groups(m), row_programs * split, b.device))
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's CLUSTER,
     # ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
@@ -896,24 +896,28 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
+def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:
+    """Whether SPLIT parts can sum `values` accumulators per thread of `threads`-thread CTAs in one thread-block
+    cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing them into at least 2 per CTA (one
+    per CTA, at M <= 8 in clusters as wide as the accumulators, did not trace at 133595e and was not run on a GPU
+    since), and more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (1 < split <= CLUSTER_MAX_CTAS and values // split >= 2 and (values, split, threads) in MMA_CLUSTER_SUM_PTX
+            and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
+
+
 def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device) -> bool:
-    """Whether mma_m64_kernel's SPLIT parts of an output tile sum in a thread-block cluster
-    (`decode.MMA_CLUSTER_SUM_PTX`): more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM, split 2 ..
-    CLUSTER_MAX_CTAS dividing the 4 x column groups accumulators per thread, 64 activation rows per program,
-    and the sums' slots beside the B windows in static shared memory."""
+    """Whether mma_m64_kernel's SPLIT parts of an output tile sum in a thread-block cluster: `_cluster_sum_runs` with
+    its 4 x column groups accumulators on 256 threads, 64 activation rows per program, and the sums' slots beside
+    the B windows in static shared memory."""
     values = 4 * _mma_column_groups(m)
-    return (programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device) and tile_m == MMA_M64_B_ROWS
-            and 1 < split <= CLUSTER_MAX_CTAS and (values, split, 256) in MMA_CLUSTER_SUM_PTX
+    return (tile_m == MMA_M64_B_ROWS and _cluster_sum_runs(split, values, 256, programs, device)
             and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
 
 
 def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90, split 2 .. CLUSTER_MAX_CTAS dividing the `values` accumulators per thread into at least 2 per CTA (one
-    per CTA, at M <= 8 in clusters as wide as the accumulators, did not trace at 133595e and was not run on a GPU
-    since), more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
-    return (_has_wgmma(device) and 1 < split <= CLUSTER_MAX_CTAS and values // split >= 2
-            and (values, split, 128) in MMA_CLUSTER_SUM_PTX and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
+    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
+    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:
