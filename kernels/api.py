@@ -812,6 +812,14 @@ def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool =
 # 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
 # keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
 # 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
+def _mma_m16_cluster_split(windows: int, n: int, options: MmaOptions, device: torch.device) -> int:
+    """At 8 < M <= 16: the split-K factor of two row groups (the wave rule, at most CLUSTER_MAX_CTAS) where its parts
+    sum in thread-block clusters (`_mma_gemv_cluster`, with `options.cluster`), else 0."""
+    row_programs = n // (64 * 2)
+    split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, options.programs_per_sm, device)
+    return split if options.cluster and _mma_gemv_cluster(split, 4 * 2 * 2, row_programs * split, device) else 0
+
+
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
@@ -845,7 +853,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
-        if slices:
+        cluster_split = slices and slices[1] == 2 and b.fmt.is_packed and _mma_m16_cluster_split(k // 64, n, options,
+                                                                                               b.device)
+        if cluster_split:  # fp4 weights: split-K in clusters instead of 4 slices of two row groups
+            options = options._replace(k_warps=1, split=cluster_split)
+        elif slices:
             slices, row_groups, *fp4_tail = slices
             ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,

@@ -643,6 +643,11 @@ def test_cluster_options(monkeypatch):
                                                (16, 8192, 28672, "mxfp8", None, 8, True),
                                                (16, 8192, 28672, "mxfp4", None, 16, False),
                                                (16, 8192, 8192, "mxfp4", None, 1, False),
+                                               (16, 57344, 8192, "mxfp4", None, 2, True),  # not 4 K slices of two
+                                               (12, 57344, 8192, "mxfp4", None, 2, True),
+                                               (16, 57344, 8192, "mxfp8", None, 1, False),  # fp8 weights: K slices
+                                               (16, 57344, 8192, "mxfp4", {"cluster": False}, 1, False),
+                                               (8, 57344, 8192, "mxfp4", None, 16, False),  # one column group
                                                (9, 10240, 8192, "mxfp4", {"split": 4}, 4, True),
                                                (16, 4096, 8192, "mxfp4", {"split": 4}, 4, False),  # 128 programs
                                                (1, 10240, 8192, "mxfp4", {"max_split": 8, "row_groups": 1}, 8, False),
@@ -659,6 +664,8 @@ def test_cluster_options(monkeypatch):
     x = torch.randn(16, 8192).to(torch.bfloat16)
     plan = api._mma_plan(x, b, False, 16, 10240, 8192, api.mma_options_for(None, x, b, 16, 10240))
     assert plan.consts[-7] is False and plan.split == 8
+    plan = api._mma_plan(x, b, False, 16, 57344, 8192, api.mma_options_for(None, x, b, 16, 57344))
+    assert plan.split == 1 and plan.consts[-2] == 4  # 4 K slices of two row groups
 
 
 def run_staged_b(m: int, k: int, k_warps: int):
