@@ -824,13 +824,14 @@ def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool =
 # 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
 # keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
 # 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
-def _mma_m16_cluster_split(windows: int, n: int, narrow: bool, cluster: bool, device: torch.device) -> int:
-    """At 8 < M <= 16 (`MMA_M16_CLUSTER_SPLIT`): the split-K factor of two row groups (the wave rule with
-    `MMA_PROGRAMS_PER_SM`, at most CLUSTER_MAX_CTAS) where its parts sum in thread-block clusters (`_mma_gemv_cluster`,
-    if `cluster`), else 0."""
-    row_programs = n // (64 * 2)
-    split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, MMA_PROGRAMS_PER_SM[narrow, 2, 2], device)
-    return split if cluster and _mma_gemv_cluster(split, 4 * 2 * 2, row_programs * split, device) else 0
+def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, cluster: bool,
+                           device: torch.device) -> int:
+    """At 8 < M <= 16 (two column groups, `MMA_M16_CLUSTER_SPLIT`): the split-K factor of programs of 4 warps on
+    `row_groups` row groups (the wave rule with `MMA_PROGRAMS_PER_SM`, at most CLUSTER_MAX_CTAS) where its parts sum
+    in thread-block clusters (`_mma_gemv_cluster`, if `cluster`), else 0."""
+    row_programs = n // (64 * row_groups)
+    split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, MMA_PROGRAMS_PER_SM[narrow, 2, row_groups], device)
+    return split if cluster and _mma_gemv_cluster(split, 4 * row_groups * 2, row_programs * split, device) else 0
 
 
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
@@ -868,7 +869,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         narrow = isinstance(a, QTensor)
         cluster_split = (slices and slices[1] == 2 and MMA_M16_CLUSTER_SPLIT[narrow, not b.fmt.is_packed]
-                         and _mma_m16_cluster_split(k // 64, n, narrow, options.cluster, b.device))
+                         and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
         if cluster_split:  # split-K in clusters instead of 4 K slices of two row groups
             options = options._replace(k_warps=1, split=cluster_split)
         elif slices:
