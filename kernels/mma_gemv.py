@@ -593,12 +593,13 @@ def workspace_keep(ctas, SPLIT, CLUSTER):
 def cluster_totals(values, q, SPLIT, threads):
     """`values` (fp32, one list per thread, the same output positions in every CTA of the cluster) summed over the
     cluster's SPLIT CTAs (`decode.MMA_CLUSTER_SUM_PTX`): this CTA's share, values own r .. own r + own - 1, as
-    (totals, r, own) (r = %cluster_ctarank, own = len(values) / SPLIT >= 2 by the plans' rules: a tuple of totals)."""
+    (totals, r, own) (r = %cluster_ctarank, own = len(values) / SPLIT: a tuple of totals)."""
     own = len(values) // SPLIT
-    totals = hl.inline_asm_elementwise(
+    totals = hl.inline_asm_elementwise(  # one output is a tensor, not a tuple
         MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
-        dtype=(torch.float32,) * own, is_pure=True, pack=1,
+        dtype=(torch.float32,) * own if own > 1 else torch.float32, is_pure=True, pack=1,
     )
+    totals = totals if own > 1 else (totals,)
     rank = hl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r,r", [q], dtype=torch.int32, is_pure=True,
                                      pack=1)
     return totals, rank, own
