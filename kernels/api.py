@@ -13,7 +13,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import (CLUSTER_MAX_CTAS, CLUSTER_MAX_CTAS_SM90, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
+from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
                      STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes)
 from .launch import DirectLaunch
 
@@ -923,12 +923,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
-def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device,
-                      max_ctas: int = CLUSTER_MAX_CTAS) -> bool:
+def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:
     """Whether SPLIT parts can sum `values` accumulators per thread of `threads`-thread CTAs in one thread-block
-    cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. max_ctas dividing them, and more than
-    MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
-    return (1 < split <= max_ctas and (values, split, threads) in MMA_CLUSTER_SUM_PTX
+    cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing them (one per CTA included), and
+    more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (1 < split <= CLUSTER_MAX_CTAS and (values, split, threads) in MMA_CLUSTER_SUM_PTX
             and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
 
 
@@ -943,8 +942,8 @@ def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.d
 
 def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads, in clusters of up to 16."""
-    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device, CLUSTER_MAX_CTAS_SM90)
+    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
+    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

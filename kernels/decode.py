@@ -639,10 +639,10 @@ WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)
 # `values` accumulators per thread for the same output positions; CTA r owns values c r .. c r + c - 1 (c = values /
 # split) of every thread. Each thread arrives once at the cluster barrier before its K loop (`CLUSTER_ARRIVE_PTX`,
 # so no CTA writes into a peer that has not started) and its `MMA_CLUSTER_SUM_PTX` waits there before storing.
-CLUSTER_MAX_CTAS = 8  # the portable cluster size
-# mma_gemv_kernel's clusters on sm_90 go up to 16 CTAs, a size the H100 runs but no portable one (Triton's launcher
-# sets CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED for clusters of 16)
-CLUSTER_MAX_CTAS_SM90 = 16
+# The portable cluster size. Clusters of 16 (non-portable; Triton's launcher opts in) summed mma_gemv_kernel's split
+# 16 at M = 16, 8192 x 28672 18-24% slower than the workspace atomics on the H100 (nvfp4 x nvfp4 68.1 against
+# 55.7 us; bench/results/h100_mma_m16_cluster16_ab_n8192_k28672_69d2fae_2026-11-25.log).
+CLUSTER_MAX_CTAS = 8
 # Output $0: the CTA's cluster size (1 when launched without clusters); input: any 32-bit value (unused)
 CLUSTER_ARRIVE_PTX = "barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, %cluster_nctarank;"
 # The other CTAs' arrivals at `CLUSTER_ARRIVE_PTX` (where no `MMA_CLUSTER_SUM_PTX` follows); output $0: 0
@@ -688,8 +688,7 @@ def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
     )
 
 
-# by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads (clusters
-# up to 8), mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128 (up to 16)
-MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t)
-                       for t, groups, sizes in ((256, MMA_M64_B_ROWS // 8, (2, 4, 8)), (128, 4, (2, 4, 8, 16)))
-                       for g in range(1, groups + 1) for s in sizes if 4 * g % s == 0}
+# by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads,
+# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
+MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
+                       for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}

@@ -304,24 +304,25 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     shape through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
     SPLIT CTAs where the plan takes them; every call matches the reference (poisoned output): the M = 16 default at
     10240 x 8192 (split 8), split 2, 4 and 8 with one and two row groups, B shared or per warp, an uneven split,
-    bias and bf16 out, split 8 at M <= 8 (one accumulator per CTA) and split 16 (clusters of 16, one accumulator per
-    CTA at M > 8; at M <= 8 8 accumulators: the workspace); the workspace stays zero."""
+    bias and bf16 out, split 8 at M <= 8 and with one row group at M = 16 (one accumulator per CTA) and split 16 (the
+    workspace); the workspace stays zero."""
     clustered_splits = set()
     cases = [(10240, 1024, {"split": 2, "row_groups": 1, "shared_b": False}, False),
              (10240, 2048, {"split": 4, "row_groups": 2, "shared_b": True}, True),
              (10240, 1984, {"split": 8, "row_groups": 2, "shared_b": True}, False),  # 31 windows: parts of 3 or 4
              (10240, 2048, {"split": 8, "row_groups": 1, "shared_b": True, "cluster": False}, False),
-             (4352, 2048, {"split": 16, "row_groups": 2, "shared_b": True, "k_warps": 1}, True)]  # 544 programs
-    if m == 16:  # the defaults: split 8 in clusters of 8; fp4 weights at 8192 x 28672 split 16 in clusters of 16
-        cases += [(10240, 8192, None, False)] + [(8192, 28672, None, False)] * (pair[1] != "mxfp8")
+             (4352, 2048, {"split": 16, "row_groups": 2, "shared_b": True, "k_warps": 1}, True),  # 544 programs
+             (5120, 2048, {"split": 8, "row_groups": 1, "shared_b": True, "k_warps": 1}, False)]
+    if m == 16:
+        cases.append((10240, 8192, None, False))
     for n, k, config, bias in cases:
         options, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         clustered = plan.consts[-7]
         assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher[2][1] == launcher.cluster
         values = 4 * options.row_groups * -(-m // 8)
-        assert clustered is (options.cluster and plan.split > 1 and values % plan.split == 0)
+        assert clustered is (options.cluster and 1 < plan.split <= 8 and values % plan.split == 0)
         clustered_splits |= {plan.split} if clustered else set()
-    assert {2, 4, 8} <= clustered_splits and (m < 9) is (16 not in clustered_splits)
+    assert {2, 4, 8} == clustered_splits
     assert_split_k_workspaces_zero()
 
 
