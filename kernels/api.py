@@ -611,18 +611,6 @@ MMA_CLUSTER_PROGRAMS_PER_SM = 2
 # 1.79 / 1.94x, bf16 x mxfp8 1.79 / 1.96 / 1.79 / 1.95x; 8192 x 28672, fp8 weights (split 8, 512 programs) mxfp8 x
 # mxfp8 1.84 / 1.88 / 1.85 / 1.88x, bf16 x mxfp8 1.78 / 1.81 / 1.78 / 1.81x.
 MMA_GEMV_CLUSTER = True
-# At 8 < M <= 16, where 4 K slices of two row groups would run (their 512-thread programs make >= 1 wave: 57344 x 8192,
-# 448 programs at 2 per SM = 1.7 waves), split-K by the wave rule up to CLUSTER_MAX_CTAS (split 2 there: 896 programs
-# of 128 threads, 0.85 of one wave) summed in clusters, where `_mma_gemv_cluster` allows it; keyed by (fp4 / fp8
-# activations, fp8 weights). H100, M = 16, 57344 x 8192, x cuBLAS bf16, slices / split 2 / slices in one process
-# (bench/results/h100_mma_m16_cluster_split_ab_n57344_k8192_1dac280_2026-11-25.log): nvfp4 x nvfp4 2.92 / 3.06 / 2.89x,
-# mxfp4 x mxfp4 2.90 / 3.20 / 2.88x, mxfp8 x mxfp4 2.86 / 3.16 / 2.86x, bf16 x nvfp4 3.00 / 3.17 / 2.95x, bf16 x mxfp4
-# 3.07 / 3.36 / 3.08x; mxfp8 x mxfp8 (h100_mma_m16_fp8_split2_ab_n57344_k8192_949c0f4_2026-11-25.log) 1.77 / 1.97 /
-# 1.78x. bf16 x mxfp8 keeps the slices: its split 2 was not timed (the process ended first), and its slices already
-# read at 1.95x, 92% of the weights' read (read_weights in h100_bench_llama_m16_949c0f4_2026-11-25.log).
-# At 8192 x 28672 (split 16 with workspace atomics, 1024 programs) split 8 in clusters (512) lost for fp4 weights:
-# 2.43-2.64x against 2.88-3.07x (h100_mma_m16_cluster_split_ab_n8192_k28672_1dac280_2026-11-25.log).
-MMA_M16_CLUSTER_SPLIT = {(False, False): True, (True, False): True, (True, True): True, (False, True): False}
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -814,6 +802,29 @@ def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool =
     return None
 
 
+# At 8 < M <= 16, where 4 K slices of two row groups would run (their 512-thread programs make >= 1 wave: 57344 x 8192,
+# 448 programs at 2 per SM = 1.7 waves), split-K by the wave rule up to CLUSTER_MAX_CTAS (split 2 there: 896 programs
+# of 128 threads, 0.85 of one wave) summed in clusters, where `_mma_gemv_cluster` allows it (`_mma_m16_cluster_split`).
+# H100, M = 16, 57344 x 8192, x cuBLAS bf16, slices / split 2 / slices in one process
+# (bench/results/h100_mma_m16_cluster_split_ab_n57344_k8192_1dac280_2026-11-25.log): nvfp4 x nvfp4 2.92 / 3.06 / 2.89x,
+# mxfp4 x mxfp4 2.90 / 3.20 / 2.88x, mxfp8 x mxfp4 2.86 / 3.16 / 2.86x, bf16 x nvfp4 3.00 / 3.17 / 2.95x, bf16 x mxfp4
+# 3.07 / 3.36 / 3.08x; mxfp8 x mxfp8 (h100_mma_m16_fp8_split2_ab_n57344_k8192_949c0f4_2026-11-25.log) 1.77 / 1.97 /
+# 1.78x; bf16 x mxfp8 (h100_mma_m16_bf16_mxfp8_split2_ab_n57344_k8192_69d2fae_2026-11-25.log) 166.8 / 165.3 / 166.7 us.
+# At 8192 x 28672 (split 16 with workspace atomics, 1024 programs) split 8 in clusters (512) lost for fp4 weights:
+# 2.43-2.64x against 2.88-3.07x (h100_mma_m16_cluster_split_ab_n8192_k28672_1dac280_2026-11-25.log); so did split 16
+# in clusters of 16 (2.36-2.53x against 2.91-3.10x, `decode.CLUSTER_MAX_CTAS`) and split 8 of one row group in
+# clusters of 8, one accumulator per CTA (1.80-1.91x; at 10240 x 8192 2.05-2.22x against 2.60-2.88x, at 8192^2
+# 1.64-1.74x against 2.54-2.91x: h100_mma_m16_one_group_cluster_ab_n*_acc9176_2026-11-25.log).
+def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, cluster: bool,
+                           device: torch.device) -> int:
+    """At 8 < M <= 16 (two column groups): the split-K factor of programs of 4 warps on
+    `row_groups` row groups (the wave rule with `MMA_PROGRAMS_PER_SM`, at most CLUSTER_MAX_CTAS) where its parts sum
+    in thread-block clusters (`_mma_gemv_cluster`, if `cluster`), else 0."""
+    row_programs = n // (64 * row_groups)
+    split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, MMA_PROGRAMS_PER_SM[narrow, 2, row_groups], device)
+    return split if cluster and _mma_gemv_cluster(split, 4 * row_groups * 2, row_programs * split, device) else 0
+
+
 # Staged B for fp4 / fp8 activations at M = 1 (`mma_gemv.staged_b`): each warp decodes its K range of the
 # activation into shared memory once, so they run the K_WARPS loop of bf16 activations with B read from
 # shared memory (sm_90, N = K = 8192: nvfp4 x nvfp4 89 instructions per 32 weights at 29 registers,
@@ -824,16 +835,6 @@ def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool =
 # 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
 # keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
 # 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
-def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, cluster: bool,
-                           device: torch.device) -> int:
-    """At 8 < M <= 16 (two column groups, `MMA_M16_CLUSTER_SPLIT`): the split-K factor of programs of 4 warps on
-    `row_groups` row groups (the wave rule with `MMA_PROGRAMS_PER_SM`, at most CLUSTER_MAX_CTAS) where its parts sum
-    in thread-block clusters (`_mma_gemv_cluster`, if `cluster`), else 0."""
-    row_programs = n // (64 * row_groups)
-    split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, MMA_PROGRAMS_PER_SM[narrow, 2, row_groups], device)
-    return split if cluster and _mma_gemv_cluster(split, 4 * row_groups * 2, row_programs * split, device) else 0
-
-
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
@@ -868,8 +869,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         narrow = isinstance(a, QTensor)
-        cluster_split = (slices and slices[1] == 2 and MMA_M16_CLUSTER_SPLIT[narrow, not b.fmt.is_packed]
-                         and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
+        cluster_split = (slices and slices[1] == 2 and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
         if cluster_split:  # split-K in clusters instead of 4 K slices of two row groups
             options = options._replace(k_warps=1, split=cluster_split)
         elif slices:

@@ -165,12 +165,12 @@ def test_mma_k_warps(pair, m, gen):
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_m16_shape_defaults(pair, gen):
     """The M = 16 defaults that depend on the shape beyond 8192^2: at 57344 x 8192 split-K by 2 summed in clusters
-    on sm_90 for the pairs of `api.MMA_M16_CLUSTER_SPLIT`, else 4 K slices of two row groups, and split-K with one
+    on sm_90 (`api._mma_m16_cluster_split`), else 4 K slices of two row groups, and split-K with one
     window ahead for fp8 weights from K = 16384 (`api.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead)."""
     from blockscaled.kernels import api
 
     run_and_check(pair, 16, 57344, 8192, "cuda", gen, data_layout="mma_m16k16")
-    clusters = api.MMA_M16_CLUSTER_SPLIT[pair[0] != "bf16", pair[1] == "mxfp8"] and api._has_wgmma(torch.device("cuda"))
+    clusters = api._has_wgmma(torch.device("cuda"))
     assert mma_plan_tails(pair, 16, 57344, 8192) == {(2, 2, True, 0, 1, False) if clusters else (2, 1, True, 0, 4, False)}
     run_and_check(pair, 16, 1024, 16384, "cuda", gen, data_layout="mma_m16k16")
     (row_groups, split, shared_b, ahead, k_warps, _), = mma_plan_tails(pair, 16, 1024, 16384)

@@ -645,7 +645,7 @@ def test_cluster_options(monkeypatch):
                                                (16, 8192, 8192, "mxfp4", None, 1, False),
                                                (16, 57344, 8192, "mxfp4", None, 2, True),  # not 4 K slices of two
                                                (12, 57344, 8192, "mxfp4", None, 2, True),
-                                               (16, 57344, 8192, "mxfp8", None, 1, False),  # bf16 x mxfp8: K slices
+                                               (16, 57344, 8192, "mxfp8", None, 2, True),
                                                (16, 57344, 8192, "mxfp4", {"cluster": False}, 1, False),
                                                (8, 57344, 8192, "mxfp4", None, 16, False),  # one column group
                                                (9, 10240, 8192, "mxfp4", {"split": 4}, 4, True),
@@ -669,8 +669,8 @@ def test_cluster_options(monkeypatch):
 
 
 def test_m16_cluster_split_by_pair(monkeypatch):
-    """At M = 16, 57344 x 8192 on sm_90 every pair but bf16 x mxfp8 (`api.MMA_M16_CLUSTER_SPLIT`) runs split-K by 2 in
-    clusters of two row groups; bf16 x mxfp8 keeps 4 K slices of two."""
+    """At M = 16, 57344 x 8192 on sm_90 every pair runs split-K by 2 in clusters of two row groups instead of 4 K
+    slices of two."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
@@ -682,9 +682,8 @@ def test_m16_cluster_split_by_pair(monkeypatch):
         a = x.to(torch.bfloat16) if act_fmt == "bf16" else bs.quantize(x, act_fmt).with_data_layout("k_order")
         plan = api._mma_plan(a, b, False, 16, 57344, 8192, api.mma_options_for(None, a, b, 16, 57344))
         row_groups, split, _, ahead, k_warps, _ = plan.consts[-6:]
-        expected = (4, 1, False) if (act_fmt, w) == ("bf16", "mxfp8") else (1, 2, True)
-        assert (k_warps, split, plan.consts[-7]) == expected and row_groups == 2 and ahead == 0, (act_fmt, w)
-        assert (plan.workspace is None) == (k_warps > 1) and plan.cfg.config["num_warps"] == 4 * k_warps
+        assert (k_warps, split, plan.consts[-7]) == (1, 2, True) and row_groups == 2 and ahead == 0, (act_fmt, w)
+        assert plan.workspace is not None and plan.cfg.config["num_warps"] == 4
 
 
 def run_staged_b(m: int, k: int, k_warps: int):
