@@ -869,7 +869,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         narrow = isinstance(a, QTensor)
-        cluster_split = (slices and slices[1] == 2 and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
+        cluster_split = (slices and slices[1] == 2
+                         and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
         if cluster_split:  # split-K in clusters instead of 4 K slices of two row groups
             options = options._replace(k_warps=1, split=cluster_split)
         elif slices:

@@ -613,7 +613,7 @@ def test_cluster_options(monkeypatch):
     more than 2 programs per SM, split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per
     program; not without split, with "cluster": False, mma.sync, 128 rows, split 16 or at most 2 programs per SM
     (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused when not a bool. mma_gemv_kernel (M <= 16,
-    CLUSTER its 7th constexpr from the end) by the same rule with its 4 x row groups x column groups accumulators and
+    CLUSTER its 7th constexpr from the end) by the same rule with its 4 x row groups x column groups accumulators:
     M = 16, 10240 x 8192 (split 8, 640 programs), fp8 weights at 8192 x 28672 (split 8, 512) and M <= 8 with 4 or 8
     accumulators in clusters of as many (one per CTA); not the K-slice plans (no split), split 16 (fp4 weights at
     8192 x 28672) or a split that does not divide the accumulators (M = 1, one row group, split 8)."""
