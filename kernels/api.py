@@ -822,7 +822,7 @@ def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, 
     in thread-block clusters (`_mma_gemv_cluster`, if `cluster`), else 0."""
     row_programs = n // (64 * row_groups)
     split = _mma_split(windows, row_programs, CLUSTER_MAX_CTAS, MMA_PROGRAMS_PER_SM[narrow, 2, row_groups], device)
-    return split if cluster and _mma_gemv_cluster(split, 4 * row_groups * 2, row_programs * split, device) else 0
+    return split if cluster and _mma_gemv_cluster(split, _mma_gemv_values(row_groups, 2), row_programs * split, device) else 0
 
 
 # Staged B for fp4 / fp8 activations at M = 1 (`mma_gemv.staged_b`): each warp decodes its K range of the
@@ -872,7 +872,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         cluster_split = (slices and slices[1] == 2
                          and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
         if cluster_split:  # split-K in clusters instead of 4 K slices of two row groups
-            options = options._replace(k_warps=1, split=cluster_split)
+            options = options._replace(k_warps=1, split=cluster_split, row_groups=slices[1])
         elif slices:
             slices, row_groups, *fp4_tail = slices
             ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
@@ -906,7 +906,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
-        else _mma_gemv_cluster(split, 4 * options.row_groups * _mma_column_groups(m), row_programs * split, b.device))
+        else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
+                               b.device))
     # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's CLUSTER,
     # ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
@@ -939,6 +940,11 @@ def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.d
     values = 4 * _mma_column_groups(m)
     return (tile_m == MMA_M64_B_ROWS and _cluster_sum_runs(split, values, 256, programs, device)
             and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
+
+
+def _mma_gemv_values(row_groups: int, col_groups: int) -> int:
+    """fp32 accumulators per thread of mma_gemv_kernel: 4 per row group and column group."""
+    return 4 * row_groups * col_groups
 
 
 def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
