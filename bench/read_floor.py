@@ -80,6 +80,108 @@ def read_fn(b):
     return checked_read(weight_words(b))
 
 
+# A TMA ring (cp.async.bulk into shared memory, one mbarrier per slot): each warp streams its own contiguous run of
+# bytes through its own S slots of CH bytes, lane 0 issuing the copy of step i + S once the warp has read step i. The
+# bytes in flight per warp are S x CH, held in shared memory instead of registers, for one bulk copy per step.
+def ring_init_ptx(warps: int, slots: int, chunk: int) -> str:
+    """Outputs $0, $1: the shared addresses of the ring and of its mbarriers; input $2: the warp's first byte.
+    Lane 0 of each warp initializes the warp's `slots` mbarriers and requests its first `slots` chunks."""
+    copies = "".join(
+        f"@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [bb+{8 * s}], {chunk}; add.u64 g, $2, {s * chunk}; "
+        f"@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [rb+{s * chunk}], [g], {chunk}, "
+        f"[bb+{8 * s}]; " for s in range(slots))
+    inits = "".join(f"@p mbarrier.init.shared::cta.b64 [bb+{8 * s}], 1; " for s in range(slots))
+    return (f"{{ .shared .align 128 .b8 ring[{warps * slots * chunk}]; .shared .align 8 .b64 bars[{warps * slots}]; "
+            ".reg .pred p; .reg .u32 t, l, w, rb, bb; .reg .u64 st, g; "
+            "mov.u32 t, %tid.x; and.b32 l, t, 31; shr.u32 w, t, 5; setp.eq.u32 p, l, 0; "
+            f"mov.u32 rb, ring; mad.lo.u32 rb, w, {slots * chunk}, rb; mov.u32 bb, bars; mad.lo.u32 bb, w, {slots * 8}, bb; "
+            f"{inits}fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; bar.warp.sync -1; {copies}"
+            "mov.u32 $0, ring; mov.u32 $1, bars; }")
+
+
+def ring_step_ptx(slots: int, chunk: int) -> str:
+    """Output $0: the xor of the thread's words of step $5 (its 16 bytes of each 512); inputs $1 ring, $2 mbarriers
+    (`ring_init_ptx`), $3 the warp's first byte, $4 step, $5 steps. Waits for the step's slot, reads it, and lane 0
+    requests step + slots into it."""
+    log2 = slots.bit_length() - 1
+    reads = "".join(f"ld.shared.v4.b32 {{x0, x1, x2, x3}}, [a+{512 * k}]; xor.b32 x0, x0, x1; xor.b32 x2, x2, x3; "
+                    "xor.b32 x, x, x0; xor.b32 x, x, x2; " for k in range(chunk // 512))
+    return ("{ .reg .pred p, q, d; .reg .u32 t, l, w, s, ph, rb, bb, a, j, x, x0, x1, x2, x3; .reg .u64 g, st; "
+            "mov.u32 t, %tid.x; and.b32 l, t, 31; shr.u32 w, t, 5; setp.eq.u32 p, l, 0; "
+            f"and.b32 s, $4, {slots - 1}; shr.u32 ph, $4, {log2}; and.b32 ph, ph, 1; "
+            f"mad.lo.u32 bb, w, {slots}, s; mad.lo.u32 rb, bb, {chunk}, $1; mad.lo.u32 bb, bb, 8, $2; "
+            "WAIT: mbarrier.try_wait.parity.shared::cta.b64 d, [bb], ph; @!d bra WAIT; "
+            f"mad.lo.u32 a, l, 16, rb; mov.u32 x, 0; {reads}bar.warp.sync -1; "
+            f"add.u32 j, $4, {slots}; setp.lt.and.u32 q, j, $5, p; mul.wide.u32 g, j, {chunk}; add.u64 g, g, $3; "
+            f"@q mbarrier.arrive.expect_tx.shared::cta.b64 st, [bb], {chunk}; "
+            f"@q cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [rb], [g], {chunk}, [bb]; "
+            "mov.b32 $0, x; }")
+
+
+@triton.jit
+def ring_words(words, out, WARP_WORDS: tl.constexpr, STEPS: tl.constexpr, WARPS: tl.constexpr, INIT: tl.constexpr,
+               STEP: tl.constexpr):
+    """Each warp reads its WARP_WORDS int32 words (from (program * WARPS + warp) * WARP_WORDS) through its ring in
+    STEPS steps; each thread stores the xor of the words it read at out[program * 32 WARPS + thread]."""
+    pid = tl.program_id(0)
+    t = tl.arange(0, WARPS * 32)
+    src = (words + (pid * WARPS + t // 32).to(tl.int64) * WARP_WORDS).to(tl.int64)
+    ring, bars = tl.inline_asm_elementwise(INIT, "=r,=r,l", [src], dtype=(tl.int32, tl.int32), is_pure=False, pack=1)
+    acc = tl.zeros([WARPS * 32], tl.int32)
+    steps = tl.full([WARPS * 32], STEPS, tl.int32)
+    for i in range(STEPS):
+        acc ^= tl.inline_asm_elementwise(STEP, "=r,r,r,l,r,r", [ring, bars, src, steps * 0 + i, steps],
+                                         dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(out + pid * WARPS * 32 + t, acc)
+
+
+def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, programs: int):
+    """A call of `ring_words` by `programs` programs of `warps` warps (`slots` slots of `chunk` bytes per warp) over
+    the longest prefix of `words` that they split evenly, called once and checked like `checked_read`; returns
+    (call, bytes read)."""
+    steps = words.numel() * 4 // (programs * warps * chunk)
+    warp_words = steps * chunk // 4
+    if steps < slots:
+        raise ValueError(f"ring of {slots} slots needs at least {slots} steps per warp, got {steps}")
+    out = torch.empty(programs * warps * 32, device=words.device, dtype=torch.int32)
+    kernel_args = dict(WARP_WORDS=warp_words, STEPS=steps, WARPS=warps, INIT=ring_init_ptx(warps, slots, chunk),
+                       STEP=ring_step_ptx(slots, chunk), num_warps=warps)
+    call = lambda: ring_words[(programs,)](words, out, **kernel_args)  # noqa: E731
+    call()
+    read = programs * warps * warp_words
+    if xor_all(out) != xor_all(words[:read]):
+        raise AssertionError(f"ring_words ({warps} warps, {slots} x {chunk} B, {programs} programs) missed words")
+    return call, read * 4
+
+
+# (warps per program, programs per SM) of the one-wave grids `ring_sweep` times: 16, 32 and 64 warps per SM
+RING_GRIDS = [(8, 2), (16, 1), (4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4)]
+SMEM_PER_SM = 200 * 1024  # what the programs of one SM may hold, so that they stay resident together
+
+
+def ring_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
+    """ms per call (scaled to `nbytes`) of `read_words` and `ring_words` on each `RING_GRIDS` grid, one wave of
+    programs each looping over its own contiguous run, for rings of 2 to 8 slots of 512 to 2048 bytes per warp."""
+    from .__main__ import time_ms
+
+    times = {}
+    for warps, per_sm in RING_GRIDS:
+        programs = sms * per_sm
+        for loads in (1, 2):
+            calls = [checked_read(b, warps, loads, programs) for b in bufs]
+            label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), {loads} loads"
+            times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs)
+        for slots in (2, 4, 8):
+            for chunk in (512, 1024, 2048):
+                ring = warps * slots * chunk
+                if ring + 8 * warps * slots > 48 * 1024 or ring * per_sm > SMEM_PER_SM:
+                    continue
+                calls, read = zip(*(checked_ring_read(b, warps, slots, chunk, programs) for b in bufs))
+                label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), ring {slots} x {chunk} B"
+                times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+    return times
+
+
 def main(argv=None):
     from .__main__ import cold_copies, time_ms
 
@@ -87,6 +189,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["8192x8192:nvfp4", "8192x8192:mxfp4", "10240x8192:nvfp4",
                                                     "8192x8192:mxfp8"], help="NxK:format of the weights")
+    p.add_argument("--ring", action="store_true",
+                   help="time `ring_words` against `read_words` on one-wave grids of 16, 32 and 64 warps per SM instead")
     args = p.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, {sms} SMs; python -m bench.read_floor", flush=True)
@@ -104,7 +208,7 @@ def main(argv=None):
         # the copy moves twice the bytes: its TB/s below count the weight bytes once, as for the reads
         times = {"d2d copy (reads and writes)": time_ms(lambda: [d.copy_(s) for d, s in zip(dst, bufs)], True) / copies}
         del dst
-        for warps in (4, 8, 16):
+        for warps in () if args.ring else (4, 8, 16):
             for loads in (1, 2):
                 wave = sms * 64 // warps  # programs resident at 64 warps per SM
                 for waves in (0.25, 1, None):
@@ -112,6 +216,8 @@ def main(argv=None):
                     calls = [checked_read(b, warps, loads, programs) for b in bufs]
                     label = f"{warps} warps, {loads} loads, " + (f"{waves} wave" if waves else "one step per program")
                     times[label] = time_ms(lambda: [c() for c in calls], True) / copies
+        if args.ring:
+            times.update(ring_sweep(bufs, sms, nbytes))
         del bufs
         print(f"\n{n} x {k} {fmt}: {nbytes / 1e6:.1f} MB, {copies} copies; cuBLAS bf16 M = 1 {cublas[1] * 1e3:.1f} us, "
               f"M = 16 {cublas[16] * 1e3:.1f} us", flush=True)
