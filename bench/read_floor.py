@@ -154,6 +154,37 @@ def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, p
     return call, read * 4
 
 
+@triton.jit
+def grouped_words(words, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GROUP: tl.constexpr, LOADS: tl.constexpr):
+    """Each warp reads LOADS consecutive 512-byte blocks per step (16 bytes per lane each), STEPS steps; the GROUP
+    warps w // GROUP of a program read one contiguous GROUP x LOADS blocks per step, and each such group of warps runs
+    through its own contiguous run (GROUP 1: one run per warp; GROUP WARPS: one per program). Each thread stores the
+    xor of its words at out[program * 32 WARPS + thread]."""
+    pid = tl.program_id(0)
+    t = tl.arange(0, WARPS * 32)
+    warp, lane = t // 32, t % 32
+    run = (pid * (WARPS // GROUP) + warp // GROUP).to(tl.int64)
+    acc = tl.zeros([WARPS * 32, 4], tl.int32)
+    for i in range(STEPS):
+        for j in tl.static_range(LOADS):
+            block = ((run * STEPS + i) * GROUP + warp % GROUP) * LOADS + j
+            acc ^= tl.load(words + (block * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
+    tl.store(out + pid * WARPS * 32 + t, tl.xor_sum(acc, 1))
+
+
+def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int, programs: int):
+    """A call of `grouped_words` over the longest prefix of `words` that its grid splits evenly, called once and
+    checked like `checked_read`; returns (call, bytes read)."""
+    steps = words.numel() // (programs * warps * loads * 128)
+    out = torch.empty(programs * warps * 32, device=words.device, dtype=torch.int32)
+    call = lambda: grouped_words[(programs,)](words, out, steps, warps, group, loads, num_warps=warps)  # noqa: E731
+    call()
+    read = programs * warps * loads * 128 * steps
+    if xor_all(out) != xor_all(words[:read]):
+        raise AssertionError(f"grouped_words ({warps} warps, group {group}, {loads} loads, {programs} programs) missed words")
+    return call, read * 4
+
+
 # (warps per program, programs per SM) of the one-wave grids `ring_sweep` times: 16, 32 and 64 warps per SM
 RING_GRIDS = [(8, 2), (16, 1), (4, 8), (8, 4), (16, 2), (32, 1), (8, 8), (16, 4)]
 SMEM_PER_SM = 200 * 1024  # what the programs of one SM may hold, so that they stay resident together
@@ -182,6 +213,21 @@ def ring_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
     return times
 
 
+def grouped_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
+    """ms per call (scaled to `nbytes`) of `grouped_words` on one-wave grids of 32 and 64 warps per SM: runs per warp,
+    per 2 or 4 warps and per program, 512 B to 2 KB per warp and step."""
+    from .__main__ import time_ms
+
+    times = {}
+    for warps, per_sm in [(32, 1), (8, 4), (16, 4), (4, 16)]:
+        for group in sorted({1, 2, 4, warps}):
+            for loads in (1, 2, 4):
+                calls, read = zip(*(checked_grouped_read(b, warps, group, loads, sms * per_sm) for b in bufs))
+                label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), group {group}, {loads} x 512 B"
+                times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+    return times
+
+
 def main(argv=None):
     from .__main__ import cold_copies, time_ms
 
@@ -191,6 +237,8 @@ def main(argv=None):
                                                     "8192x8192:mxfp8"], help="NxK:format of the weights")
     p.add_argument("--ring", action="store_true",
                    help="time `ring_words` against `read_words` on one-wave grids of 16, 32 and 64 warps per SM instead")
+    p.add_argument("--grouped", action="store_true",
+                   help="time `grouped_words` (per-warp runs, runs shared by groups of warps) on one-wave grids instead")
     args = p.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, {sms} SMs; python -m bench.read_floor", flush=True)
@@ -208,7 +256,7 @@ def main(argv=None):
         # the copy moves twice the bytes: its TB/s below count the weight bytes once, as for the reads
         times = {"d2d copy (reads and writes)": time_ms(lambda: [d.copy_(s) for d, s in zip(dst, bufs)], True) / copies}
         del dst
-        for warps in () if args.ring else (4, 8, 16):
+        for warps in () if args.ring or args.grouped else (4, 8, 16):
             for loads in (1, 2):
                 wave = sms * 64 // warps  # programs resident at 64 warps per SM
                 for waves in (0.25, 1, None):
@@ -218,6 +266,8 @@ def main(argv=None):
                     times[label] = time_ms(lambda: [c() for c in calls], True) / copies
         if args.ring:
             times.update(ring_sweep(bufs, sms, nbytes))
+        if args.grouped:
+            times.update(grouped_sweep(bufs, sms, nbytes))
         del bufs
         print(f"\n{n} x {k} {fmt}: {nbytes / 1e6:.1f} MB, {copies} copies; cuBLAS bf16 M = 1 {cublas[1] * 1e3:.1f} us, "
               f"M = 16 {cublas[16] * 1e3:.1f} us", flush=True)
