@@ -213,15 +213,18 @@ def ring_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
     return times
 
 
-def grouped_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
+GROUPED_GRIDS = [(32, 1), (8, 4), (16, 4), (4, 16)]  # (warps per program, programs per SM)
+
+
+def grouped_sweep(bufs, sms: int, nbytes: int, grids=GROUPED_GRIDS) -> dict[str, float]:
     """ms per call (scaled to `nbytes`) of `grouped_words` on one-wave grids of 32 and 64 warps per SM: runs per warp,
-    per 2 or 4 warps and per program, 512 B to 2 KB per warp and step."""
+    per 2 or 4 warps and per program, 512 B to 2 KB per warp and step (with one grid: runs per warp, 512 B)."""
     from .__main__ import time_ms
 
     times = {}
-    for warps, per_sm in [(32, 1), (8, 4), (16, 4), (4, 16)]:
-        for group in sorted({1, 2, 4, warps}):
-            for loads in (1, 2, 4):
+    for warps, per_sm in grids:
+        for group in sorted({1, 2, 4, warps}) if len(grids) > 1 else (1,):
+            for loads in (1, 2, 4) if len(grids) > 1 else (1,):
                 calls, read = zip(*(checked_grouped_read(b, warps, group, loads, sms * per_sm) for b in bufs))
                 label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), group {group}, {loads} x 512 B"
                 times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
@@ -237,8 +240,9 @@ def main(argv=None):
                                                     "8192x8192:mxfp8"], help="NxK:format of the weights")
     p.add_argument("--ring", action="store_true",
                    help="time `ring_words` against `read_words` on one-wave grids of 16, 32 and 64 warps per SM instead")
-    p.add_argument("--grouped", action="store_true",
-                   help="time `grouped_words` (per-warp runs, runs shared by groups of warps) on one-wave grids instead")
+    p.add_argument("--grouped", nargs="?", const="all", default=None,
+                   help="time `grouped_words` (per-warp runs, runs shared by groups of warps) on one-wave grids instead; "
+                        "WARPSxPER_SM: on that grid only, one run per warp, 512 B per step")
     args = p.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"# {torch.cuda.get_device_name()}, {sms} SMs; python -m bench.read_floor", flush=True)
@@ -267,7 +271,8 @@ def main(argv=None):
         if args.ring:
             times.update(ring_sweep(bufs, sms, nbytes))
         if args.grouped:
-            times.update(grouped_sweep(bufs, sms, nbytes))
+            grids = GROUPED_GRIDS if args.grouped == "all" else [tuple(map(int, args.grouped.split("x")))]
+            times.update(grouped_sweep(bufs, sms, nbytes, grids))
         del bufs
         print(f"\n{n} x {k} {fmt}: {nbytes / 1e6:.1f} MB, {copies} copies; cuBLAS bf16 M = 1 {cublas[1] * 1e3:.1f} us, "
               f"M = 16 {cublas[16] * 1e3:.1f} us", flush=True)
