@@ -661,7 +661,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "stage_b": bool (fp4 / fp8 activations at M <= 8 with "k_warps" > 1 and without shared B: each warp
     decodes its K range of the activation once, into shared memory; default at M = 1 for them where
     the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
-    "unroll": 1, 2 or 4 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
+    "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
@@ -731,8 +731,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False, "
                          f"got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
     unroll = config.get("unroll", 0)
-    if "unroll" in config and (unroll not in (1, 2, 4) or type(unroll) is not int):
-        raise ValueError(f"config: unroll must be 1, 2 or 4, got {unroll!r}")
+    if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
+        raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     tile_128 = m > MMA_M64_B_ROWS and wgmma and ahead == 1  # where 128 activation rows per program can run
     tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and m <= MMA_TILE_128_MAX_M else MMA_M64_B_ROWS)
     if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (
