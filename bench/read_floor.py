@@ -155,32 +155,46 @@ def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, p
 
 
 @triton.jit
-def grouped_words(words, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GROUP: tl.constexpr, LOADS: tl.constexpr):
+def grouped_words(words, act, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GROUP: tl.constexpr, LOADS: tl.constexpr,
+                  ACT_LOADS: tl.constexpr, ACT_WORDS: tl.constexpr):
     """Each warp reads LOADS consecutive 512-byte blocks per step (16 bytes per lane each), STEPS steps; the GROUP
     warps w // GROUP of a program read one contiguous GROUP x LOADS blocks per step, and each such group of warps runs
     through its own contiguous run (GROUP 1: one run per warp; GROUP WARPS: one per program). Each thread stores the
-    xor of its words at out[program * 32 WARPS + thread]."""
+    xor of its words at out[program * 32 WARPS + thread]. With ACT_LOADS, each warp also reads ACT_LOADS 512-byte
+    blocks per step of `act` (ACT_WORDS int32 words, the same for every program, so read at L2 as the mma kernels'
+    activation is: block (step * WARPS + warp) * ACT_LOADS + j, cyclically) and stores their xor at
+    out[(programs + program) * 32 WARPS + thread]."""
     pid = tl.program_id(0)
     t = tl.arange(0, WARPS * 32)
     warp, lane = t // 32, t % 32
     run = (pid * (WARPS // GROUP) + warp // GROUP).to(tl.int64)
     acc = tl.zeros([WARPS * 32, 4], tl.int32)
+    act_acc = tl.zeros([WARPS * 32, 4], tl.int32)
     for i in range(STEPS):
         for j in tl.static_range(LOADS):
             block = ((run * STEPS + i) * GROUP + warp % GROUP) * LOADS + j
             acc ^= tl.load(words + (block * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
+        for j in tl.static_range(ACT_LOADS):
+            offset = (((i * WARPS + warp) * ACT_LOADS + j) * 128 + lane * 4) % ACT_WORDS
+            act_acc ^= tl.load(act + offset[:, None] + tl.arange(0, 4)[None, :])
     tl.store(out + pid * WARPS * 32 + t, tl.xor_sum(acc, 1))
+    if ACT_LOADS > 0:
+        tl.store(out + (tl.num_programs(0) + pid) * WARPS * 32 + t, tl.xor_sum(act_acc, 1))
 
 
-def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int, programs: int):
-    """A call of `grouped_words` over the longest prefix of `words` that its grid splits evenly, called once and
-    checked like `checked_read`; returns (call, bytes read)."""
+def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int, programs: int,
+                         act: torch.Tensor | None = None, act_loads: int = 0):
+    """A call of `grouped_words` over the longest prefix of `words` that its grid splits evenly (and `act_loads`
+    blocks of `act` per warp and step), called once and checked like `checked_read` (the weight words only);
+    returns (call, bytes of `words` read)."""
     steps = words.numel() // (programs * warps * loads * 128)
-    out = torch.empty(programs * warps * 32, device=words.device, dtype=torch.int32)
-    call = lambda: grouped_words[(programs,)](words, out, steps, warps, group, loads, num_warps=warps)  # noqa: E731
+    out = torch.empty(2 * programs * warps * 32, device=words.device, dtype=torch.int32)
+    act = words if act is None else act
+    call = lambda: grouped_words[(programs,)](words, act, out, steps, warps, group, loads, act_loads,  # noqa: E731
+                                              act.numel(), num_warps=warps)
     call()
     read = programs * warps * loads * 128 * steps
-    if xor_all(out) != xor_all(words[:read]):
+    if xor_all(out[:programs * warps * 32]) != xor_all(words[:read]):
         raise AssertionError(f"grouped_words ({warps} warps, group {group}, {loads} loads, {programs} programs) missed words")
     return call, read * 4
 
@@ -216,6 +230,23 @@ def ring_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
 GROUPED_GRIDS = [(32, 1), (8, 4), (16, 4), (4, 16)]  # (warps per program, programs per SM)
 
 
+def activation_sweep(bufs, sms: int, nbytes: int, act_bytes: int = 16 * 8192 * 2) -> dict[str, float]:
+    """ms per call (scaled to `nbytes`) of `grouped_words` with one run per warp and 512 B per step, and 0, 1 or 2
+    blocks of 512 B per warp and step read from one `act_bytes` buffer that every program reads (the M = 16
+    activation: 16 x 8192 bf16), on one-wave grids of 32 and 64 warps per SM: what an L2 stream beside the weights'
+    DRAM stream costs."""
+    from .__main__ import time_ms
+
+    act = torch.randint(-2**31, 2**31 - 1, (act_bytes // 4,), device=bufs[0].device, dtype=torch.int32)
+    times = {}
+    for warps, per_sm in [(32, 1), (16, 2), (16, 4)]:
+        for act_loads in (0, 1, 2):
+            calls, read = zip(*(checked_grouped_read(b, warps, 1, 1, sms * per_sm, act, act_loads) for b in bufs))
+            label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), {act_loads} x 512 B of L2 per 512 B"
+            times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+    return times
+
+
 def grouped_sweep(bufs, sms: int, nbytes: int, grids=GROUPED_GRIDS) -> dict[str, float]:
     """ms per call (scaled to `nbytes`) of `grouped_words` on one-wave grids of 32 and 64 warps per SM: runs per warp,
     per 2 or 4 warps and per program, 512 B to 2 KB per warp and step (with one grid: runs per warp, 512 B)."""
@@ -240,6 +271,8 @@ def main(argv=None):
                                                     "8192x8192:mxfp8"], help="NxK:format of the weights")
     p.add_argument("--ring", action="store_true",
                    help="time `ring_words` against `read_words` on one-wave grids of 16, 32 and 64 warps per SM instead")
+    p.add_argument("--activation", action="store_true",
+                   help="time `grouped_words` with reads of an L2-resident buffer beside the weights' instead")
     p.add_argument("--grouped", nargs="?", const="all", default=None,
                    help="time `grouped_words` (per-warp runs, runs shared by groups of warps) on one-wave grids instead; "
                         "WARPSxPER_SM: on that grid only, one run per warp, 512 B per step")
@@ -260,7 +293,7 @@ def main(argv=None):
         # the copy moves twice the bytes: its TB/s below count the weight bytes once, as for the reads
         times = {"d2d copy (reads and writes)": time_ms(lambda: [d.copy_(s) for d, s in zip(dst, bufs)], True) / copies}
         del dst
-        for warps in () if args.ring or args.grouped else (4, 8, 16):
+        for warps in () if args.ring or args.grouped or args.activation else (4, 8, 16):
             for loads in (1, 2):
                 wave = sms * 64 // warps  # programs resident at 64 warps per SM
                 for waves in (0.25, 1, None):
@@ -270,6 +303,8 @@ def main(argv=None):
                     times[label] = time_ms(lambda: [c() for c in calls], True) / copies
         if args.ring:
             times.update(ring_sweep(bufs, sms, nbytes))
+        if args.activation:
+            times.update(activation_sweep(bufs, sms, nbytes))
         if args.grouped:
             grids = GROUPED_GRIDS if args.grouped == "all" else [tuple(map(int, args.grouped.split("x")))]
             times.update(grouped_sweep(bufs, sms, nbytes, grids))
