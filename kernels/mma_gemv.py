@@ -60,6 +60,8 @@ shared. H100 (5edc44b), x cuBLAS bf16: M = 1 1.74x-1.99x, M = 16 1.53x-1.81x.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import helion
@@ -80,6 +82,12 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
 # (written as literals in the kernel and its helpers: Helion passes module constants as extra
 # arguments).
+
+
+def evict(role):
+    """Probe (an A / B across processes): the L2 eviction policy of the weights' ("w") and the activation's ("x")
+    loads when BLOCKSCALED_EVICT=1, else none."""
+    return {"w": "evict_first", "x": "evict_last"}[role] if os.environ.get("BLOCKSCALED_EVICT") == "1" else None
 
 
 def program_row_warps(K_WARPS, SHARED_B):
@@ -104,8 +112,9 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
     factor byte."""
     base = (gr * windows + win) * 128 + lane
-    factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g]).to(torch.int32)
-    return (*(hl.load(w, [base + 32 * s]) for s in range(4)), factors)
+    factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g],
+                      eviction_policy=evict("w")).to(torch.int32)
+    return (*(hl.load(w, [base + 32 * s], eviction_policy=evict("w")) for s in range(4)), factors)
 
 
 def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
@@ -130,7 +139,7 @@ def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
     # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
     index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
-    words = [hl.load(x64, [index + s]) for s in range(16 // per_word)]
+    words = [hl.load(x64, [index + s], eviction_policy=evict("x")) for s in range(16 // per_word)]
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         return words
     block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
@@ -159,12 +168,12 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     j = tid & 7
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index]), hl.load(x64, [index + 1])]
+        return [hl.load(x64, [index], eviction_policy=evict("x")), hl.load(x64, [index + 1], eviction_policy=evict("x"))]
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)])
+        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=evict("x"))
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
     else:
-        words = [hl.load(x64, [row * (K // 8) + win * 8 + j])]
+        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=evict("x"))]
     block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
     return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
