@@ -611,6 +611,15 @@ MMA_CLUSTER_PROGRAMS_PER_SM = 2
 # 1.79 / 1.94x, bf16 x mxfp8 1.79 / 1.96 / 1.79 / 1.95x; 8192 x 28672, fp8 weights (split 8, 512 programs) mxfp8 x
 # mxfp8 1.84 / 1.88 / 1.85 / 1.88x, bf16 x mxfp8 1.78 / 1.81 / 1.78 / 1.81x.
 MMA_GEMV_CLUSTER = True
+# L2 eviction hints on the mma kernels' loads (`mma_gemv.eviction`): the weights, read once, evict_first; the
+# activation, read again by every program, evict_last. H100, N = K = 8192, without / with / without, one process each
+# (bench/results/h100_mma_evict_hints_ab_n8192_k8192_686f17d_2026-11-26.log), us: M = 1 bf16 x nvfp4 15.9 / 15.7 / 15.9,
+# bf16 x mxfp4 15.3 / 15.2 / 15.4, nvfp4 x nvfp4 16.0 / 15.9 / 15.9; M = 16 bf16 x nvfp4 17.2 / 16.9 / 17.2, mxfp4 x
+# mxfp4 18.2 / 17.8 / 18.0, mxfp8 x mxfp8 27.4 / 26.9 / 27.4, bf16 x mxfp8 27.3 / 27.0 / 27.3, bf16 x mxfp4 16.4 /
+# 16.6 / 16.4, nvfp4 x nvfp4 and mxfp8 x mxfp4 within 0.1; M = 64 nvfp4 x nvfp4 34.7 / 33.7 / 34.7, bf16 x nvfp4 34.2 /
+# 33.4 / 34.2, bf16 x mxfp4 33.8 in all three. Each hinted load costs sm_90 instructions (its cache policy: M = 1 91 ->
+# 97 per window for nvfp4 x nvfp4, 92 -> 103 for bf16 x nvfp4; M = 16 bf16 x mxfp4 212 -> 246 per two windows).
+MMA_EVICT = True
 
 
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
@@ -642,6 +651,7 @@ class MmaOptions(NamedTuple):
     tile_m: int  # M > MMA_M64_B_ROWS: activation rows per program of mma_m64_kernel (TILE_M: 64, or 128 with wgmma)
     cluster: bool  # split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
+    evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -665,7 +675,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
-    `_mma_gemv_cluster` allows it; False: workspace atomics).
+    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT`: the weights'
+    loads evict_first in L2, the activation's evict_last; any M).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -675,10 +686,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster"}
+            "cluster", "evict"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m' and 'cluster', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster' and 'evict', or None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -714,7 +725,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
-    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster)):
+    evict = config.get("evict", MMA_EVICT)
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
@@ -740,7 +752,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -908,13 +920,13 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER; mma_gemv_kernel's CLUSTER,
-    # ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
+    # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              _mma_column_groups(m), *tail)
+              options.evict, _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

@@ -60,8 +60,6 @@ shared. H100 (5edc44b), x cuBLAS bf16: M = 1 1.74x-1.99x, M = 16 1.53x-1.81x.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 import helion
@@ -84,10 +82,10 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_
 # arguments).
 
 
-def evict(role):
-    """Probe (an A / B across processes): the L2 eviction policy of the weights' ("w") and the activation's ("x")
-    loads when BLOCKSCALED_EVICT=1, else none."""
-    return {"w": "evict_first", "x": "evict_last"}[role] if os.environ.get("BLOCKSCALED_EVICT") == "1" else None
+def eviction(role, EVICT):
+    """The L2 eviction policy of the weights' ("w": evict_first, streamed once) and the activation's ("x": evict_last,
+    read again by every program) loads with EVICT, else none."""
+    return {"w": "evict_first", "x": "evict_last"}[role] if EVICT else None
 
 
 def program_row_warps(K_WARPS, SHARED_B):
@@ -108,19 +106,19 @@ def zero_sums(threads=128, count=4):
     return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
-def a_words(w, f, gr, win, lane, q, g, windows, blocks):
+def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT=False):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
     factor byte."""
     base = (gr * windows + win) * 128 + lane
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g],
-                      eviction_policy=evict("w")).to(torch.int32)
-    return (*(hl.load(w, [base + 32 * s], eviction_policy=evict("w")) for s in range(4)), factors)
+                      eviction_policy=eviction("w", EVICT)).to(torch.int32)
+    return (*(hl.load(w, [base + 32 * s], eviction_policy=eviction("w", EVICT)) for s in range(4)), factors)
 
 
-def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS):
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT=False):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
-    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks)
-    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks) if ROW_GROUPS == 2 else a0
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)
+    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, EVICT) if ROW_GROUPS == 2 else a0
 
 
 def a_fragments(loaded, W_ELEM, ENCODING):
@@ -133,13 +131,13 @@ def a_fragments(loaded, W_ELEM, ENCODING):
     )
 
 
-def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
+def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT=False):
     """B of one column group's window, as loaded: activation row `row` at the lane's 16 K
     (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code."""
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
     # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
     index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
-    words = [hl.load(x64, [index + s], eviction_policy=evict("x")) for s in range(16 // per_word)]
+    words = [hl.load(x64, [index + s], eviction_policy=eviction("x", EVICT)) for s in range(16 // per_word)]
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         return words
     block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
@@ -159,7 +157,7 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     )
 
 
-def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS):
+def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT=False):
     """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
     row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
     words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code."""
@@ -168,12 +166,12 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     j = tid & 7
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index], eviction_policy=evict("x")), hl.load(x64, [index + 1], eviction_policy=evict("x"))]
+        return [hl.load(x64, [index], eviction_policy=eviction("x", EVICT)), hl.load(x64, [index + 1], eviction_policy=eviction("x", EVICT))]
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=evict("x"))
+        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=eviction("x", EVICT))
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
     else:
-        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=evict("x"))]
+        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=eviction("x", EVICT))]
     block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
     return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
@@ -220,7 +218,7 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
-def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early):
+def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early, EVICT=False):
     """Stage the warp's B (`decode.MMA_STAGED_B_STORE_PTX`): rows 0 .. M - 1 of the activation in
     the warp's K range (`steps` windows from `first`), decoded by 16-K chunks (`b_words`,
     `b_registers`, `decode.staged_b_chunk`) into a new shared buffer; returns the buffer's address,
@@ -230,7 +228,7 @@ def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BL
     regs, offsets = [], []
     for j in range(M * steps // 8):
         row, k16 = staged_b_chunk(lane, j, first, steps)
-        regs += list(b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT), ACT_ELEM,
+        regs += list(b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT), ACT_ELEM,
                                  ACT_SCALE))
         offsets.append(staged_b_offset(row, k16, K))
     n = len(offsets)
@@ -352,6 +350,7 @@ def mma_gemv_kernel(
     BLOCK_A: hl.constexpr,
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
+    EVICT: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     CLUSTER: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
@@ -419,11 +418,11 @@ def mma_gemv_kernel(
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
-                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1)[0])
+                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0], EVICT)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
-                ROW_GROUPS)
+                ROW_GROUPS, EVICT)
         for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
@@ -433,17 +432,18 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
                 if not STAGE_B:
-                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
-                    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT) if COL_GROUPS == 2 else loads_b0
-                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
+                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+                    loads_b1 = (b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2
+                                else loads_b0)
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             elif STAGE_B:  # one column group
@@ -499,20 +499,20 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT=False):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
-    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT)),
-            *a_words(w, f, gr, win, lane, q, g, windows, blocks))
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)),
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, ROW_GROUPS):
+                        COL_GROUPS, ROW_GROUPS, EVICT=False):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
-    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS))
-    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS)
+    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT))
+    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
     return (*b, *a0, *a1)
 
 
@@ -663,6 +663,7 @@ def mma_m64_kernel(
     BLOCK_A: hl.constexpr,
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
+    EVICT: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
@@ -727,24 +728,24 @@ def mma_m64_kernel(
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
-            o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT))
+            o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
-                BLOCK_A, A_LAYOUT)
+                BLOCK_A, A_LAYOUT, EVICT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
-                                                       BLOCK_A, A_LAYOUT))
+                                                       BLOCK_A, A_LAYOUT, EVICT))
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
                 address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
