@@ -5,6 +5,11 @@ grids of several shapes: programs of 4, 8 or 16 warps, one or two loads per thre
 (each program looping over a long chunk) to many waves of one step each. CUDA-graph replay over copies past 2x L2, next
 to cuBLAS bf16 at M = 1 and 16 and a device-to-device copy, one process. The fastest grid is the `read_weights`
 provider of `python -m bench` (`read_fn`): the floor a decode kernel's ratio to cuBLAS bf16 is measured against.
+
+Three other sweeps replace the grids above on one-wave grids of 16 to 64 warps per SM: `--ring` (`ring_words`, each warp
+reading through a ring of bulk copies into shared memory), `--grouped` (`grouped_words`, contiguous runs per warp, per
+group of warps or per program) and `--activation` (`grouped_words` with reads of one L2-resident buffer beside the
+weights, as the M = 16 kernels read their activation). H100 results: bench/DECODE_NOTES.md, 2026-11-26.
 """
 
 from __future__ import annotations
