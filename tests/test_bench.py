@@ -68,6 +68,18 @@ def test_read_floor_reads_every_word_once(warps, loads, programs):
     assert weight_words(b).numel() * 4 == operand_bytes("nvfp4", 32, 64)
 
 
+@pytest.mark.parametrize("warps,group,loads,act_loads", [(4, 1, 1, 0), (4, 2, 2, 1), (4, 4, 1, 2)])
+def test_grouped_read_covers_its_prefix_once(warps, group, loads, act_loads):
+    """`grouped_words` (read_floor --grouped / --activation) reads the longest prefix its grid splits evenly, each word
+    once, whatever the group and the L2-resident reads beside it (`checked_grouped_read` raises otherwise)."""
+    from bench.read_floor import checked_grouped_read
+
+    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32)
+    act = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32)
+    _, nbytes = checked_grouped_read(words, warps, group, loads, 2, act, act_loads)
+    assert nbytes == 4 * (5000 // (2 * warps * loads * 128)) * 2 * warps * loads * 128
+
+
 def test_providers_option():
     assert cli.parse_args([]).providers == list(cli.PROVIDERS)
     assert cli.parse_args(["--providers", "blockscaled_pairs", "cublas_bf16"]).providers == ["blockscaled_pairs", "cublas_bf16"]
