@@ -619,6 +619,9 @@ MMA_GEMV_CLUSTER = True
 # 16.6 / 16.4, nvfp4 x nvfp4 and mxfp8 x mxfp4 within 0.1; M = 64 nvfp4 x nvfp4 34.7 / 33.7 / 34.7, bf16 x nvfp4 34.2 /
 # 33.4 / 34.2, bf16 x mxfp4 33.8 in all three. Each hinted load costs sm_90 instructions (its cache policy: M = 1 91 ->
 # 97 per window for nvfp4 x nvfp4, 92 -> 103 for bf16 x nvfp4; M = 16 bf16 x mxfp4 212 -> 246 per two windows).
+# The default at M <= 16 only: in mma_m64_kernel (M > 16) ptxas then issues the K loop's loads of mxfp4 x mxfp4,
+# mxfp8 x mxfp4 and mxfp8 x mxfp8 after the B exchange's fence (sm_90 `early` 1-2 -> 0 at M = 64, 8192^2), the
+# schedule that cost mxfp8 x mxfp4 18% at 4053425 (tests/test_bench.py), and those pairs were not timed with hints.
 MMA_EVICT = True
 
 
@@ -675,8 +678,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
-    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT`: the weights'
-    loads evict_first in L2, the activation's evict_last; any M).
+    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
+    False above: the weights' loads evict_first in L2, the activation's evict_last; any M).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -725,7 +728,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
-    evict = config.get("evict", MMA_EVICT)
+    evict = config.get("evict", MMA_EVICT and not wide_m)
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")

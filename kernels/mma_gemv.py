@@ -53,9 +53,9 @@ H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 20
 bf16: M = 1 2.45x-3.41x (3ff6825), bf16 activations 2.96x-3.65x with K_WARPS (0f702e6); M = 16
 2.11x-3.12x (3ff6825).
 
-With EVICT (`api.MMA_EVICT`) the weights' loads ask L2 to evict their lines first and the activation's to keep theirs
-(`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 cells, within 1% in 5, bf16 x mxfp4 at M = 16 1.2% slower
-(686f17d).
+With EVICT (`api.MMA_EVICT`, the default up to M = 16) the weights' loads ask L2 to evict their lines first and the
+activation's to keep theirs (`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 cells, within 1% in 5, bf16 x mxfp4 at
+M = 16 1.2% slower (686f17d).
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
