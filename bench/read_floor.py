@@ -140,6 +140,12 @@ def ring_words(words, out, WARP_WORDS: tl.constexpr, STEPS: tl.constexpr, WARPS:
     tl.store(out + pid * WARPS * 32 + t, acc)
 
 
+def check_prefix(out: torch.Tensor, words: torch.Tensor, read: int, what: str):
+    """The xor of the words a reader stored in `out` must be the xor of the first `read` of `words`."""
+    if xor_all(out) != xor_all(words[:read]):
+        raise AssertionError(f"{what} missed words")
+
+
 def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, programs: int):
     """A call of `ring_words` by `programs` programs of `warps` warps (`slots` slots of `chunk` bytes per warp) over
     the longest prefix of `words` that they split evenly, called once and checked like `checked_read`; returns
@@ -154,8 +160,7 @@ def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, p
     call = lambda: ring_words[(programs,)](words, out, **kernel_args)  # noqa: E731
     call()
     read = programs * warps * warp_words
-    if xor_all(out) != xor_all(words[:read]):
-        raise AssertionError(f"ring_words ({warps} warps, {slots} x {chunk} B, {programs} programs) missed words")
+    check_prefix(out, words, read, f"ring_words ({warps} warps, {slots} x {chunk} B, {programs} programs)")
     return call, read * 4
 
 
@@ -199,9 +204,18 @@ def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int
                                               act.numel(), num_warps=warps)
     call()
     read = programs * warps * loads * 128 * steps
-    if xor_all(out[:programs * warps * 32]) != xor_all(words[:read]):
-        raise AssertionError(f"grouped_words ({warps} warps, group {group}, {loads} loads, {programs} programs) missed words")
+    check_prefix(out[:programs * warps * 32], words, read,
+                 f"grouped_words ({warps} warps, group {group}, {loads} loads, {programs} programs)")
     return call, read * 4
+
+
+def prefix_ms(checked, bufs, nbytes: int) -> float:
+    """ms per call of a reader over each of `bufs` (`checked(buf)` returns its call and the bytes it reads: a
+    prefix), scaled to `nbytes`."""
+    from .__main__ import time_ms
+
+    calls, read = zip(*(checked(b) for b in bufs))
+    return time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
 
 
 # (warps per program, programs per SM) of the one-wave grids `ring_sweep` times: 16, 32 and 64 warps per SM
@@ -226,9 +240,8 @@ def ring_sweep(bufs, sms: int, nbytes: int) -> dict[str, float]:
                 ring = warps * slots * chunk
                 if ring + 8 * warps * slots > 48 * 1024 or ring * per_sm > SMEM_PER_SM:
                     continue
-                calls, read = zip(*(checked_ring_read(b, warps, slots, chunk, programs) for b in bufs))
                 label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), ring {slots} x {chunk} B"
-                times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+                times[label] = prefix_ms(lambda b: checked_ring_read(b, warps, slots, chunk, programs), bufs, nbytes)
     return times
 
 
@@ -240,30 +253,26 @@ def activation_sweep(bufs, sms: int, nbytes: int, act_bytes: int = 16 * 8192 * 2
     blocks of 512 B per warp and step read from one `act_bytes` buffer that every program reads (the M = 16
     activation: 16 x 8192 bf16), on one-wave grids of 32 and 64 warps per SM: what an L2 stream beside the weights'
     DRAM stream costs."""
-    from .__main__ import time_ms
-
     act = torch.randint(-2**31, 2**31 - 1, (act_bytes // 4,), device=bufs[0].device, dtype=torch.int32)
     times = {}
     for warps, per_sm in [(32, 1), (16, 2), (16, 4)]:
         for act_loads in (0, 1, 2):
-            calls, read = zip(*(checked_grouped_read(b, warps, 1, 1, sms * per_sm, act, act_loads) for b in bufs))
             label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), {act_loads} x 512 B of L2 per 512 B"
-            times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+            times[label] = prefix_ms(lambda b: checked_grouped_read(b, warps, 1, 1, sms * per_sm, act, act_loads),
+                                     bufs, nbytes)
     return times
 
 
-def grouped_sweep(bufs, sms: int, nbytes: int, grids=GROUPED_GRIDS) -> dict[str, float]:
+def grouped_sweep(bufs, sms: int, nbytes: int, grids=GROUPED_GRIDS, every_run: bool = True) -> dict[str, float]:
     """ms per call (scaled to `nbytes`) of `grouped_words` on one-wave grids of 32 and 64 warps per SM: runs per warp,
-    per 2 or 4 warps and per program, 512 B to 2 KB per warp and step (with one grid: runs per warp, 512 B)."""
-    from .__main__ import time_ms
-
+    per 2 or 4 warps and per program, 512 B to 2 KB per warp and step (without `every_run`: runs per warp, 512 B)."""
     times = {}
     for warps, per_sm in grids:
-        for group in sorted({1, 2, 4, warps}) if len(grids) > 1 else (1,):
-            for loads in (1, 2, 4) if len(grids) > 1 else (1,):
-                calls, read = zip(*(checked_grouped_read(b, warps, group, loads, sms * per_sm) for b in bufs))
+        for group in sorted({1, 2, 4, warps}) if every_run else (1,):
+            for loads in (1, 2, 4) if every_run else (1,):
                 label = f"{warps * per_sm} warps/SM ({per_sm} x {warps}), group {group}, {loads} x 512 B"
-                times[label] = time_ms(lambda: [c() for c in calls], True) / len(bufs) * nbytes / read[0]
+                times[label] = prefix_ms(lambda b: checked_grouped_read(b, warps, group, loads, sms * per_sm), bufs,
+                                         nbytes)
     return times
 
 
@@ -311,8 +320,9 @@ def main(argv=None):
         if args.activation:
             times.update(activation_sweep(bufs, sms, nbytes))
         if args.grouped:
-            grids = GROUPED_GRIDS if args.grouped == "all" else [tuple(map(int, args.grouped.split("x")))]
-            times.update(grouped_sweep(bufs, sms, nbytes, grids))
+            every_run = args.grouped == "all"
+            grids = GROUPED_GRIDS if every_run else [tuple(map(int, args.grouped.split("x")))]
+            times.update(grouped_sweep(bufs, sms, nbytes, grids, every_run))
         del bufs
         print(f"\n{n} x {k} {fmt}: {nbytes / 1e6:.1f} MB, {copies} copies; cuBLAS bf16 M = 1 {cublas[1] * 1e3:.1f} us, "
               f"M = 16 {cublas[16] * 1e3:.1f} us", flush=True)

@@ -110,7 +110,7 @@ def zero_sums(threads=128, count=4):
     return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
-def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT=False):
+def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
     factor byte."""
     base = (gr * windows + win) * 128 + lane
@@ -119,7 +119,7 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT=False):
     return (*(hl.load(w, [base + 32 * s], eviction_policy=eviction("w", EVICT)) for s in range(4)), factors)
 
 
-def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT=False):
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
     a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)
     return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, EVICT) if ROW_GROUPS == 2 else a0
@@ -135,7 +135,7 @@ def a_fragments(loaded, W_ELEM, ENCODING):
     )
 
 
-def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT=False):
+def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     """B of one column group's window, as loaded: activation row `row` at the lane's 16 K
     (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code."""
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
@@ -161,7 +161,7 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     )
 
 
-def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT=False):
+def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT):
     """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
     row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
     words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code."""
@@ -170,7 +170,8 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     j = tid & 7
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index], eviction_policy=eviction("x", EVICT)), hl.load(x64, [index + 1], eviction_policy=eviction("x", EVICT))]
+        return [hl.load(x64, [index], eviction_policy=eviction("x", EVICT)),
+                hl.load(x64, [index + 1], eviction_policy=eviction("x", EVICT))]
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
         word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=eviction("x", EVICT))
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
@@ -222,7 +223,7 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
-def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early, EVICT=False):
+def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early, EVICT):
     """Stage the warp's B (`decode.MMA_STAGED_B_STORE_PTX`): rows 0 .. M - 1 of the activation in
     the warp's K range (`steps` windows from `first`), decoded by 16-K chunks (`b_words`,
     `b_registers`, `decode.staged_b_chunk`) into a new shared buffer; returns the buffer's address,
@@ -503,7 +504,7 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT=False):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
     return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)),
@@ -511,7 +512,7 @@ def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, AC
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, ROW_GROUPS, EVICT=False):
+                        COL_GROUPS, ROW_GROUPS, EVICT):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
