@@ -500,11 +500,11 @@ def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1) -> 
     )
 
 
-def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int) -> int:
-    """The fewest rounds (dividing `values`) whose `_k_warp_sum` buffer fits beside `other_bytes`
-    of static shared memory."""
-    return next(r for r in range(1, values + 1)
-                if values % r == 0 and (k_warps - 1) * 4 * group * (values // r) + other_bytes <= STATIC_SHARED_BYTES)
+def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int, copies: int = 1) -> int:
+    """The fewest rounds (dividing `values`) for which `copies` `_k_warp_sum` buffers (one per call in a kernel) fit
+    beside `other_bytes` of static shared memory."""
+    return next(r for r in range(1, values + 1) if values % r == 0
+                and copies * (k_warps - 1) * 4 * group * (values // r) + other_bytes <= STATIC_SHARED_BYTES)
 
 
 # by (values per thread: `mma_gemv.output_slots`, warps or K slices, threads per group, rounds)

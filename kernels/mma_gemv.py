@@ -290,14 +290,15 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, copies=1):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
-    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored); `copies`: calls
+    of it in the kernel (each declares its own buffer)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
     other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
-    rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
+    rounds = k_warp_sum_rounds(n, K_WARPS, group, other, copies)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
         MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
@@ -471,9 +472,11 @@ def mma_gemv_kernel(
                 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = window_mma(
                     b_0, b_1, loads_a0, loads_a1, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3),
                     W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
-            # every slice adds its own sums (no shared-memory sum first: the B buffers stay in use)
-            add_groups(workspace, (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), rest_gr,
-                       q, g, M, N, ROW_GROUPS, COL_GROUPS)
+            # the slices' sums in the first, which adds them (every slice adding its own: 32 adds per address, 11-15%
+            # slower at M = 16, 10240 x 8192 than split-K; bench/results/h100_mma_m16_rest_rows_ab_n10240_k8192_d061747*)
+            summed = k_warp_sums((((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), M, K,
+                                 ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 2)
+            add_groups(workspace, summed, rest_gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=tid < 32 * row_warps)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
             rest_ticket = hl.atomic_add(tickets, [pid // REST], 1, sem="acq_rel")
             if rest_ticket == REST - 1:
@@ -523,7 +526,7 @@ def mma_gemv_kernel(
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 1 + (REST > 0))
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
