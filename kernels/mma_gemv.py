@@ -74,7 +74,7 @@ from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
-                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
+                     MMA_CLUSTER_SUM_PTX, MMA_K_SLICE_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -290,20 +290,24 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, copies=1):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer=None, copies=1):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
     with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored); `copies`: calls
-    of it in the kernel (each declares its own buffer)."""
+    of it in the kernel (each declares its own buffer). Where that buffer would take more than one round and the
+    slices' B buffers (`b_buffer`) hold the sums, they go through those in one (`decode.MMA_K_SLICE_SUM_PTX`)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
     other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other, copies)
+    values = [sums[r][c][i] for r, c, i in slots]
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
-    totals = hl.inline_asm_elementwise(
-        MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
-        dtype=(torch.float32,) * n, is_pure=True, pack=1,
-    )
+    if SHARED_B and rounds > 1 and (K_WARPS - 1) * 4 * group * n <= other:
+        totals = hl.inline_asm_elementwise(MMA_K_SLICE_SUM_PTX[n, K_WARPS], ",".join(["=r"] * n + ["r"] * (n + 1)),
+                                           [*values, b_buffer], dtype=(torch.float32,) * n, is_pure=True, pack=1)
+    else:
+        totals = hl.inline_asm_elementwise(MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n),
+                                           values, dtype=(torch.float32,) * n, is_pure=True, pack=1)
     summed = [[list(col) for col in row] for row in sums]
     for (r, c, i), total in zip(slots, totals, strict=True):  # n >= 2: a tuple
         summed[r][c][i] = total
@@ -475,7 +479,7 @@ def mma_gemv_kernel(
             # the slices' sums in the first, which adds them (every slice adding its own: 32 adds per address, 11-15%
             # slower at M = 16, 10240 x 8192 than split-K; bench/results/h100_mma_m16_rest_rows_ab_n10240_k8192_d061747*)
             summed = k_warp_sums((((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), M, K,
-                                 ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 2)
+                                 ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer, 2)
             add_groups(workspace, summed, rest_gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=tid < 32 * row_warps)
             hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
             rest_ticket = hl.atomic_add(tickets, [pid // REST], 1, sem="acq_rel")
@@ -526,7 +530,11 @@ def mma_gemv_kernel(
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 1 + (REST > 0))
+            if SHARED_B:
+                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer,
+                                     1 + (REST > 0))
+            else:
+                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
