@@ -569,10 +569,6 @@ MMA_K_WARPS = (16, 8)
 # (slices, row groups, resident, waves low, high, ahead for fp4 weights, unroll for fp4 weights)
 MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
 MMA_K_SLICES_MAX_WINDOWS = 128
-# Rest parts (`_mma_k_slices`, `mma_gemv_kernel`'s REST) for fp4 weights at 8 < M <= 16: where 8 slices of one row
-# group make more than a wave (10240 x 8192: 160 programs, 1.21), r / (r + 1) of the rows run as programs (128:
-# 0.97) and each of the others in r parts of K / r on them, first, summed in the workspace.
-MMA_K_SLICES_REST = (4,)
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
 # mma_m64_kernel (16 < M <= 64) runs two windows per iteration for fp4 weights from K = MMA_M64_UNROLL_K. H100,
@@ -659,7 +655,6 @@ class MmaOptions(NamedTuple):
     cluster: bool  # split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
-    rest: int  # with K slices: programs per rest row (REST; 0: none); -1: by the plan (`_mma_k_slices`)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -683,9 +678,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
-    `_mma_gemv_cluster` allows it; False: workspace atomics) and "rest": n >= 0 (with K slices: where one program per
-    row of programs would make more than a wave, 1 / (n + 1) of the rows run as n parts of K / n each on the programs
-    of the others, summed in the workspace; 0: none; default by `_mma_k_slices`) and "evict": bool (default `MMA_EVICT` up to M = 16,
+    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
@@ -696,10 +689,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "rest"}
+            "cluster", "evict"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'rest', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster' and 'evict', or None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -752,9 +745,6 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if stage_b and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1 and not shared_b):
         raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False, "
                          f"got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
-    rest = config.get("rest", -1)
-    if "rest" in config and (type(rest) is not int or rest < 0 or wide_m):
-        raise ValueError(f"config: rest is an int >= 0 at M <= {MMA_WARP_M}, got {config!r} at M = {m}")
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
@@ -765,7 +755,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, rest)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -811,24 +801,19 @@ def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     return 1
 
 
-def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True,
-                  rest_parts: tuple[int, ...] = ()) -> tuple[int, int, int, int, int] | None:
-    """(K slices, row groups, ahead and unroll for fp4 weights, rest parts) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices
-    of two row groups where their programs (2 resident per SM) make at least one wave (only if `two_groups`:
-    8 < M <= 16), else 8 of one where theirs (1 per SM) fill 0.9 to 1 wave, with the rows past them run in
-    r parts (the first of `rest_parts` for which they do: `mma_gemv_kernel`'s REST) or without; only up to
-    MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
+def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool = True) -> tuple[int, int, int, int] | None:
+    """(K slices, row groups, ahead and unroll for fp4 weights) at 1 < M <= 16 by `MMA_K_SLICES`: 4 slices of two
+    row groups where their programs (2 resident per SM) make at least one wave (only if `two_groups`:
+    8 < M <= 16), else 8 of one where theirs (1 per SM)
+    fill 0.9 to 1 wave; only up to MMA_K_SLICES_MAX_WINDOWS windows. Else None: split-K."""
     sms = _sm_count(device)
     if windows <= MMA_K_SLICES_MAX_WINDOWS:
         for slices, row_groups, resident, low, high, ahead, unroll in MMA_K_SLICES:
-            if row_groups == 2 and not two_groups or n % (64 * row_groups) or windows % slices:
+            if row_groups == 2 and not two_groups:
                 continue
-            rows = n // (64 * row_groups)
-            for rest in (0, *rest_parts):  # rest parts r: r / (r + 1) of the rows are programs
-                programs = rows * rest // (rest + 1) if rest else rows
-                if (rows % (rest + 1) == 0 and windows % (slices * max(rest, 1)) == 0
-                        and low <= programs / (resident * sms) <= high):
-                    return slices, row_groups, ahead, unroll, rest
+            programs = n // (64 * row_groups)
+            if windows % slices == 0 and n % (64 * row_groups) == 0 and low <= programs / (resident * sms) <= high:
+                return slices, row_groups, ahead, unroll
     return None
 
 
@@ -878,8 +863,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
-    `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, rest rows, and for fp4 weights its ahead and,
-    unless the options give one, its unroll;
+    `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
+    the options give one, its unroll;
     split-K where it gives none, one window ahead for fp8 weights at 8 < M <= 16 from K = MMA_FP8_M16_AHEAD_K),
     else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
     windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll", and above M =
@@ -897,22 +882,20 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
-        rest_parts = ((options.rest,) if options.rest > 0 else () if options.rest == 0
-                      else MMA_K_SLICES_REST if b.fmt.is_packed and _mma_column_groups(m) == 2 else ())
-        slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2, rest_parts)
+        slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         narrow = isinstance(a, QTensor)
         cluster_split = (slices and slices[1] == 2
                          and _mma_m16_cluster_split(k // 64, n, slices[1], narrow, options.cluster, b.device))
         if cluster_split:  # split-K in clusters instead of 4 K slices of two row groups
-            options = options._replace(k_warps=1, split=cluster_split, row_groups=slices[1], rest=0)
+            options = options._replace(k_warps=1, split=cluster_split, row_groups=slices[1])
         elif slices:
-            slices, row_groups, ahead, unroll, rest = slices
-            ahead, unroll = (ahead, unroll) if b.fmt.is_packed else (0, 1)
+            slices, row_groups, *fp4_tail = slices
+            ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
-                                       unroll=options.unroll or unroll, rest=rest)
+                                       unroll=options.unroll or unroll)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
             fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
-            options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead, rest=0)
+            options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:
@@ -929,12 +912,6 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
-    rest = max(options.rest, 0)
-    if rest and not (options.shared_b and options.k_warps > 1 and row_programs % (rest + 1) == 0
-                     and (k // 64) % (rest * options.k_warps) == 0):
-        raise ValueError(f"config: rest {rest} runs K slices (shared_b, k_warps > 1) with the rows of programs "
-                         f"({row_programs}) a multiple of rest + 1 and the K / 64 = {k // 64} windows of rest x k_warps, "
-                         f"got {options._asdict()}")
     if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead)):
         raise ValueError(f"config: split {options.split} must be at most the K / 64 = {k // 64} windows and, with "
                          f"ahead {options.ahead}, divide them")
@@ -947,21 +924,19 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
     # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
-    # mma_gemv_kernel's REST, CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
-            else (rest, cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps,
-                  options.stage_b))
+            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               options.evict, _mma_column_groups(m), *tail)
     workspace = None
-    if split > 1 or rest:  # tickets: one per row of programs, or per rest row
+    if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
-                     torch.zeros(row_programs // (rest + 1) if rest else row_programs, dtype=torch.int32, device=b.device))
+                     torch.zeros(row_programs, dtype=torch.int32, device=b.device))
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
-    # the rest rows' K loop comes before the program's own (one more loop to unroll)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
-                        **({"range_unroll_factors": [0, unroll] + [unroll] * bool(rest)} if unroll > 1 else {}))
+                        **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 

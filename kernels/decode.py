@@ -469,12 +469,10 @@ STATIC_SHARED_BYTES = 48 * 1024
 K_WARP_SUM_LOADS = 8
 
 
-def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1, external: bool = False) -> str:
+def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1) -> str:
     """Outputs $0 .. $(n - 1): inputs $n .. $(2n - 1) (fp32) summed over the K_WARPS groups of
     `group` threads of the program, in group order, valid in group 0 (the other groups get their own
-    values back). Group 0 loads the others' values K_WARP_SUM_LOADS at a time before adding them. `external`: through
-    the shared buffer at input $2n (the shared B buffers, free after the K loop) instead of its own, after a CTA
-    barrier (every group done with what it overwrites)."""
+    values back). Group 0 loads the others' values K_WARP_SUM_LOADS at a time before adding them."""
     n, per = values, values // rounds
     stride = 4 * group * per  # bytes between two groups' slices
     body = ""
@@ -490,33 +488,29 @@ def _k_warp_sum(values: int, k_warps: int, group: int = 32, rounds: int = 1, ext
         body += "bar.sync 0; " if r < rounds - 1 else ""  # the reads before the next round's writes
     shift = group.bit_length() - 1
     return (
-        ("{ " if external else f"{{ .shared .align 16 .b8 kr[{(k_warps - 1) * stride}]; ")
-        + f".reg .b32 t, a, w; .reg .pred p; "
+        f"{{ .shared .align 16 .b8 kr[{(k_warps - 1) * stride}]; .reg .b32 t, a, w; .reg .pred p; "
         f".reg .f32 v<{K_WARP_SUM_LOADS}>, s<{n}>; mov.u32 t, %tid.x; shr.u32 w, t, {shift}; setp.ne.u32 p, w, 0; "
-        f"and.b32 t, t, {group - 1}; mov.u32 a, {f'${2 * n}' if external else 'kr'}; mad.lo.u32 a, t, 4, a; "
+        f"and.b32 t, t, {group - 1}; mov.u32 a, kr; mad.lo.u32 a, t, 4, a; "
         # group w > 0 writes at a + (w - 1) * stride
         f"mad.lo.u32 w, w, {stride}, a; sub.u32 w, w, {stride}; "
         + "".join(f"mov.b32 s{j}, ${n + j}; " for j in range(n))
-        + ("bar.sync 0; " if external else "")
         + body
         + "".join(f"mov.b32 ${j}, s{j}; " for j in range(n))
         + "}"
     )
 
 
-def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int, copies: int = 1) -> int:
-    """The fewest rounds (dividing `values`) for which `copies` `_k_warp_sum` buffers (one per call in a kernel) fit
-    beside `other_bytes` of static shared memory."""
-    return next(r for r in range(1, values + 1) if values % r == 0
-                and copies * (k_warps - 1) * 4 * group * (values // r) + other_bytes <= STATIC_SHARED_BYTES)
+def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int) -> int:
+    """The fewest rounds (dividing `values`) whose `_k_warp_sum` buffer fits beside `other_bytes`
+    of static shared memory."""
+    return next(r for r in range(1, values + 1)
+                if values % r == 0 and (k_warps - 1) * 4 * group * (values // r) + other_bytes <= STATIC_SHARED_BYTES)
 
 
 # by (values per thread: `mma_gemv.output_slots`, warps or K slices, threads per group, rounds)
 MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)} | {
     (n, w, 128, r): _k_warp_sum(n, w, 128, r) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8) for r in range(1, n + 1)
     if n % r == 0}
-# K slices with shared B summed in one round through their B buffers (by values, slices)
-MMA_K_SLICE_SUM_PTX = {(n, w): _k_warp_sum(n, w, 128, 1, True) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8)}
 
 
 # by (column groups, bf16 activation, K slices)

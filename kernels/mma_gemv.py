@@ -74,7 +74,7 @@ from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
-                     MMA_CLUSTER_SUM_PTX, MMA_K_SLICE_SUM_PTX, MMA_K_WARP_SUM_PTX,
+                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -290,24 +290,19 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer=None, copies=1):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
-    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored); `copies`: calls
-    of it in the kernel (each declares its own buffer). Where that buffer would take more than one round and the
-    slices' B buffers (`b_buffer`) hold the sums, they go through those in one (`decode.MMA_K_SLICE_SUM_PTX`)."""
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
     other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
-    rounds = k_warp_sum_rounds(n, K_WARPS, group, other, copies)
-    values = [sums[r][c][i] for r, c, i in slots]
+    rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
-    if SHARED_B and rounds > 1 and (K_WARPS - 1) * 4 * group * n <= other:
-        totals = hl.inline_asm_elementwise(MMA_K_SLICE_SUM_PTX[n, K_WARPS], ",".join(["=r"] * n + ["r"] * (n + 1)),
-                                           [*values, b_buffer], dtype=(torch.float32,) * n, is_pure=True, pack=1)
-    else:
-        totals = hl.inline_asm_elementwise(MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n),
-                                           values, dtype=(torch.float32,) * n, is_pure=True, pack=1)
+    totals = hl.inline_asm_elementwise(
+        MMA_K_WARP_SUM_PTX[n, K_WARPS, group, rounds], ",".join(["=r"] * n + ["r"] * n), [sums[r][c][i] for r, c, i in slots],
+        dtype=(torch.float32,) * n, is_pure=True, pack=1,
+    )
     summed = [[list(col) for col in row] for row in sums]
     for (r, c, i), total in zip(slots, totals, strict=True):  # n >= 2: a tuple
         summed[r][c][i] = total
@@ -325,34 +320,16 @@ def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, 
                          args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
 
-def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0, owner=None):
-    """The last program of a row of programs: the workspace sums into `out`, zeros back (only threads where `owner`
-    is true, if given: K slices hold the same slots)."""
+def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0):
+    """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = torch.zeros_like(q, dtype=torch.float32)
     slots = [out_index(c, q, g, gr + r, i, M, N, col0) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
     for (index, valid), total in zip(slots, totals, strict=True):
-        valid = valid if owner is None else valid & owner
         store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
         hl.store(workspace, [index], zeros, extra_mask=valid)
-
-
-def window_mma(b_0, b_1, loads_a0, loads_a1, sums, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS):
-    """`sums` (16 accumulators: row group r, column group c at 8 r + 4 c) after one window: its row groups' A
-    (`a_fragments` of their words) times B registers `b_0`, `b_1` (column groups 0, 1)."""
-    a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = sums
-    frags = a_fragments(loads_a0, W_ELEM, ENCODING)
-    a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
-    if COL_GROUPS == 2:
-        b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
-    if ROW_GROUPS == 2:
-        frags = a_fragments(loads_a1, W_ELEM, ENCODING)
-        c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
-        if COL_GROUPS == 2:
-            d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
-    return a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3
 
 
 @helion.kernel(**KERNEL_SETTINGS)
@@ -380,7 +357,6 @@ def mma_gemv_kernel(
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
     COL_GROUPS: hl.constexpr,
-    REST: hl.constexpr,
     CLUSTER: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
@@ -401,11 +377,7 @@ def mma_gemv_kernel(
     decodes its K range of the activation into shared memory once (`staged_b`) and reads its B
     registers there every window. CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
     programs, and launched as one thread-block cluster (`launch.DirectLaunch`) they sum through distributed shared
-    memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters.
-    REST > 0 (SHARED_B, K_WARPS > 1): of the R program rows, the first R REST / (REST + 1) are programs, and each of
-    the other R / (REST + 1) ("rest rows") is run by REST of them too: program p first runs part p mod REST of rest
-    row p / REST over K / REST (its K slices over K / (REST K_WARPS) each), adds those sums into the workspace (tickets:
-    one per rest row), then its own row over all of K."""
+    memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters."""
     row_warps = program_row_warps(K_WARPS, SHARED_B)
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
@@ -415,8 +387,7 @@ def mma_gemv_kernel(
     uneven = windows % (SPLIT * K_WARPS) != 0
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
     rows = N // (16 * row_warps * ROW_GROUPS)
-    main_rows = rows * REST // (REST + 1)  # with REST: the programs, one per row; the rest rows come after them
-    for program in hl.tile(main_rows if REST else rows * SPLIT, block_size=1):
+    for program in hl.tile(rows * SPLIT, block_size=1):
         # the row programs first, or with CLUSTER the K parts (a cluster's CTAs are consecutive programs)
         pid = program.begin
         tile_p = pid // SPLIT if CLUSTER else pid % rows
@@ -453,44 +424,6 @@ def mma_gemv_kernel(
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
                               row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0], EVICT)
-        if REST:  # part pid % REST of rest row pid // REST first (its 4 programs reach their tickets together)
-            rest_gr = ((main_rows + pid // REST) * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
-            rest_steps = windows // (REST * K_WARPS)
-            rest_first = ((pid % REST) * K_WARPS + (tid >> 7)) * rest_steps
-            if AHEAD:
-                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
-                    x64, xs, w, f, tid, rest_gr, rest_first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A,
-                    A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
-            for it in hl.tile(rest_steps, block_size=1):
-                win = rest_first + it.begin
-                if AHEAD:
-                    loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
-                    e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
-                        x64, xs, w, f, tid, rest_gr, rest_first + (it.begin + 1) % rest_steps, lane, q, g, windows,
-                        blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
-                else:
-                    loaded = shared_window_words(x64, xs, w, f, tid, rest_gr, win, lane, q, g, windows, blocks, K, M,
-                                                 ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
-                loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
-                b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
-                a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = window_mma(
-                    b_0, b_1, loads_a0, loads_a1, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3),
-                    W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
-            # the slices' sums in the first, which adds them (every slice adding its own: 32 adds per address, 11-15%
-            # slower at M = 16, 10240 x 8192 than split-K; bench/results/h100_mma_m16_rest_rows_ab_n10240_k8192_d061747*)
-            summed = k_warp_sums((((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), M, K,
-                                 ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer, 2)
-            add_groups(workspace, summed, rest_gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=tid < 32 * row_warps)
-            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
-            rest_ticket = hl.atomic_add(tickets, [pid // REST], 1, sem="acq_rel")
-            if rest_ticket == REST - 1:
-                store_sums(out, bias, workspace, rest_gr, q, g, post[0] * x_post[0], M, N, HAS_BIAS, ROW_GROUPS,
-                           COL_GROUPS, owner=tid < 32 * row_warps)
-                hl.store(tickets, [pid // REST], 0)
-            a0, a1, a2, a3 = zero_sums(threads)
-            b0, b1, b2, b3 = zero_sums(threads)
-            c0, c1, c2, c3 = zero_sums(threads)
-            d0, d1, d2, d3 = zero_sums(threads)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -524,17 +457,19 @@ def mma_gemv_kernel(
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
-            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = window_mma(
-                b_0, b_1, loads_a0, loads_a1, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3),
-                W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
+            frags = a_fragments(loads_a0, W_ELEM, ENCODING)
+            a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
+            if COL_GROUPS == 2:
+                b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
+            if ROW_GROUPS == 2:
+                frags = a_fragments(loads_a1, W_ELEM, ENCODING)
+                c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
+                if COL_GROUPS == 2:
+                    d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            if SHARED_B:
-                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, b_buffer,
-                                     1 + (REST > 0))
-            else:
-                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)

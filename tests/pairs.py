@@ -62,14 +62,6 @@ def mma_plan_tails(pair, m, n, k):
     return {plan.consts[-6:] for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k)}
 
 
-def mma_plan_rests(pair, m, n, k):
-    """The REST constexprs (rest parts, 0 for none) of the mma_gemv plans cached for this pair and shape."""
-    from blockscaled.kernels import api
-
-    name = bs.SUPPORTED_PAIRS[pair]
-    return {plan.consts[-8] for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k)}
-
-
 def mma_plan_staged(pair, m, n, k):
     """Whether the mma plans cached for this pair and shape stage B (their last constexpr, STAGE_B)."""
     return {tail[-1] for tail in mma_plan_tails(pair, m, n, k)} == {True}

@@ -10,7 +10,7 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
                    decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
-                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_rests, mma_plan_staged, mma_plan_tails,
+                   mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails,
                    mma_scale_code_sets, run_and_check)
 
 pytestmark = pytest.mark.gpu
@@ -176,29 +176,6 @@ def test_mma_m16_shape_defaults(pair, gen):
     (row_groups, split, shared_b, ahead, k_warps, _), = mma_plan_tails(pair, 16, 1024, 16384)
     assert (row_groups, shared_b, k_warps, ahead) == (2, True, 1, int(pair[1] == "mxfp8")) and split > 1
     assert backend_used(pair, 16) == "mma"
-
-
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [4, 9, 16])
-def test_mma_rest_rows(pair, m, gen):
-    """K slices with rest rows ("rest": r, `mma_gemv_kernel`'s REST): 1 / (r + 1) of the rows of programs run in r parts of
-    K / r on the programs of the others, summed in the workspace, stored by the last part. 8 slices of one row group,
-    rest 4, one and two windows per slice and part, with a window ahead and two per loop iteration; 4 slices of two
-    row groups, rest 2; bias and bf16 out; two calls of each plan (the workspace and tickets must come back zero); and
-    the M = 16 default at 10240 x 8192, which takes rest 4 for fp4 weights (`api.MMA_K_SLICES_REST`)."""
-    eight = {"k_warps": 8, "row_groups": 1, "shared_b": True}
-    for n, k, config in [(320, 2048, {**eight, "rest": 4}), (640, 4096, {**eight, "rest": 4, "ahead": 1, "unroll": 2}),
-                         (384, 512, {"k_warps": 4, "row_groups": 2, "shared_b": True, "rest": 2})]:
-        for _ in range(2):
-            run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
-        assert mma_plan_rests(pair, m, n, k) == {config["rest"]}
-    run_and_check(pair, m, 640, 4096, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  config={**eight, "rest": 4, "ahead": 1, "unroll": 2})
-    assert_split_k_workspaces_zero()
-    if m == 16:
-        run_and_check(pair, 16, 10240, 8192, "cuda", gen, data_layout="mma_m16k16")
-        assert mma_plan_rests(pair, 16, 10240, 8192) == {4 if pair[1] != "mxfp8" else 0}
-    assert backend_used(pair, m) == "mma"
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")

@@ -303,26 +303,26 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, -1)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, -1)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, -1)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, -1)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, -1)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, -1)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, -1)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
         api._mma_options({"evict": 1}, 16, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, -1)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, -1)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, -1)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -368,9 +368,8 @@ def test_uneven_split(monkeypatch):
     def plan(config, n=10240):
         return api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(config, x, b, 16, n))
 
-    # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): without rest rows (the fp4-weight default there since
-    # they run, test_rest_rows_options) split-K by 8 with two row groups and shared B
-    assert plan({"rest": 0}).consts[-6:] == (2, 8, True, 0, 1, False) and plan({"rest": 0}).split == 8
+    # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K by 8 with two row groups and shared B
+    assert plan(None).consts[-6:] == (2, 8, True, 0, 1, False) and plan(None).split == 8
     assert plan({"split": 13}).consts[-6:] == (2, 13, True, 0, 1, False) and plan({"split": 13}).split == 13
     assert plan({"split": 7, "row_groups": 1, "shared_b": False}).consts[-6:] == (1, 7, False, 0, 1, False)
     assert plan({"split": 8, "ahead": 1}).consts[-6:] == (2, 8, True, 1, 1, False)  # divides: ahead may load
@@ -396,10 +395,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, -1)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, -1)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, -1)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, -1)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -448,14 +447,8 @@ def test_k_slices_options(monkeypatch):
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (8448, 8192), (8192, 192)]
     # 57344: 448 programs of two groups = 1.7 waves; 8192: 128 of one = 0.97; 10240: 160 = 1.21, 80 = 0.30
     assert {(n, k): api._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
-        (8192, 8192): (8, 1, 1, 2, 0), (10240, 8192): None, (57344, 8192): (4, 2, 0, 1, 0), (8192, 28672): None,
-        (1024, 8192): None, (8448, 8192): (8, 1, 1, 2, 0), (8192, 192): None}  # 3 windows: no 8 slices
-    # with rest parts 4: 10240 x 8192 runs 128 programs (0.97 of a wave) and 32 rest rows in 4 parts of 4 windows per
-    # slice; none where the rows fill a wave without them, or are no multiple of 5 (8448: 132), or K / 64 is no
-    # multiple of 4 x 8 (K = 1984)
-    assert {(n, k): api._mma_k_slices(k // 64, n, cpu, rest_parts=(4,)) for n, k in shapes + [(10240, 1984)]} == {
-        (8192, 8192): (8, 1, 1, 2, 0), (10240, 8192): (8, 1, 1, 2, 4), (57344, 8192): (4, 2, 0, 1, 0),
-        (8192, 28672): None, (1024, 8192): None, (8448, 8192): (8, 1, 1, 2, 0), (8192, 192): None, (10240, 1984): None}
+        (8192, 8192): (8, 1, 1, 2), (10240, 8192): None, (57344, 8192): (4, 2, 0, 1), (8192, 28672): None,
+        (1024, 8192): None, (8448, 8192): (8, 1, 1, 2), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
     for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (4, 2, 16))):
         b = bs.quantize(torch.randn(64, 8192), pair_b).with_data_layout("mma_m16k16")
@@ -485,46 +478,6 @@ def test_k_slices_options(monkeypatch):
             assert plan.consts[-6:-1] == expected if expected else (plan.consts[-2] == 1 and plan.split > 1), (m, w, n)
     plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
     assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
-
-
-def test_rest_rows_options(monkeypatch):
-    """Rest rows ("rest", `api.MMA_K_SLICES_REST`): at 8 < M <= 16 fp4 weights at 10240 x 8192 (160 rows of programs of 8
-    K slices: 1.21 waves) run 128 programs and 32 rest rows in 4 parts (tickets: one per rest row, a workspace, the
-    rest rows' K loop unrolled as the program's own); fp8 weights, M <= 8 and a config with "rest": 0 keep split-K.
-    "rest" needs K slices whose rows and windows it divides, and is an int >= 0 at M <= 16."""
-    from blockscaled.kernels import api
-
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    def bf16(m, k):
-        return torch.randn(m, k).to(torch.bfloat16)
-
-    def x(m, k):
-        return bs.quantize(torch.randn(m, k), "nvfp4").with_data_layout("k_order")
-
-    def plan(act, w, m, config=None, n=10240, k=8192):
-        a, b = act(m, k), bs.quantize(torch.randn(64, k), w).with_data_layout("mma_m16k16")
-        return api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
-
-    for act, w in ((bf16, "mxfp4"), (x, "nvfp4")):
-        p = plan(act, w, 16)
-        assert p.consts[-8:] == (4, False, 1, 1, True, 1, 8, False) and p.split == 1, p.consts[-8:]
-        assert [t.shape[0] for t in p.workspace] == [16 * 10240, 32] and p.cfg.config["range_unroll_factors"] == [0, 2, 2]
-        assert plan(act, w, 16, n=8192).consts[-8] == 0  # 128 rows: one wave without rest rows
-        for config in ({"rest": 0}, None):
-            other = plan(act, "mxfp8" if config is None else w, 16, config)
-            assert other.consts[-8] == 0 and other.split > 1, (w, config)  # split-K
-        assert plan(act, w, 8).consts[-8] == 0  # M <= 8: not timed, none by default
-        forced = plan(act, w, 8, {"k_warps": 8, "row_groups": 1, "shared_b": True, "rest": 4})
-        assert forced.consts[-8] == 4 and forced.cfg.config["num_warps"] == 32
-    for config, n, k in (({"k_warps": 8, "row_groups": 1, "shared_b": True, "rest": 4}, 8192, 8192),  # 128 rows: no 5
-                         ({"k_warps": 8, "row_groups": 1, "shared_b": True, "rest": 3}, 10240, 8192),  # 160 rows: no 4
-                         ({"k_warps": 8, "row_groups": 1, "shared_b": True, "rest": 4}, 10240, 1024),  # 16 windows
-                         ({"rest": 4, "max_split": 4}, 10240, 8192)):  # split-K
-        with pytest.raises(ValueError, match="rest"):
-            plan(bf16, "mxfp4", 16, config, n, k)
-    for config, m in (({"rest": -1}, 16), ({"rest": 1.0}, 16), ({"rest": 2}, 17)):
-        with pytest.raises(ValueError, match="rest is an int"):
-            plan(bf16, "mxfp4", m, config)
 
 
 def test_fp8_m16_ahead_options(monkeypatch):
@@ -581,7 +534,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, -1)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -688,9 +641,7 @@ def test_cluster_options(monkeypatch):
     for bad, m in (({"cluster": 1}, 16), ({"cluster": 1}, 64)):
         with pytest.raises(ValueError, match="cluster must be a bool"):
             api._mma_options(bad, m, 8192, False)
-    for m, n, k, w, config, split, cluster in ((16, 10240, 8192, "mxfp4", {"rest": 0}, 8, True),
-                                               (16, 10240, 8192, "mxfp4", None, 1, False),  # rest rows
-                                               (16, 10240, 8192, "mxfp8", None, 8, True),
+    for m, n, k, w, config, split, cluster in ((16, 10240, 8192, "mxfp4", None, 8, True),
                                                (16, 10240, 8192, "mxfp4", {"cluster": False, "max_split": 8}, 8, False),
                                                (16, 8192, 28672, "mxfp8", None, 8, True),
                                                (16, 8192, 28672, "mxfp4", None, 16, False),
@@ -714,7 +665,7 @@ def test_cluster_options(monkeypatch):
             m, n, k, w, config)
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # not sm_90: no clusters
     x = torch.randn(16, 8192).to(torch.bfloat16)
-    plan = api._mma_plan(x, b, False, 16, 10240, 8192, api.mma_options_for({"rest": 0}, x, b, 16, 10240))
+    plan = api._mma_plan(x, b, False, 16, 10240, 8192, api.mma_options_for(None, x, b, 16, 10240))
     assert plan.consts[-7] is False and plan.split == 8
     plan = api._mma_plan(x, b, False, 16, 57344, 8192, api.mma_options_for(None, x, b, 16, 57344))
     assert plan.split == 1 and plan.consts[-2] == 4  # 4 K slices of two row groups
