@@ -114,9 +114,10 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
     factor byte."""
     base = (gr * windows + win) * 128 + lane
+    policy = eviction("w", EVICT)
     factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g],
-                      eviction_policy=eviction("w", EVICT)).to(torch.int32)
-    return (*(hl.load(w, [base + 32 * s], eviction_policy=eviction("w", EVICT)) for s in range(4)), factors)
+                      eviction_policy=policy).to(torch.int32)
+    return (*(hl.load(w, [base + 32 * s], eviction_policy=policy) for s in range(4)), factors)
 
 
 def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT):
@@ -168,15 +169,15 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     r = (tid >> 3) & (8 * COL_GROUPS - 1)
     row = torch.where(r < M, r, M - 1)
     j = tid & 7
+    policy = eviction("x", EVICT)
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index], eviction_policy=eviction("x", EVICT)),
-                hl.load(x64, [index + 1], eviction_policy=eviction("x", EVICT))]
+        return [hl.load(x64, [index], eviction_policy=policy), hl.load(x64, [index + 1], eviction_policy=policy)]
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=eviction("x", EVICT))
+        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=policy)
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
     else:
-        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=eviction("x", EVICT))]
+        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=policy)]
     block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
     return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
