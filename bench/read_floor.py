@@ -209,6 +209,147 @@ def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int
     return call, read * 4
 
 
+# The M = 16 slice plan's activation through thread-block clusters (`--multicast`): a program of 8 K slices of 4 warps
+# (1024 threads) reads its weights with plain 16-byte loads (512 B per warp and step, one run per warp) and each slice
+# one 2 KB window of a [16, K] bf16 activation per step, from a 2-slot ring in shared memory (rows 144 B apart, as
+# `kernels.decode.MMA_SHARED_B_ROW`) that bulk copies fill. In a cluster of C CTAs (programs with the same K windows)
+# CTA r copies rows r, r + C, .. of each window and multicasts them to every CTA of the cluster, so L2 serves each
+# window once per cluster instead of once per program. Full mbarriers (one arrival: the CTA's own producer, thread 0 of
+# the slice, arming the window's 2048 bytes) and empty ones (4 C arrivals: each warp of the slice in every CTA, once it
+# has read the slot) per slot; the producer waits for its empty slot before it copies the window two steps ahead.
+MCAST_SLICES = 8
+MCAST_SLOT = 16 * 144  # bytes of one slot: 16 activation rows of 128 B (64 bf16), 144 B apart
+
+
+def _mcast_issue(slot: int, offset: int, row_bytes: int) -> str:
+    """PTX: the producer (predicate p) arms the full mbarrier at fb + 8 `slot` with a window's bytes and copies its rows
+    (j mod C == rank) of the window at base + `offset` (base moves there) into the slot at rb + `slot` MCAST_SLOT,
+    multicast to every CTA of the cluster."""
+    copies = "".join(
+        f"and.b32 d, cm, {j}; setp.eq.and.u32 pj, d, r, p; add.u64 src, base, {j * row_bytes}; "
+        f"@pj cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+        f"[rb+{slot * MCAST_SLOT + j * 144}], [src], 128, [fb+{8 * slot}], mask; " for j in range(16))
+    return f"@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [fb+{8 * slot}], 2048; add.u64 base, base, {offset}; {copies}"
+
+
+def _mcast_common() -> str:
+    """PTX declarations and set-up shared by `mcast_init_ptx` and `mcast_step_ptx`: thread ids, p (the slice's producer),
+    r and c (rank and size of the cluster, 1 without clusters), cm = c - 1, the multicast mask."""
+    return (".reg .pred p, pj, dn, lp, q; .reg .u32 t, sl, l, m, c, r, cm, d, rb, fb, eb, cnt, s, ph, a, g, qq, ra, x, "
+            "x0, x1, x2, x3, j; .reg .b16 mask; .reg .u64 st, src, base; "
+            "mov.u32 t, %tid.x; shr.u32 sl, t, 7; and.b32 l, t, 31; and.b32 m, t, 127; setp.eq.u32 p, m, 0; "
+            "mov.u32 r, %cluster_ctarank; mov.u32 c, %cluster_nctarank; sub.u32 cm, c, 1; "
+            "mov.u32 m, 1; shl.b32 m, m, c; sub.u32 m, m, 1; cvt.u16.u32 mask, m; ")
+
+
+def mcast_init_ptx(slices: int, steps: int, row_bytes: int) -> str:
+    """Outputs $0, $1: the shared addresses of the rings and of the mbarriers; input $2: the activation's address.
+    Initializes each slice's mbarriers, waits for the cluster, and copies steps 0 and 1."""
+    return ("{ .shared .align 128 .b8 mring[" + str(slices * 2 * MCAST_SLOT) + "]; .shared .align 8 .b64 mbars["
+            + str(4 * slices) + "]; " + _mcast_common() +
+            f"mov.u32 fb, mbars; mad.lo.u32 fb, sl, 16, fb; add.u32 eb, fb, {16 * slices}; shl.b32 cnt, c, 2; "
+            f"mov.u32 rb, mring; mad.lo.u32 rb, sl, {2 * MCAST_SLOT}, rb; "
+            "@p mbarrier.init.shared::cta.b64 [fb], 1; @p mbarrier.init.shared::cta.b64 [fb+8], 1; "
+            "@p mbarrier.init.shared::cta.b64 [eb], cnt; @p mbarrier.init.shared::cta.b64 [eb+8], cnt; "
+            "fence.mbarrier_init.release.cluster; barrier.cluster.arrive.release.aligned; "
+            "barrier.cluster.wait.acquire.aligned; "
+            f"mul.wide.u32 base, sl, {steps * 128}; add.u64 base, base, $2; "
+            + _mcast_issue(0, 0, row_bytes) + _mcast_issue(1, 128, row_bytes) +
+            "mov.u32 $0, mring; mov.u32 $1, mbars; }")
+
+
+def mcast_step_ptx(slices: int, steps: int, row_bytes: int) -> str:
+    """Output $0: the xor of the thread's 64 bytes of its slice's window $4 (rows g and g + 8, bytes 32 q .. 32 q + 32);
+    inputs $1 rings, $2 mbarriers (`mcast_init_ptx`), $3 the activation's address, $4 the step. Waits for the slot,
+    reads it, releases it to every CTA of the cluster, and the producer copies step $4 + 2 into it."""
+    reads = "".join(f"ld.shared.v4.b32 {{x0, x1, x2, x3}}, [a+{o}]; xor.b32 x0, x0, x1; xor.b32 x2, x2, x3; "
+                    "xor.b32 x, x, x0; xor.b32 x, x, x2; " for o in (0, 16, 8 * 144, 8 * 144 + 16))
+    return ("{ " + _mcast_common() +
+            "and.b32 s, $4, 1; shr.u32 ph, $4, 1; and.b32 ph, ph, 1; "
+            f"mad.lo.u32 fb, sl, 16, $2; mad.lo.u32 fb, s, 8, fb; add.u32 eb, fb, {16 * slices}; "
+            f"mad.lo.u32 rb, sl, 2, s; mad.lo.u32 rb, rb, {MCAST_SLOT}, $1; "
+            "MCW${:uid}: mbarrier.try_wait.parity.shared::cta.b64 dn, [fb], ph; @!dn bra MCW${:uid}; "
+            "shr.u32 g, l, 2; and.b32 qq, l, 3; mad.lo.u32 a, g, 144, rb; mad.lo.u32 a, qq, 32, a; mov.u32 x, 0; "
+            + reads + "bar.warp.sync -1; setp.lt.u32 lp, l, c; @lp mapa.shared::cluster.u32 ra, eb, l; "
+            "@lp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; "
+            f"add.u32 j, $4, 2; setp.lt.and.u32 q, j, {steps}, p; @!q bra MCD${{:uid}}; "
+            "MCE${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 dn, [eb], ph; @!dn bra MCE${:uid}; "
+            f"mul.wide.u32 base, sl, {steps * 128}; add.u64 base, base, $3; mul.wide.u32 src, j, 128; "
+            "add.u64 base, base, src; " + _mcast_issue(0, 0, row_bytes) + "MCD${:uid}: mov.b32 $0, x; }")
+
+
+MCAST_FINI_PTX = "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;"
+
+
+@triton.jit
+def mcast_words(words, act, out, STEPS: tl.constexpr, ACT: tl.constexpr, INIT: tl.constexpr, STEP: tl.constexpr,
+                FINI: tl.constexpr):
+    """32 warps per program: each warp reads 512 B of its own run of `words` per step (STEPS steps) and stores the xor
+    of its words at out[program * 1024 + thread]; with ACT each 128 threads (a K slice) also read one window of `act`
+    per step through the cluster's multicast ring (`mcast_step_ptx`) and store the xor of what they read at
+    out[(programs + program) * 1024 + thread]."""
+    pid = tl.program_id(0)
+    t = tl.arange(0, 1024)
+    warp, lane = t // 32, t % 32
+    acc = tl.zeros([1024, 4], tl.int32)
+    act_acc = tl.zeros([1024], tl.int32)
+    if ACT:
+        ring, bars = tl.inline_asm_elementwise(INIT, "=r,=r,l", [(act + t * 0).to(tl.int64)], dtype=(tl.int32, tl.int32),
+                                               is_pure=False, pack=1)
+    for i in range(STEPS):
+        block = (pid * 32 + warp).to(tl.int64) * STEPS + i
+        acc ^= tl.load(words + (block * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
+        if ACT:
+            act_acc ^= tl.inline_asm_elementwise(STEP, "=r,r,r,l,r", [ring, bars, (act + t * 0).to(tl.int64), t * 0 + i],
+                                                 dtype=tl.int32, is_pure=False, pack=1)
+    if ACT:
+        act_acc ^= tl.inline_asm_elementwise(FINI, "=r,r", [t], dtype=tl.int32, is_pure=False, pack=1)
+    tl.store(out + pid * 1024 + t, tl.xor_sum(acc, 1))
+    if ACT:
+        tl.store(out + (tl.num_programs(0) + pid) * 1024 + t, act_acc)
+
+
+def cluster_call(jit_fn, grid: int, cluster: int, args: tuple, **options):
+    """A call of the Triton kernel `jit_fn` on `grid` programs as thread-block clusters of `cluster` consecutive
+    programs (as `kernels.launch.DirectLaunch`): the first launch, through Triton, runs without clusters."""
+    from triton.runtime import driver
+
+    kernel = jit_fn[(grid,)](*args, **options)
+    kernel._init_handles()
+    num_warps, _, shared = kernel.packed_metadata
+    device = driver.active.get_current_device()
+    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
+    full = [*args, *constexprs.values()]  # constexprs last, in the kernel's parameter order
+    return lambda: kernel.run(grid // cluster, 1, 1, driver.active.get_current_stream(device), kernel.function,
+                              (num_warps, cluster, shared), None, None, None, *full)
+
+
+def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: int, cluster: int):
+    """A call of `mcast_words` (with `act`, a [16, K] bf16 activation of 8 K slices of one window per step, else the
+    weights only) over the longest prefix of `words` its grid splits evenly, in clusters of `cluster`; called once and
+    checked: the weights' words like `checked_read`, and in every program one warp per slice together read every word
+    of `act`. Returns (call, bytes of `words` read)."""
+    steps = words.numel() // (programs * 32 * 128)
+    out = torch.full((2 * programs * 1024,), -1, device=words.device, dtype=torch.int32)
+    row_bytes = act.shape[1] * 2 if act is not None else 0
+    if act is not None and act.shape[1] != MCAST_SLICES * steps * 64:
+        raise ValueError(f"act must be [16, {MCAST_SLICES * steps * 64}] for {steps} steps, got {list(act.shape)}")
+    consts = dict(STEPS=steps, ACT=act is not None, INIT=mcast_init_ptx(MCAST_SLICES, steps, row_bytes),
+                  STEP=mcast_step_ptx(MCAST_SLICES, steps, row_bytes), FINI=MCAST_FINI_PTX)
+    call = cluster_call(mcast_words, programs, cluster, (words, words if act is None else act, out), **consts,
+                        num_warps=32)
+    call()
+    read = programs * 32 * 128 * steps
+    what = f"mcast_words ({programs} programs, clusters of {cluster}, activation {act is not None})"
+    check_prefix(out[:programs * 1024], words, read, what)
+    if act is not None:
+        seen = out[programs * 1024:].view(programs, MCAST_SLICES, 4, 32)[:, :, 0]
+        want = xor_all(act.view(torch.int32))
+        if any(xor_all(seen[p]) != want for p in range(programs)):
+            raise AssertionError(f"{what} missed activation words")
+    return call, read * 4
+
+
 def prefix_ms(checked, bufs, nbytes: int) -> float:
     """ms per call of a reader over each of `bufs` (`checked(buf)` returns its call and the bytes it reads: a
     prefix), scaled to `nbytes`."""
@@ -263,6 +404,25 @@ def activation_sweep(bufs, sms: int, nbytes: int, act_bytes: int = 16 * 8192 * 2
     return times
 
 
+def multicast_sweep(bufs, sms: int, nbytes: int, programs: int = 128) -> dict[str, float]:
+    """ms per call (scaled to `nbytes`) of `mcast_words` on `programs` programs of 32 warps (the M = 16 slice plan's
+    grid at 8192^2): the weights alone, and with the activation's windows through clusters of 1, 2 and 4 CTAs; beside
+    `grouped_words` on the same grid with 0 and 1 blocks of plain L2 loads per block of weights."""
+    steps = bufs[0].numel() // (programs * 32 * 128)
+    act = torch.randn(16, MCAST_SLICES * steps * 64, device=bufs[0].device, dtype=torch.bfloat16)
+    times = {}
+    for act_loads in (0, 1):
+        times[f"{programs} x 32 warps, plain loads, {act_loads} x 512 B of L2 per 512 B"] = prefix_ms(
+            lambda b: checked_grouped_read(b, 32, 1, 1, programs, act.view(torch.int32).reshape(-1), act_loads), bufs,
+            nbytes)
+    times[f"{programs} x 32 warps, mcast_words, weights only"] = prefix_ms(
+        lambda b: checked_mcast_read(b, None, programs, 1), bufs, nbytes)
+    for cluster in (1, 2, 4):
+        times[f"{programs} x 32 warps, mcast_words, activation in clusters of {cluster}"] = prefix_ms(
+            lambda b: checked_mcast_read(b, act, programs, cluster), bufs, nbytes)
+    return times
+
+
 def grouped_sweep(bufs, sms: int, nbytes: int, grids=GROUPED_GRIDS, every_run: bool = True) -> dict[str, float]:
     """ms per call (scaled to `nbytes`) of `grouped_words` on one-wave grids of 32 and 64 warps per SM: runs per warp,
     per 2 or 4 warps and per program, 512 B to 2 KB per warp and step (without `every_run`: runs per warp, 512 B)."""
@@ -287,6 +447,8 @@ def main(argv=None):
                    help="time `ring_words` against `read_words` on one-wave grids of 16, 32 and 64 warps per SM instead")
     p.add_argument("--activation", action="store_true",
                    help="time `grouped_words` with reads of an L2-resident buffer beside the weights' instead")
+    p.add_argument("--multicast", action="store_true",
+                   help="time `mcast_words` (the activation multicast in thread-block clusters) instead")
     p.add_argument("--grouped", nargs="?", const="all", default=None,
                    help="time `grouped_words` (per-warp runs, runs shared by groups of warps) on one-wave grids instead; "
                         "WARPSxPER_SM: on that grid only, one run per warp, 512 B per step")
@@ -307,7 +469,7 @@ def main(argv=None):
         # the copy moves twice the bytes: its TB/s below count the weight bytes once, as for the reads
         times = {"d2d copy (reads and writes)": time_ms(lambda: [d.copy_(s) for d, s in zip(dst, bufs)], True) / copies}
         del dst
-        for warps in () if args.ring or args.grouped or args.activation else (4, 8, 16):
+        for warps in () if args.ring or args.grouped or args.activation or args.multicast else (4, 8, 16):
             for loads in (1, 2):
                 wave = sms * 64 // warps  # programs resident at 64 warps per SM
                 for waves in (0.25, 1, None):
@@ -319,6 +481,8 @@ def main(argv=None):
             times.update(ring_sweep(bufs, sms, nbytes))
         if args.activation:
             times.update(activation_sweep(bufs, sms, nbytes))
+        if args.multicast:
+            times.update(multicast_sweep(bufs, sms, nbytes))
         if args.grouped:
             every_run = args.grouped == "all"
             grids = GROUPED_GRIDS if every_run else [tuple(map(int, args.grouped.split("x")))]
