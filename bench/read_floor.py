@@ -211,71 +211,91 @@ def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int
 
 # The M = 16 slice plan's activation through thread-block clusters (`--multicast`): a program of 8 K slices of 4 warps
 # (1024 threads) reads its weights with plain 16-byte loads (512 B per warp and step, one run per warp) and each slice
-# one 2 KB window of a [16, K] bf16 activation per step, from a 2-slot ring in shared memory (rows 144 B apart, as
-# `kernels.decode.MMA_SHARED_B_ROW`) that bulk copies fill. In a cluster of C CTAs (programs with the same K windows)
-# CTA r copies rows r, r + C, .. of each window and multicasts them to every CTA of the cluster, so L2 serves each
-# window once per cluster instead of once per program. Full mbarriers (one arrival: the CTA's own producer, thread 0 of
-# the slice, arming the window's 2048 bytes) and empty ones (4 C arrivals: each warp of the slice in every CTA, once it
-# has read the slot) per slot; the producer waits for its empty slot before it copies the window two steps ahead.
+# one 64-K window (2 KB) of a [16, K] bf16 activation per step from a 2-slot ring in shared memory that bulk copies
+# fill (rows 16 B more than their bytes apart, so that rows g and g + 1 fall 4 banks apart). In a cluster of C CTAs
+# (programs on the same K windows) CTA r copies rows r, r + C, .. and multicasts them to every CTA of the cluster, so L2
+# serves each window once per cluster instead of once per program. Each slot has a full mbarrier (one arrival: the
+# producer arming the slot's bytes) and an empty one (an arrival from every warp reading the slot, in every CTA); the
+# producer waits for its empty slot before it copies the step two ahead. `SHARED` rings: each slice its own ring of
+# one window per row (16 copies of 128 B per step and slice), or (shared) one ring for the program, the slices on
+# interleaved windows (slice s on window 8 i + s at step i: one copy of 1 KB per row and step).
 MCAST_SLICES = 8
-MCAST_SLOT = 16 * 144  # bytes of one slot: 16 activation rows of 128 B (64 bf16), 144 B apart
 
 
-def _mcast_issue(slot: int, offset: int, row_bytes: int) -> str:
-    """PTX: the producer (predicate p) arms the full mbarrier at fb + 8 `slot` with a window's bytes and copies its rows
-    (j mod C == rank) of the window at base + `offset` (base moves there) into the slot at rb + `slot` MCAST_SLOT,
+def mcast_geometry(shared: bool) -> tuple[int, int, int, int]:
+    """(rings per program, bytes per row and step, bytes between rows in a slot, warps reading a slot)."""
+    row = 128 * MCAST_SLICES if shared else 128
+    return (1 if shared else MCAST_SLICES), row, row + 16, (32 if shared else 4)
+
+
+def _mcast_issue(slot: int, offset: int, row_bytes: int, shared: bool) -> str:
+    """PTX: the producer (predicate p) arms the full mbarrier at fb + 8 `slot` with a step's bytes and copies its rows
+    (j mod C == rank) of the step at base + `offset` (base moves there) into the slot at rb + `slot` x slot bytes,
     multicast to every CTA of the cluster."""
+    _, row, stride, _ = mcast_geometry(shared)
     copies = "".join(
         f"and.b32 d, cm, {j}; setp.eq.and.u32 pj, d, r, p; add.u64 src, base, {j * row_bytes}; "
         f"@pj cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-        f"[rb+{slot * MCAST_SLOT + j * 144}], [src], 128, [fb+{8 * slot}], mask; " for j in range(16))
-    return f"@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [fb+{8 * slot}], 2048; add.u64 base, base, {offset}; {copies}"
+        f"[rb+{slot * 16 * stride + j * stride}], [src], {row}, [fb+{8 * slot}], mask; " for j in range(16))
+    return (f"@p mbarrier.arrive.expect_tx.shared::cta.b64 st, [fb+{8 * slot}], {16 * row}; "
+            f"add.u64 base, base, {offset}; {copies}")
 
 
-def _mcast_common() -> str:
-    """PTX declarations and set-up shared by `mcast_init_ptx` and `mcast_step_ptx`: thread ids, p (the slice's producer),
-    r and c (rank and size of the cluster, 1 without clusters), cm = c - 1, the multicast mask."""
+def _mcast_common(shared: bool) -> str:
+    """PTX declarations and set-up shared by `mcast_init_ptx` and `mcast_step_ptx`: thread ids, sl (the thread's ring),
+    p (its producer), r and c (rank and size of the cluster, 1 without clusters), cm = c - 1, the multicast mask."""
     return (".reg .pred p, pj, dn, lp, q; .reg .u32 t, sl, l, m, c, r, cm, d, rb, fb, eb, cnt, s, ph, a, g, qq, ra, x, "
             "x0, x1, x2, x3, j; .reg .b16 mask; .reg .u64 st, src, base; "
-            "mov.u32 t, %tid.x; shr.u32 sl, t, 7; and.b32 l, t, 31; and.b32 m, t, 127; setp.eq.u32 p, m, 0; "
+            f"mov.u32 t, %tid.x; shr.u32 sl, t, {10 if shared else 7}; and.b32 l, t, 31; "
+            f"and.b32 m, t, {1023 if shared else 127}; setp.eq.u32 p, m, 0; "
             "mov.u32 r, %cluster_ctarank; mov.u32 c, %cluster_nctarank; sub.u32 cm, c, 1; "
             "mov.u32 m, 1; shl.b32 m, m, c; sub.u32 m, m, 1; cvt.u16.u32 mask, m; ")
 
 
-def mcast_init_ptx(slices: int, steps: int, row_bytes: int) -> str:
+def _mcast_base(steps: int, step: str, act: str, shared: bool) -> str:
+    """PTX: base = the address of the thread's ring's step `step` in row 0 of the activation at `act`."""
+    _, row, _, _ = mcast_geometry(shared)
+    return (f"mul.wide.u32 base, sl, {steps * 128}; add.u64 base, base, {act}; mul.wide.u32 src, {step}, {row}; "
+            "add.u64 base, base, src; ")
+
+
+def mcast_init_ptx(steps: int, row_bytes: int, shared: bool) -> str:
     """Outputs $0, $1: the shared addresses of the rings and of the mbarriers; input $2: the activation's address.
-    Initializes each slice's mbarriers, waits for the cluster, and copies steps 0 and 1."""
-    return ("{ .shared .align 128 .b8 mring[" + str(slices * 2 * MCAST_SLOT) + "]; .shared .align 8 .b64 mbars["
-            + str(4 * slices) + "]; " + _mcast_common() +
-            f"mov.u32 fb, mbars; mad.lo.u32 fb, sl, 16, fb; add.u32 eb, fb, {16 * slices}; shl.b32 cnt, c, 2; "
-            f"mov.u32 rb, mring; mad.lo.u32 rb, sl, {2 * MCAST_SLOT}, rb; "
+    Initializes the mbarriers, waits for the cluster, and copies steps 0 and 1."""
+    rings, row, stride, readers = mcast_geometry(shared)
+    return ("{ .shared .align 128 .b8 mring[" + str(rings * 32 * stride) + "]; .shared .align 8 .b64 mbars["
+            + str(4 * rings) + "]; " + _mcast_common(shared) +
+            f"mov.u32 fb, mbars; mad.lo.u32 fb, sl, 16, fb; add.u32 eb, fb, {16 * rings}; mul.lo.u32 cnt, c, {readers}; "
+            f"mov.u32 rb, mring; mad.lo.u32 rb, sl, {32 * stride}, rb; "
             "@p mbarrier.init.shared::cta.b64 [fb], 1; @p mbarrier.init.shared::cta.b64 [fb+8], 1; "
             "@p mbarrier.init.shared::cta.b64 [eb], cnt; @p mbarrier.init.shared::cta.b64 [eb+8], cnt; "
             "fence.mbarrier_init.release.cluster; barrier.cluster.arrive.release.aligned; "
-            "barrier.cluster.wait.acquire.aligned; "
-            f"mul.wide.u32 base, sl, {steps * 128}; add.u64 base, base, $2; "
-            + _mcast_issue(0, 0, row_bytes) + _mcast_issue(1, 128, row_bytes) +
+            "barrier.cluster.wait.acquire.aligned; mov.u32 j, 0; " + _mcast_base(steps, "j", "$2", shared)
+            + _mcast_issue(0, 0, row_bytes, shared) + _mcast_issue(1, row, row_bytes, shared) +
             "mov.u32 $0, mring; mov.u32 $1, mbars; }")
 
 
-def mcast_step_ptx(slices: int, steps: int, row_bytes: int) -> str:
-    """Output $0: the xor of the thread's 64 bytes of its slice's window $4 (rows g and g + 8, bytes 32 q .. 32 q + 32);
-    inputs $1 rings, $2 mbarriers (`mcast_init_ptx`), $3 the activation's address, $4 the step. Waits for the slot,
-    reads it, releases it to every CTA of the cluster, and the producer copies step $4 + 2 into it."""
+def mcast_step_ptx(steps: int, row_bytes: int, shared: bool) -> str:
+    """Output $0: the xor of the thread's 64 bytes of its slice's window at step $4 (rows g and g + 8, bytes 32 q ..
+    32 q + 32 of the slice's 128); inputs $1 rings, $2 mbarriers (`mcast_init_ptx`), $3 the activation's address, $4
+    the step. Waits for the slot, reads it, releases it to every CTA of the cluster, and the producer copies step
+    $4 + 2 into it."""
+    rings, row, stride, _ = mcast_geometry(shared)
     reads = "".join(f"ld.shared.v4.b32 {{x0, x1, x2, x3}}, [a+{o}]; xor.b32 x0, x0, x1; xor.b32 x2, x2, x3; "
-                    "xor.b32 x, x, x0; xor.b32 x, x, x2; " for o in (0, 16, 8 * 144, 8 * 144 + 16))
-    return ("{ " + _mcast_common() +
+                    "xor.b32 x, x, x0; xor.b32 x, x, x2; " for o in (0, 16, 8 * stride, 8 * stride + 16))
+    column = "shr.u32 d, t, 7; mad.lo.u32 a, d, 128, a; " if shared else ""  # the slice's window in the row
+    return ("{ " + _mcast_common(shared) +
             "and.b32 s, $4, 1; shr.u32 ph, $4, 1; and.b32 ph, ph, 1; "
-            f"mad.lo.u32 fb, sl, 16, $2; mad.lo.u32 fb, s, 8, fb; add.u32 eb, fb, {16 * slices}; "
-            f"mad.lo.u32 rb, sl, 2, s; mad.lo.u32 rb, rb, {MCAST_SLOT}, $1; "
+            f"mad.lo.u32 fb, sl, 16, $2; mad.lo.u32 fb, s, 8, fb; add.u32 eb, fb, {16 * rings}; "
+            f"mad.lo.u32 rb, sl, 2, s; mad.lo.u32 rb, rb, {16 * stride}, $1; "
             "MCW${:uid}: mbarrier.try_wait.parity.shared::cta.b64 dn, [fb], ph; @!dn bra MCW${:uid}; "
-            "shr.u32 g, l, 2; and.b32 qq, l, 3; mad.lo.u32 a, g, 144, rb; mad.lo.u32 a, qq, 32, a; mov.u32 x, 0; "
-            + reads + "bar.warp.sync -1; setp.lt.u32 lp, l, c; @lp mapa.shared::cluster.u32 ra, eb, l; "
+            f"shr.u32 g, l, 2; and.b32 qq, l, 3; mad.lo.u32 a, g, {stride}, rb; mad.lo.u32 a, qq, 32, a; {column}"
+            "mov.u32 x, 0; " + reads + "bar.warp.sync -1; setp.lt.u32 lp, l, c; @lp mapa.shared::cluster.u32 ra, eb, l; "
             "@lp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; "
             f"add.u32 j, $4, 2; setp.lt.and.u32 q, j, {steps}, p; @!q bra MCD${{:uid}}; "
             "MCE${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 dn, [eb], ph; @!dn bra MCE${:uid}; "
-            f"mul.wide.u32 base, sl, {steps * 128}; add.u64 base, base, $3; mul.wide.u32 src, j, 128; "
-            "add.u64 base, base, src; " + _mcast_issue(0, 0, row_bytes) + "MCD${:uid}: mov.b32 $0, x; }")
+            + _mcast_base(steps, "j", "$3", shared) + _mcast_issue(0, 0, row_bytes, shared)
+            + "MCD${:uid}: mov.b32 $0, x; }")
 
 
 MCAST_FINI_PTX = "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; mov.u32 $0, 0;"
@@ -324,7 +344,7 @@ def cluster_call(jit_fn, grid: int, cluster: int, args: tuple, **options):
                               (num_warps, cluster, shared), None, None, None, *full)
 
 
-def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: int, cluster: int):
+def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: int, cluster: int, shared: bool = False):
     """A call of `mcast_words` (with `act`, a [16, K] bf16 activation of 8 K slices of one window per step, else the
     weights only) over the longest prefix of `words` its grid splits evenly, in clusters of `cluster`; called once and
     checked: the weights' words like `checked_read`, and in every program one warp per slice together read every word
@@ -334,13 +354,13 @@ def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: 
     row_bytes = act.shape[1] * 2 if act is not None else 0
     if act is not None and act.shape[1] != MCAST_SLICES * steps * 64:
         raise ValueError(f"act must be [16, {MCAST_SLICES * steps * 64}] for {steps} steps, got {list(act.shape)}")
-    consts = dict(STEPS=steps, ACT=act is not None, INIT=mcast_init_ptx(MCAST_SLICES, steps, row_bytes),
-                  STEP=mcast_step_ptx(MCAST_SLICES, steps, row_bytes), FINI=MCAST_FINI_PTX)
+    consts = dict(STEPS=steps, ACT=act is not None, INIT=mcast_init_ptx(steps, row_bytes, shared),
+                  STEP=mcast_step_ptx(steps, row_bytes, shared), FINI=MCAST_FINI_PTX)
     call = cluster_call(mcast_words, programs, cluster, (words, words if act is None else act, out), **consts,
                         num_warps=32)
     call()
     read = programs * 32 * 128 * steps
-    what = f"mcast_words ({programs} programs, clusters of {cluster}, activation {act is not None})"
+    what = f"mcast_words ({programs} programs, clusters of {cluster}, activation {act is not None}, shared {shared})"
     check_prefix(out[:programs * 1024], words, read, what)
     if act is not None:
         seen = out[programs * 1024:].view(programs, MCAST_SLICES, 4, 32)[:, :, 0]
@@ -417,9 +437,10 @@ def multicast_sweep(bufs, sms: int, nbytes: int, programs: int = 128) -> dict[st
             nbytes)
     times[f"{programs} x 32 warps, mcast_words, weights only"] = prefix_ms(
         lambda b: checked_mcast_read(b, None, programs, 1), bufs, nbytes)
-    for cluster in (1, 2, 4):
-        times[f"{programs} x 32 warps, mcast_words, activation in clusters of {cluster}"] = prefix_ms(
-            lambda b: checked_mcast_read(b, act, programs, cluster), bufs, nbytes)
+    for shared in (False, True):
+        for cluster in (1, 2, 4):
+            times[f"{programs} x 32 warps, mcast_words, {'one ring' if shared else 'ring per slice'}, clusters of "
+                  f"{cluster}"] = prefix_ms(lambda b: checked_mcast_read(b, act, programs, cluster, shared), bufs, nbytes)
     return times
 
 
