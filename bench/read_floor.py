@@ -216,7 +216,9 @@ def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int
 # (programs on the same K windows) CTA r copies rows r, r + C, .. and multicasts them to every CTA of the cluster, so L2
 # serves each window once per cluster instead of once per program. Each slot has a full mbarrier (one arrival: the
 # producer arming the slot's bytes) and an empty one (an arrival from every warp reading the slot, in every CTA); the
-# producer waits for its empty slot before it copies the step two ahead. `SHARED` rings: each slice its own ring of
+# producer waits for its empty slot before it copies the step two ahead. The arrivals and waits keep their default
+# CTA-scope release / acquire, as CUTLASS's cluster barriers do: at cluster scope each arrival is a MEMBAR.GPU that waits
+# for the warp's weight loads in flight, and each wait invalidates L1 (H100, 8192^2 nvfp4 bytes, one ring: 38.6 us). `SHARED` rings: each slice its own ring of
 # one window per row (16 copies of 128 B per step and slice), or (shared) one ring for the program, the slices on
 # interleaved windows (slice s on window 8 i + s at step i: one copy of 1 KB per row and step).
 MCAST_SLICES = 8
@@ -291,9 +293,9 @@ def mcast_step_ptx(steps: int, row_bytes: int, shared: bool) -> str:
             "MCW${:uid}: mbarrier.try_wait.parity.shared::cta.b64 dn, [fb], ph; @!dn bra MCW${:uid}; "
             f"shr.u32 g, l, 2; and.b32 qq, l, 3; mad.lo.u32 a, g, {stride}, rb; mad.lo.u32 a, qq, 32, a; {column}"
             "mov.u32 x, 0; " + reads + "bar.warp.sync -1; setp.lt.u32 lp, l, c; @lp mapa.shared::cluster.u32 ra, eb, l; "
-            "@lp mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; "
+            "@lp mbarrier.arrive.shared::cluster.b64 _, [ra]; "
             f"add.u32 j, $4, 2; setp.lt.and.u32 q, j, {steps}, p; @!q bra MCD${{:uid}}; "
-            "MCE${:uid}: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 dn, [eb], ph; @!dn bra MCE${:uid}; "
+            "MCE${:uid}: mbarrier.try_wait.parity.shared::cta.b64 dn, [eb], ph; @!dn bra MCE${:uid}; "
             + _mcast_base(steps, "j", "$3", shared) + _mcast_issue(0, 0, row_bytes, shared)
             + "MCD${:uid}: mov.b32 $0, x; }")
 
