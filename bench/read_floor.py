@@ -166,13 +166,14 @@ def checked_ring_read(words: torch.Tensor, warps: int, slots: int, chunk: int, p
 
 @triton.jit
 def grouped_words(words, act, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GROUP: tl.constexpr, LOADS: tl.constexpr,
-                  ACT_LOADS: tl.constexpr, ACT_WORDS: tl.constexpr):
+                  ACT_LOADS: tl.constexpr, ACT_WORDS: tl.constexpr, ACT_VEC: tl.constexpr = 4):
     """Each warp reads LOADS consecutive 512-byte blocks per step (16 bytes per lane each), STEPS steps; the GROUP
     warps w // GROUP of a program read one contiguous GROUP x LOADS blocks per step, and each such group of warps runs
     through its own contiguous run (GROUP 1: one run per warp; GROUP WARPS: one per program). Each thread stores the
     xor of its words at out[program * 32 WARPS + thread]. With ACT_LOADS, each warp also reads ACT_LOADS 512-byte
     blocks per step of `act` (ACT_WORDS int32 words, the same for every program, so read at L2 as the mma kernels'
-    activation is: block (step * WARPS + warp) * ACT_LOADS + j, cyclically) and stores their xor at
+    activation is: block (step * WARPS + warp) * ACT_LOADS + j, cyclically; blocks of 32 ACT_VEC words, ACT_VEC per
+    lane) and stores their xor at
     out[(programs + program) * 32 WARPS + thread]."""
     pid = tl.program_id(0)
     t = tl.arange(0, WARPS * 32)
@@ -185,15 +186,15 @@ def grouped_words(words, act, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GRO
             block = ((run * STEPS + i) * GROUP + warp % GROUP) * LOADS + j
             acc ^= tl.load(words + (block * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
         for j in tl.static_range(ACT_LOADS):
-            offset = (((i * WARPS + warp) * ACT_LOADS + j) * 128 + lane * 4) % ACT_WORDS
-            act_acc ^= tl.load(act + offset[:, None] + tl.arange(0, 4)[None, :])
+            offset = (((i * WARPS + warp) * ACT_LOADS + j) * 32 * ACT_VEC + lane * ACT_VEC) % ACT_WORDS
+            act_acc ^= tl.load(act + offset[:, None] + tl.arange(0, ACT_VEC)[None, :])
     tl.store(out + pid * WARPS * 32 + t, tl.xor_sum(acc, 1))
     if ACT_LOADS > 0:
         tl.store(out + (tl.num_programs(0) + pid) * WARPS * 32 + t, tl.xor_sum(act_acc, 1))
 
 
 def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int, programs: int,
-                         act: torch.Tensor | None = None, act_loads: int = 0):
+                         act: torch.Tensor | None = None, act_loads: int = 0, act_vec: int = 4):
     """A call of `grouped_words` over the longest prefix of `words` that its grid splits evenly (and `act_loads`
     blocks of `act` per warp and step), called once and checked like `checked_read` (the weight words only);
     returns (call, bytes of `words` read)."""
@@ -201,7 +202,7 @@ def checked_grouped_read(words: torch.Tensor, warps: int, group: int, loads: int
     out = torch.empty(2 * programs * warps * 32, device=words.device, dtype=torch.int32)
     act = words if act is None else act
     call = lambda: grouped_words[(programs,)](words, act, out, steps, warps, group, loads, act_loads,  # noqa: E731
-                                              act.numel(), num_warps=warps)
+                                              act.numel(), act_vec, num_warps=warps)
     call()
     read = programs * warps * loads * 128 * steps
     check_prefix(out[:programs * warps * 32], words, read,
@@ -433,14 +434,14 @@ def multicast_sweep(bufs, sms: int, nbytes: int, programs: int = 128) -> dict[st
     steps = bufs[0].numel() // (programs * 32 * 128)
     act = torch.randn(16, MCAST_SLICES * steps * 64, device=bufs[0].device, dtype=torch.bfloat16)
     times = {}
-    for act_loads in (0, 1):
-        times[f"{programs} x 32 warps, plain loads, {act_loads} x 512 B of L2 per 512 B"] = prefix_ms(
-            lambda b: checked_grouped_read(b, 32, 1, 1, programs, act.view(torch.int32).reshape(-1), act_loads), bufs,
-            nbytes)
+    for act_loads, vec in ((0, 4), (1, 4), (1, 2), (1, 1)):
+        times[f"{programs} x 32 warps, plain loads, {act_loads * vec * 128} B of L2 per 512 B"] = prefix_ms(
+            lambda b: checked_grouped_read(b, 32, 1, 1, programs, act.view(torch.int32).reshape(-1), act_loads, vec),
+            bufs, nbytes)
     times[f"{programs} x 32 warps, mcast_words, weights only"] = prefix_ms(
         lambda b: checked_mcast_read(b, None, programs, 1), bufs, nbytes)
     for shared in (False, True):
-        for cluster in (1, 2, 4):
+        for cluster in (1, 2):
             times[f"{programs} x 32 warps, mcast_words, {'one ring' if shared else 'ring per slice'}, clusters of "
                   f"{cluster}"] = prefix_ms(lambda b: checked_mcast_read(b, act, programs, cluster, shared), bufs, nbytes)
     return times
