@@ -180,7 +180,7 @@ def grouped_words(words, act, out, STEPS: tl.constexpr, WARPS: tl.constexpr, GRO
     warp, lane = t // 32, t % 32
     run = (pid * (WARPS // GROUP) + warp // GROUP).to(tl.int64)
     acc = tl.zeros([WARPS * 32, 4], tl.int32)
-    act_acc = tl.zeros([WARPS * 32, 4], tl.int32)
+    act_acc = tl.zeros([WARPS * 32, ACT_VEC], tl.int32)
     for i in range(STEPS):
         for j in tl.static_range(LOADS):
             block = ((run * STEPS + i) * GROUP + warp % GROUP) * LOADS + j
