@@ -655,7 +655,6 @@ class MmaOptions(NamedTuple):
     cluster: bool  # split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
-    slice_warps: int = 4  # warps per K slice with shared B (SLICE_WARPS): 4, or 8 (128 rows on one B exchange)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -679,9 +678,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
-    `_mma_gemv_cluster` allows it; False: workspace atomics) and "slice_warps": 4 or 8 (with "k_warps" 2 or 4 and
-    "shared_b": warps per K slice, 8: 128 weight rows on each window's B, half the activation reads per weight
-    byte; default 4) and "evict": bool (default `MMA_EVICT` up to M = 16,
+    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
@@ -692,11 +689,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "slice_warps"}
+            "cluster", "evict"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'slice_warps', or "
-                         f"None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster' and 'evict', or None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -706,9 +702,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` / `_mma_k_slices` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
-    if k_warps > 1 and (wide_m or "max_split" in config or (split > 1 and config.get("shared_b") is not True)):
-        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split', and with 'split' > 1 only "
-                         f"as K slices ('shared_b' True), got {config!r} at M = {m}")
+    if k_warps > 1 and (wide_m or "max_split" in config or split > 1):
+        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' or 'split' (split 1), got {config!r} "
+                         f"at M = {m}")
     if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
@@ -758,11 +754,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
-    slice_warps = config.get("slice_warps", 4)
-    if slice_warps != 4 and (slice_warps != 8 or type(slice_warps) is not int or k_warps not in (2, 4) or not shared_b):
-        raise ValueError(f"config: slice_warps is 4, or 8 with 'k_warps' 2 or 4 and 'shared_b' True, got {config!r}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, slice_warps)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -905,10 +898,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
-    sliced_split = max(options.split, 1) if options.k_warps > 1 else 1  # K slices of split-K parts
-    if (k // 64) % (options.k_warps * sliced_split):
-        times = f" x split {sliced_split}" if sliced_split > 1 else ""
-        raise ValueError(f"config: k_warps {options.k_warps}{times} must divide the K / 64 = {k // 64} windows")
+    if (k // 64) % options.k_warps:
+        raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
@@ -917,7 +908,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_TILE_128_PROGRAMS_PER_SM if options.tile_m > MMA_M64_B_ROWS
                                    else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
-    row_warps = program_row_warps(options.k_warps, options.shared_b, options.slice_warps)
+    row_warps = program_row_warps(options.k_warps, options.shared_b)
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
@@ -931,12 +922,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
-                               b.device, 32 * row_warps * options.k_warps, 32 * row_warps if options.k_warps > 1 else 128))
+                               b.device))
     # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
-    # mma_gemv_kernel's SLICE_WARPS, CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
-            else (options.slice_warps, cluster, options.row_groups, split, options.shared_b, options.ahead,
-                  options.k_warps, options.stage_b))
+            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               options.evict, _mma_column_groups(m), *tail)
@@ -950,14 +940,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
-def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device,
-                      cta_threads: int | None = None) -> bool:
-    """Whether SPLIT parts can sum `values` accumulators per thread of `threads` threads (of `cta_threads`-thread CTAs,
-    default `threads`) in one thread-block cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing
-    them (one per CTA included), and more than MMA_CLUSTER_PROGRAMS_PER_SM programs of `threads` per SM."""
-    cta_threads = cta_threads or threads
-    return (1 < split <= CLUSTER_MAX_CTAS and (values, split, threads, cta_threads) in MMA_CLUSTER_SUM_PTX
-            and programs * cta_threads > MMA_CLUSTER_PROGRAMS_PER_SM * threads * _sm_count(device))
+def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:
+    """Whether SPLIT parts can sum `values` accumulators per thread of `threads`-thread CTAs in one thread-block
+    cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing them (one per CTA included), and
+    more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (1 < split <= CLUSTER_MAX_CTAS and (values, split, threads) in MMA_CLUSTER_SUM_PTX
+            and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
 
 
 def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device) -> bool:
@@ -974,11 +962,10 @@ def _mma_gemv_values(row_groups: int, col_groups: int) -> int:
     return 4 * row_groups * col_groups
 
 
-def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device, cta_threads: int = 128,
-                      holders: int = 128) -> bool:
+def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90 and `_cluster_sum_runs` with its `values` accumulators on `holders` threads (of `cta_threads`: K slices)."""
-    return _has_wgmma(device) and _cluster_sum_runs(split, values, holders, programs, device, cta_threads)
+    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
+    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

@@ -360,34 +360,30 @@ def shared_buffer_ptx(size: int, align: int = 16) -> str:
     return f"{{ .shared .align {align} .b8 sb[{size}]; mov.u32 $0, sb; }}"
 
 
-def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, slice_warps: int = 4) -> str:
+def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
     """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the
     thread's 16 bytes (2 int64 if `wide`, else 4 int32), the window's parity, then the shared
     address of a `shared_b_bytes(c, slices)` buffer (`shared_buffer_ptx`). The
     offsets come from %tid.x. With `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
-    K_WARPS > 1) each 32 `slice_warps` threads t >> (5 + log2 slice_warps) exchange their own window in their own two
-    buffers and wait at their own named barrier (1 + the slice), not at the CTA's. With 8 warps per slice (128 weight
-    rows on one B) the first 128 threads of a slice write the window (the others' loads are masked off) and all 256
-    read it."""
+    K_WARPS > 1) each 128 threads t >> 7 exchange their own window in their own two buffers and
+    wait at their own named barrier (1 + t >> 7, 128 threads), not at the CTA's."""
     first, row = 8 * col_groups, MMA_SHARED_B_ROW
     n_in = 2 if wide else 4
     ins = ", ".join(f"${first + i}" for i in range(n_in))
     size = 8 * col_groups * row
-    threads = 32 * slice_warps
     loads = "".join(
         f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
         for c in range(col_groups) for h in range(2)
     )
-    own = ("" if slices == 1 else  # the slice's buffers, barrier
-           f"shr.b32 s, t, {threads.bit_length() - 1}; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; ")
-    writer = "and.b32 u, t, 128; setp.eq.u32 p, u, 0; @p " if slice_warps == 8 else ""
+    own = ("" if slices == 1 else
+           f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; ")  # the slice's buffers, barrier
     return (
-        f"{{ .reg .b32 t, a, b, u, s; .reg .pred p; mov.u32 t, %tid.x; mov.u32 b, ${first + n_in + 1}; "
+        f"{{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, ${first + n_in + 1}; "
         f"mad.lo.u32 b, ${first + n_in}, {size}, b; " + own +
         # write: row (t >> 3) mod 8c, byte 16 (t & 7)
         f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
-        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; {writer}st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
-        + ("bar.sync 0; " if slices == 1 else f"bar.sync s, {threads}; ") +
+        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
+        + ("bar.sync 0; " if slices == 1 else "bar.sync s, 128; ") +
         # read: row g = lane >> 2, byte 32 q
         f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
         + loads + "}"
@@ -395,7 +391,7 @@ def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, slice_warps
 
 
 def shared_b_bytes(col_groups: int, slices: int) -> int:
-    """Shared memory of `MMA_SHARED_B_PTX[col_groups, _, slices, _]`."""
+    """Shared memory of `MMA_SHARED_B_PTX[col_groups, _, slices]`."""
     return 2 * 8 * col_groups * MMA_SHARED_B_ROW * slices
 
 
@@ -513,13 +509,12 @@ def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int) -
 
 # by (values per thread: `mma_gemv.output_slots`, warps or K slices, threads per group, rounds)
 MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)} | {
-    (n, w, g, r): _k_warp_sum(n, w, g, r) for g, ws in ((128, (2, 4, 8)), (256, (2, 4))) for n in (2, 4, 6, 8, 12, 16)
-    for w in ws for r in range(1, n + 1) if n % r == 0}
+    (n, w, 128, r): _k_warp_sum(n, w, 128, r) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8) for r in range(1, n + 1)
+    if n % r == 0}
 
 
-# by (column groups, bf16 activation, K slices, warps per slice: 4, or 8 with 2 to 4 slices)
-MMA_SHARED_B_PTX = {(c, wide, s, w): _shared_b_exchange(c, wide, s, w) for c in (1, 2) for wide in (False, True)
-                    for s, w in ((1, 4), (2, 4), (4, 4), (8, 4), (2, 8), (4, 8))}
+# by (column groups, bf16 activation, K slices)
+MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2) for wide in (False, True) for s in (1, 2, 4, 8)}
 
 
 # 16 < M <= 64 (`mma_gemv.mma_m64_kernel`): the 256 threads of a program (8 warps) write one
@@ -659,16 +654,13 @@ def cluster_sum_bytes(values: int, split: int, threads: int = 256) -> int:
     return (split - 1) * (values // split) * threads * 4
 
 
-def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int | None = None) -> str:
+def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
     """Outputs $0 .. $(c - 1): the thread's values c r .. c r + c - 1 (r = %cluster_ctarank) summed over the cluster's
     CTAs, its own first, then the others by rank; inputs $c .. $(c + values - 1): its fp32 values. Each CTA stores
     the values every other CTA owns into that CTA's buffer (`mapa`, st.shared::cluster) in the slot of its rank
     (ranks above the owner's one lower; within a slot vector v of thread t at v threads + t: a warp's stores are
-    contiguous), waits at the cluster barrier (release / acquire) and adds its slots in order. With `cta_threads` >
-    `threads` (mma_gemv_kernel's K slices: the first `threads` hold the sums) the others store nothing, read thread
-    t mod `threads`'s slots and get meaningless outputs; they still arrive at the cluster barrier, as they must."""
+    contiguous), waits at the cluster barrier (release / acquire) and adds its slots in order."""
     c = values // split
-    extra = cta_threads is not None and cta_threads > threads
     width = next(w for w in (4, 2, 1) if c % w == 0)
     vec = f".v{width}" if width > 1 else ""
     slot = c * threads * 4
@@ -678,8 +670,7 @@ def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int |
 
     body = ""
     for owner in range(split):
-        store = "setp.ne.and.u32 p, r, o, v" if extra else "setp.ne.u32 p, r, o"
-        body += (f"mov.u32 o, {owner}; {store}; setp.gt.u32 q, r, o; selp.u32 s, 1, 0, q; sub.u32 s, r, s; "
+        body += (f"mov.u32 o, {owner}; setp.ne.u32 p, r, o; setp.gt.u32 q, r, o; selp.u32 s, 1, 0, q; sub.u32 s, r, s; "
                  f"mad.lo.u32 a, s, {slot}, b; mapa.shared::cluster.u32 d, a, o; ")
         body += "".join(f"@p st.shared::cluster{vec}.f32 [d+{v * threads * 4 * width}], "
                         f"{regs([f'${c + owner * c + v * width + i}' for i in range(width)])}; " for v in range(c // width))
@@ -691,17 +682,13 @@ def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int |
             body += "".join(f"add.f32 y{v * width + i}, y{v * width + i}, x{i}; " for i in range(width))
     return (
         f"{{ .shared .align 16 .b8 cs[{cluster_sum_bytes(values, split, threads)}]; .reg .b32 t, r, o, s, a, b, d; "
-        f".reg .pred p, q{', v' if extra else ''}; .reg .f32 x<{width}>, y<{c}>; mov.u32 t, %tid.x; "
-        + (f"setp.lt.u32 v, t, {threads}; and.b32 t, t, {threads - 1}; " if extra else "")
-        + "mov.u32 r, %cluster_ctarank; "
+        f".reg .pred p, q; .reg .f32 x<{width}>, y<{c}>; mov.u32 t, %tid.x; mov.u32 r, %cluster_ctarank; "
         f"mov.u32 b, cs; mad.lo.u32 b, t, {4 * width}, b; barrier.cluster.wait.aligned; "
         + body + "".join(f"mov.b32 ${k}, y{k}; " for k in range(c)) + "}"
     )
 
 
-# by (values per thread, cluster size, threads that hold them, threads per CTA): mma_m64_kernel 4 x column groups on
-# 256 threads, mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128, of 128 or (K slices) up to 1024, or
-# (K slices of 8 warps) on 256 of 512 or 1024
-MMA_CLUSTER_SUM_PTX = {(4 * g, s, t, cta): _cluster_sum(4 * g, s, t, cta)
-                       for t, groups, ctas in ((256, MMA_M64_B_ROWS // 8, (256, 512, 1024)), (128, 4, (128, 256, 512, 1024)))
-                       for cta in ctas for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}
+# by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads,
+# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
+MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
+                       for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}

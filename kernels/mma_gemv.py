@@ -72,13 +72,12 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
-from .api import _mma_gemv_values
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, cluster_sum_bytes, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
@@ -93,11 +92,10 @@ def eviction(role, EVICT):
     return {"w": "evict_first", "x": "evict_last"}[role] if EVICT else None
 
 
-def program_row_warps(K_WARPS, SHARED_B, SLICE_WARPS=4):
+def program_row_warps(K_WARPS, SHARED_B):
     """Warps of a program on different row groups: 4, or 1 when K_WARPS > 1 warps split K
-    without shared B (with it, K_WARPS slices of SLICE_WARPS (4 or 8) warps: the exchange takes 32 SLICE_WARPS
-    threads)."""
-    return 1 if K_WARPS > 1 and not SHARED_B else SLICE_WARPS if K_WARPS > 1 else 4
+    without shared B (with it, K_WARPS slices of 4 warps: the exchange takes 128 threads)."""
+    return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
 def thread_ids(threads=128):
@@ -164,27 +162,24 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     )
 
 
-def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT, SLICE_WARPS=4):
+def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT):
     """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
     row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
-    words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code. With 8 warps per K slice only
-    the first 128 threads of each slice load (the others get zeros, which the exchange does not store)."""
+    words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code."""
     r = (tid >> 3) & (8 * COL_GROUPS - 1)
     row = torch.where(r < M, r, M - 1)
     j = tid & 7
     policy = eviction("x", EVICT)
-    mask = (tid & 128) == 0 if SLICE_WARPS == 8 else None
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index], extra_mask=mask, eviction_policy=policy),
-                hl.load(x64, [index + 1], extra_mask=mask, eviction_policy=policy)]
+        return [hl.load(x64, [index], eviction_policy=policy), hl.load(x64, [index + 1], eviction_policy=policy)]
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], extra_mask=mask, eviction_policy=policy)
+        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=policy)
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
     else:
-        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], extra_mask=mask, eviction_policy=policy)]
+        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=policy)]
     block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
-    return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)], extra_mask=mask)]
+    return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
 
 def window_parity(like, win):
@@ -200,10 +195,10 @@ def shared_buffer(size, threads, align=16):
                                      dtype=torch.int32, is_pure=True, pack=1)
 
 
-def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS, SLICE_WARPS=4):
+def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
-    K_WARPS K slices of 32 SLICE_WARPS threads)."""
+    K_WARPS K slices of 128 threads)."""
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         chunk = loaded
     else:
@@ -222,7 +217,7 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     # runs it once per window, unconditionally, and its inputs differ per window, so it is
     # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS, SLICE_WARPS if K_WARPS > 1 else 4],
+        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
         ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r", "r"]), [*chunk, parity, buffer],
         dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
@@ -296,16 +291,13 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, SPLIT=1, CLUSTER=False, SLICE_WARPS=4):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
-    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored). With
-    SPLIT > 1 in clusters the cluster sums' buffer shares the static shared memory too."""
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
-    group = 32 * program_row_warps(K_WARPS, SHARED_B, SLICE_WARPS)
+    group = 32 * program_row_warps(K_WARPS, SHARED_B)
     other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
-    if SPLIT > 1 and CLUSTER:
-        other += cluster_sum_bytes(_mma_gemv_values(ROW_GROUPS, COL_GROUPS), SPLIT, group)
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
@@ -316,11 +308,6 @@ def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 
     for (r, c, i), total in zip(slots, totals, strict=True):  # n >= 2: a tuple
         summed[r][c][i] = total
     return summed
-
-
-def flat_sums(sums):
-    """Accumulators by row group, column group and slot (sums[r][c][i]) as one tuple of 16, in that order."""
-    return tuple(sums[r][c][i] for r in range(2) for c in range(2) for i in range(4))
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, keep=None):
@@ -334,13 +321,10 @@ def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, 
                          args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
 
-def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0, owner=None):
-    """The last program of a row of programs: the workspace sums into `out`, zeros back (by the threads where
-    `owner` is true, if given)."""
+def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0):
+    """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = torch.zeros_like(q, dtype=torch.float32)
     slots = [out_index(c, q, g, gr + r, i, M, N, col0) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
-    if owner is not None:
-        slots = [(index, valid & owner) for index, valid in slots]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
@@ -374,7 +358,6 @@ def mma_gemv_kernel(
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
     COL_GROUPS: hl.constexpr,
-    SLICE_WARPS: hl.constexpr,
     CLUSTER: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
@@ -396,7 +379,7 @@ def mma_gemv_kernel(
     registers there every window. CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
     programs, and launched as one thread-block cluster (`launch.DirectLaunch`) they sum through distributed shared
     memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters."""
-    row_warps = program_row_warps(K_WARPS, SHARED_B, SLICE_WARPS)
+    row_warps = program_row_warps(K_WARPS, SHARED_B)
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
@@ -417,9 +400,9 @@ def mma_gemv_kernel(
         if K_WARPS == 1:  # the warp's first row group, and the program's first window
             gr = (tile_p * 4 + (tid >> 5)) * ROW_GROUPS
             first = part * windows // SPLIT if uneven else part * steps
-        elif SHARED_B:  # K slice tid >> 7 (8 warps per slice: tid >> 8) of the program's 4 (8) row groups (pairs)
-            gr = (tile_p * row_warps + ((tid >> 5) & (row_warps - 1))) * ROW_GROUPS
-            first = (part * K_WARPS + (tid >> (7 if SLICE_WARPS == 4 else 8))) * steps
+        elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
+            gr = (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
+            first = (part * K_WARPS + (tid >> 7)) * steps
         else:  # one row group (pair) per program; warp w from window w * steps, a per-thread value,
             # so only here (for K_WARPS 1 too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and
             # bf16 x mxfp4 a second load round trip: tests/test_bench.py)
@@ -455,10 +438,10 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, SLICE_WARPS)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, SLICE_WARPS)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
@@ -468,7 +451,7 @@ def mma_gemv_kernel(
                                 else loads_b0)
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
-                b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS, SLICE_WARPS)
+                b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             elif STAGE_B:  # one column group
                 b_0 = staged_b_registers(staged, row_0, win, q, K)
                 b_1 = b_0
@@ -486,33 +469,22 @@ def mma_gemv_kernel(
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
-        if K_WARPS > 1 and SPLIT == 1:
-            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, SLICE_WARPS=SLICE_WARPS)
+        if K_WARPS > 1:
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:  # (data-dependent ifs on `ctas`, which is 1 without CLUSTER, as in mma_m64_kernel)
-            if K_WARPS > 1:  # K slices of SPLIT parts: the first slice holds its program's sums, and stores
-                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, SPLIT, CLUSTER,
-                                     SLICE_WARPS)
-                a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = flat_sums(summed)
-                owner = tid < 32 * row_warps
-                keep = owner & (ctas != SPLIT) if CLUSTER else owner
-            else:
-                owner = None
-                keep = workspace_keep(ctas, SPLIT, CLUSTER)
             if ctas == SPLIT:  # launched in clusters of the SPLIT parts
-                gemv_cluster_store(out, bias, (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))),
-                                   q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER, owner, threads,
-                                   32 * row_warps)
-            add_groups(workspace, (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), gr, q, g,
-                       M, N, ROW_GROUPS, COL_GROUPS, keep=keep)
+                gemv_cluster_store(out, bias, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), q, g, gr,
+                                   scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER)
+            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=workspace_keep(ctas, SPLIT, CLUSTER))
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
                 hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
                 ticket = hl.atomic_add(tickets, [tile_p], 1, sem="acq_rel")
                 if ticket == SPLIT - 1:
-                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, owner=owner)
+                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
                     hl.store(tickets, [tile_p], 0)
     return out
 
@@ -541,11 +513,11 @@ def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, AC
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, ROW_GROUPS, EVICT, SLICE_WARPS=4):
+                        COL_GROUPS, ROW_GROUPS, EVICT):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
-    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT, SLICE_WARPS))
+    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT))
     a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
     return (*b, *a0, *a1)
 
@@ -633,13 +605,13 @@ def workspace_keep(ctas, SPLIT, CLUSTER):
     return ctas != SPLIT if CLUSTER else None
 
 
-def cluster_totals(values, q, SPLIT, threads, cta_threads=None):
+def cluster_totals(values, q, SPLIT, threads):
     """`values` (fp32, one list per thread, the same output positions in every CTA of the cluster) summed over the
     cluster's SPLIT CTAs (`decode.MMA_CLUSTER_SUM_PTX`): this CTA's share, values own r .. own r + own - 1, as
     (totals, r, own) (r = %cluster_ctarank, own = len(values) / SPLIT: a tuple of totals)."""
     own = len(values) // SPLIT
     totals = hl.inline_asm_elementwise(  # one output is a tensor, not a tuple
-        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads, cta_threads or threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
         dtype=(torch.float32,) * own if own > 1 else torch.float32, is_pure=True, pack=1,
     )
     totals = totals if own > 1 else (totals,)
@@ -648,20 +620,18 @@ def cluster_totals(values, q, SPLIT, threads, cta_threads=None):
     return totals, rank, own
 
 
-def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER,
-                       owner=None, threads=128, holders=128):
-    """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its accumulators by row group, column group and
-    slot (sums[r][c][i]); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
-    (`cluster_totals`), into `out`. With K slices (`threads` > 128) the first 128 threads hold the sums and store
-    (`owner`). Nothing without CLUSTER."""
+def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
+    """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its 16 accumulators (row group r, column group c,
+    slot i at 8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
+    (`cluster_totals`), into `out`. Nothing without CLUSTER."""
     if not CLUSTER:
         return
-    values = [sums[r][c][i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
-    totals, rank, own = cluster_totals(values, q, SPLIT, holders, threads)
+    values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
+    totals, rank, own = cluster_totals(values, q, SPLIT, 128)
     for k in range(own):
         j = rank * own + k  # row group j / (4 COL_GROUPS), column group (j / 4) mod COL_GROUPS (1 or 2), slot j mod 4
         index, valid = out_index((j >> 2) & (COL_GROUPS - 1), q, g, gr + (j >> (COL_GROUPS + 1)), j & 3, M, N)
-        store_out(out, bias, index, valid if owner is None else valid & owner, totals[k] * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid, totals[k] * scale, N, HAS_BIAS)
 
 
 def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):

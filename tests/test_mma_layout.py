@@ -303,26 +303,26 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, 4)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, 4)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, 4)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, 4)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, 4)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, 4)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, 4)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
         api._mma_options({"evict": 1}, 16, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, 4)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, 4)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, 4)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -375,7 +375,7 @@ def test_uneven_split(monkeypatch):
     assert plan({"split": 8, "ahead": 1}).consts[-6:] == (2, 8, True, 1, 1, False)  # divides: ahead may load
     for bad, match in [({"split": 7, "ahead": 1}, "with ahead 1, divide them"), ({"split": 129}, "at most the K / 64 = 128"),
                        ({"split": 0}, "split is an int >= 1"), ({"split": 4, "max_split": 4}, "without 'max_split'"),
-                       ({"split": 2.0}, "split is an int"), ({"split": 4, "k_warps": 2}, "with 'split' > 1 only")]:
+                       ({"split": 2.0}, "split is an int"), ({"split": 4, "k_warps": 2}, "without 'max_split' or 'split'")]:
         with pytest.raises(ValueError, match=match):
             plan(bad)
     with pytest.raises(ValueError, match="at M <= 16"):
@@ -395,10 +395,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, 4)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, 4)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, 4)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, 4)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -534,7 +534,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, 4)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -915,10 +915,6 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
             return regs[operand]
 
         for line in lines:
-            if line.startswith("@"):  # predicated: @p or @!p
-                guard, line = line.split(None, 1)
-                if bool(regs[guard.lstrip("@!")]) == guard.startswith("@!"):
-                    continue
             op, args = line.split(None, 1)
             if op.startswith(("st.shared", "ld.shared")):
                 vec, bits = re.match(r"[sl][td]\.shared(?:\.v(\d))?\.b(\d+)", op).groups()
@@ -950,8 +946,6 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
                 regs[dst] = val(srcs[0]) * val(srcs[1]) + val(srcs[2])
             elif op == "bfe.u32":
                 regs[dst] = (val(srcs[0]) >> val(srcs[1])) & ((1 << val(srcs[2])) - 1)
-            elif op == "setp.eq.u32":
-                regs[dst] = val(srcs[0]) == val(srcs[1])
             else:
                 regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
         return regs
@@ -968,22 +962,21 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
 
 @pytest.mark.parametrize("col_groups", [1, 2])
 @pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
-@pytest.mark.parametrize("slices,slice_warps", [(1, 4), (2, 4), (8, 4), (2, 8), (4, 8)])
-def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices, slice_warps):
-    """The shared-B PTX, run for 32 slice_warps threads per K slice: thread t writes K 8 (t & 7) .. + 8 of
-    B row (t >> 3) mod 8c (with 8 warps per slice only the slice's first 128 threads write); every lane (g, q) of
-    every warp reads back, per column group c, the 16 K 16q .. 16q + 15 of row 8c + g in K order, which is what each
-    warp's own B registers hold, written by its own slice. The two buffers (window parity) of every slice lie inside
+@pytest.mark.parametrize("slices", [1, 2, 8])
+def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices):
+    """The shared-B PTX, run for 128 threads per K slice: thread t writes K 8 (t & 7) .. + 8 of
+    B row (t >> 3) mod 8c; every lane (g, q) of every warp reads back, per column group c, the
+    16 K 16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers
+    hold, written by its own slice. The two buffers (window parity) of every slice lie inside
     the declared array and do not overlap; one slice waits at the CTA barrier, more at their
-    own named barriers of the slice's threads."""
+    own named barriers of 128 threads."""
     from blockscaled.kernels.decode import MMA_SHARED_B_PTX, shared_b_bytes
 
-    ptx = MMA_SHARED_B_PTX[col_groups, wide, slices, slice_warps]
-    per_slice = 32 * slice_warps
-    assert ("bar.sync 0;" in ptx) == (slices == 1) and (f"bar.sync s, {per_slice};" in ptx) == (slices > 1)
+    ptx = MMA_SHARED_B_PTX[col_groups, wide, slices]
+    assert ("bar.sync 0;" in ptx) == (slices == 1) and ("bar.sync s, 128;" in ptx) == (slices > 1)
     written = []
     for parity in (0, 1):
-        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, per_slice * slices,
+        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices,
                                                          size=shared_b_bytes(col_groups, slices))
         addresses = set(memory)
         written.append(addresses)
@@ -997,7 +990,7 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices, slice
                     k_byte = 32 * q + 4 * i  # the bf16 bytes of K 16 q + 2 i and + 1
                     writer = word[0][0]
                     assert (writer >> 3) % (8 * col_groups) == 8 * c + g and writer & 7 == k_byte // 16
-                    assert writer // per_slice == tid // per_slice and writer % per_slice < 128  # the reader's slice
+                    assert writer >> 7 == tid >> 7  # the reader's slice
                     assert word == [(writer, k_byte % 16 + b) for b in range(4)]
     assert written[0] and not written[0] & written[1]
 
@@ -1071,7 +1064,7 @@ def test_cluster_sum_adds_every_cta(values, split, threads, gen):
     from blockscaled.kernels.decode import MMA_CLUSTER_SUM_PTX, cluster_sum_bytes
 
     own = values // split
-    body = MMA_CLUSTER_SUM_PTX[values, split, threads, threads].strip()[1:-1]
+    body = MMA_CLUSTER_SUM_PTX[values, split, threads].strip()[1:-1]
     size = int(re.search(r"\.shared \.align 16 \.b8 cs\[(\d+)\];", body).group(1))
     assert size == cluster_sum_bytes(values, split, threads)
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg"))]
