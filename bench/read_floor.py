@@ -9,7 +9,10 @@ provider of `python -m bench` (`read_fn`): the floor a decode kernel's ratio to 
 Three other sweeps replace the grids above on one-wave grids of 16 to 64 warps per SM: `--ring` (`ring_words`, each warp
 reading through a ring of bulk copies into shared memory), `--grouped` (`grouped_words`, contiguous runs per warp, per
 group of warps or per program) and `--activation` (`grouped_words` with reads of one L2-resident buffer beside the
-weights, as the M = 16 kernels read their activation). H100 results: bench/DECODE_NOTES.md, 2026-11-26.
+weights, as the M = 16 kernels read their activation). `--multicast` times the M = 16 slice plan's grid (128 programs of
+32 warps) with its activation read beside the weights as plain L2 loads of 512, 256 or 128 B per 512 B of weights, or
+through bulk copies into shared-memory rings, multicast in thread-block clusters (`mcast_words`). H100 results:
+bench/DECODE_NOTES.md, 2026-11-26.
 """
 
 from __future__ import annotations

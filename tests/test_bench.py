@@ -68,16 +68,36 @@ def test_read_floor_reads_every_word_once(warps, loads, programs):
     assert weight_words(b).numel() * 4 == operand_bytes("nvfp4", 32, 64)
 
 
-@pytest.mark.parametrize("warps,group,loads,act_loads", [(4, 1, 1, 0), (4, 2, 2, 1), (4, 4, 1, 2)])
-def test_grouped_read_covers_its_prefix_once(warps, group, loads, act_loads):
-    """`grouped_words` (read_floor --grouped / --activation) reads the longest prefix its grid splits evenly, each word
-    once, whatever the group and the L2-resident reads beside it (`checked_grouped_read` raises otherwise)."""
+@pytest.mark.parametrize("warps,group,loads,act_loads,act_vec", [(4, 1, 1, 0, 4), (4, 2, 2, 1, 2), (4, 4, 1, 2, 1),
+                                                                  (4, 1, 1, 1, 4)])
+def test_grouped_read_covers_its_prefix_once(warps, group, loads, act_loads, act_vec):
+    """`grouped_words` (read_floor --grouped / --activation / --multicast) reads the longest prefix its grid splits
+    evenly, each word once, whatever the group and the L2-resident reads beside it (`checked_grouped_read` raises
+    otherwise)."""
     from bench.read_floor import checked_grouped_read
 
     words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32)
     act = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32)
-    _, nbytes = checked_grouped_read(words, warps, group, loads, 2, act, act_loads)
+    _, nbytes = checked_grouped_read(words, warps, group, loads, 2, act, act_loads, act_vec)
     assert nbytes == 4 * (5000 // (2 * warps * loads * 128)) * 2 * warps * loads * 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [1, 2])
+@pytest.mark.parametrize("shared", [False, True], ids=["ring_per_slice", "one_ring"])
+def test_mcast_read_delivers_every_window(cluster, shared):
+    """`mcast_words` (read_floor --multicast) on 4 programs, launched in clusters of `cluster`: the weights' prefix
+    read once, and in every program one warp per K slice read every word of the activation through the multicast ring
+    (`checked_mcast_read` raises otherwise); an activation of the wrong width is refused."""
+    from bench.read_floor import MCAST_SLICES, checked_mcast_read
+
+    steps = 3  # odd: the last step's slot is the first one's again, in the other phase
+    words = torch.randint(-2**31, 2**31 - 1, (4 * 32 * 128 * steps + 77,), dtype=torch.int32, device="cuda")
+    act = torch.randn(16, MCAST_SLICES * steps * 64, dtype=torch.bfloat16, device="cuda")
+    _, nbytes = checked_mcast_read(words, act, 4, cluster, shared)
+    assert nbytes == 4 * 4 * 32 * 128 * steps
+    with pytest.raises(ValueError, match="act must be"):
+        checked_mcast_read(words, act[:, :-64], 4, cluster, shared)
 
 
 def test_providers_option():
