@@ -14,6 +14,8 @@ from bench import tritonbench as tb_runner
 from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes
 from blockscaled.kernels.api import MMA_PAIRS, MMA_PROGRAMS_PER_SM
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the read kernels: Triton on the GPU, its interpreter on a CPU
+
 
 def test_format_choices_cover_every_pair():
     assert sorted(FORMAT_PAIRS.values()) == sorted(bs.SUPPORTED_PAIRS)
@@ -58,7 +60,7 @@ def test_read_floor_reads_every_word_once(warps, loads, programs):
     flipped word or a program that skipped its last step would not), on looping and one-step grids, with a tail."""
     from bench.read_floor import checked_read, read_launcher, weight_words, xor_all
 
-    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32)
+    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32, device=DEVICE)
     checked_read(words, warps, loads, programs)
     call, out = read_launcher(words, warps, loads, programs or 1)
     call()
@@ -76,8 +78,8 @@ def test_grouped_read_covers_its_prefix_once(warps, group, loads, act_loads, act
     otherwise)."""
     from bench.read_floor import checked_grouped_read
 
-    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32)
-    act = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32)
+    words = torch.randint(-2**31, 2**31 - 1, (5000,), dtype=torch.int32, device=DEVICE)
+    act = torch.randint(-2**31, 2**31 - 1, (1024,), dtype=torch.int32, device=DEVICE)
     _, nbytes = checked_grouped_read(words, warps, group, loads, 2, act, act_loads, act_vec)
     assert nbytes == 4 * (5000 // (2 * warps * loads * 128)) * 2 * warps * loads * 128
 
