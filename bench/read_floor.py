@@ -320,14 +320,15 @@ def mcast_words(words, act, out, STEPS: tl.constexpr, ACT: tl.constexpr, INIT: t
     warp, lane = t // 32, t % 32
     acc = tl.zeros([1024, 4], tl.int32)
     act_acc = tl.zeros([1024], tl.int32)
+    act_address = (act + t * 0).to(tl.int64)
     if ACT:
-        ring, bars = tl.inline_asm_elementwise(INIT, "=r,=r,l", [(act + t * 0).to(tl.int64)], dtype=(tl.int32, tl.int32),
-                                               is_pure=False, pack=1)
+        ring, bars = tl.inline_asm_elementwise(INIT, "=r,=r,l", [act_address], dtype=(tl.int32, tl.int32), is_pure=False,
+                                               pack=1)
     for i in range(STEPS):
         block = (pid * 32 + warp).to(tl.int64) * STEPS + i
         acc ^= tl.load(words + (block * 128 + lane * 4)[:, None] + tl.arange(0, 4)[None, :])
         if ACT:
-            act_acc ^= tl.inline_asm_elementwise(STEP, "=r,r,r,l,r", [ring, bars, (act + t * 0).to(tl.int64), t * 0 + i],
+            act_acc ^= tl.inline_asm_elementwise(STEP, "=r,r,r,l,r", [ring, bars, act_address, t * 0 + i],
                                                  dtype=tl.int32, is_pure=False, pack=1)
     if ACT:
         act_acc ^= tl.inline_asm_elementwise(FINI, "=r,r", [t], dtype=tl.int32, is_pure=False, pack=1)
@@ -336,19 +337,19 @@ def mcast_words(words, act, out, STEPS: tl.constexpr, ACT: tl.constexpr, INIT: t
         tl.store(out + (tl.num_programs(0) + pid) * 1024 + t, act_acc)
 
 
-def cluster_call(jit_fn, grid: int, cluster: int, args: tuple, **options):
-    """A call of the Triton kernel `jit_fn` on `grid` programs as thread-block clusters of `cluster` consecutive
-    programs (as `kernels.launch.DirectLaunch`): the first launch, through Triton, runs without clusters."""
-    from triton.runtime import driver
+def cluster_call(jit_fn, grid: int, cluster: int, args: tuple, num_warps: int):
+    """A call of the Triton kernel `jit_fn` (`args`: every parameter, constexprs included, in order) on `grid` programs
+    as thread-block clusters of `cluster` consecutive programs, by `kernels.launch.DirectLaunch`; its first launch, made
+    here, goes through Triton without clusters."""
+    from triton.backends.nvidia.compiler import CUDAOptions
 
-    kernel = jit_fn[(grid,)](*args, **options)
-    kernel._init_handles()
-    num_warps, _, shared = kernel.packed_metadata
-    device = driver.active.get_current_device()
-    constexprs = {k: v for k, v in options.items() if k not in ("num_warps", "num_stages")}
-    full = [*args, *constexprs.values()]  # constexprs last, in the kernel's parameter order
-    return lambda: kernel.run(grid // cluster, 1, 1, driver.active.get_current_stream(device), kernel.function,
-                              (num_warps, cluster, shared), None, None, None, *full)
+    from blockscaled.kernels.launch import DirectLaunch
+
+    launch = DirectLaunch(cluster)
+    call = lambda: launch(jit_fn, (grid,), *args, num_warps=num_warps,  # noqa: E731
+                          num_stages=CUDAOptions.num_stages)  # Triton's default, as a plain launch
+    call()
+    return call
 
 
 def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: int, cluster: int, shared: bool = False):
@@ -361,10 +362,9 @@ def checked_mcast_read(words: torch.Tensor, act: torch.Tensor | None, programs: 
     row_bytes = act.shape[1] * 2 if act is not None else 0
     if act is not None and act.shape[1] != MCAST_SLICES * steps * 64:
         raise ValueError(f"act must be [16, {MCAST_SLICES * steps * 64}] for {steps} steps, got {list(act.shape)}")
-    consts = dict(STEPS=steps, ACT=act is not None, INIT=mcast_init_ptx(steps, row_bytes, shared),
-                  STEP=mcast_step_ptx(steps, row_bytes, shared), FINI=MCAST_FINI_PTX)
-    call = cluster_call(mcast_words, programs, cluster, (words, words if act is None else act, out), **consts,
-                        num_warps=32)
+    args = (words, words if act is None else act, out, steps, act is not None, mcast_init_ptx(steps, row_bytes, shared),
+            mcast_step_ptx(steps, row_bytes, shared), MCAST_FINI_PTX)
+    call = cluster_call(mcast_words, programs, cluster, args, num_warps=32)
     call()
     read = programs * 32 * 128 * steps
     what = f"mcast_words ({programs} programs, clusters of {cluster}, activation {act is not None}, shared {shared})"
@@ -433,8 +433,8 @@ def activation_sweep(bufs, sms: int, nbytes: int, act_bytes: int = 16 * 8192 * 2
 
 def multicast_sweep(bufs, sms: int, nbytes: int, programs: int = 128) -> dict[str, float]:
     """ms per call (scaled to `nbytes`) of `mcast_words` on `programs` programs of 32 warps (the M = 16 slice plan's
-    grid at 8192^2): the weights alone, and with the activation's windows through clusters of 1, 2 and 4 CTAs; beside
-    `grouped_words` on the same grid with 0 and 1 blocks of plain L2 loads per block of weights."""
+    grid at 8192^2): the weights alone, and with the activation's windows through either ring in clusters of 1 and 2
+    CTAs; beside `grouped_words` on the same grid with 0, 512, 256 and 128 B of plain L2 loads per 512 B of weights."""
     steps = bufs[0].numel() // (programs * 32 * 128)
     act = torch.randn(16, MCAST_SLICES * steps * 64, device=bufs[0].device, dtype=torch.bfloat16)
     times = {}
