@@ -513,6 +513,42 @@ MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12,
     if n % r == 0}
 
 
+def _shared_b_addresses(col_groups: int, slices: int = 1) -> str:
+    """Outputs: $0 the thread's store address, $1 its lanes' load address in parity-0 buffers, $2 its barrier
+    (`_shared_b_exchange`'s offsets, from %tid.x); input $3 the buffer's address. Run once, before the K loop."""
+    row, size = MMA_SHARED_B_ROW, 8 * col_groups * MMA_SHARED_B_ROW
+    own = "mov.u32 s, 0; " if slices == 1 else f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; "
+    return (
+        f"{{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, $3; " + own +
+        f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
+        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 $0, a, u; "
+        f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 $1, a, u; "
+        f"mov.u32 $2, s; }}"
+    )
+
+
+def _shared_b_exchange_at(col_groups: int, wide: bool, slices: int = 1) -> str:
+    """`_shared_b_exchange` with the addresses of `_shared_b_addresses`: inputs the thread's 16 bytes, the window's
+    parity, the store address, the load address, the barrier."""
+    first, row = 8 * col_groups, MMA_SHARED_B_ROW
+    n_in = 2 if wide else 4
+    ins = ", ".join(f"${first + i}" for i in range(n_in))
+    size = 8 * col_groups * row
+    p, st, ld, bar = (f"${first + n_in + i}" for i in range(4))
+    loads = "".join(
+        f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
+        for c in range(col_groups) for h in range(2)
+    )
+    return (
+        f"{{ .reg .b32 a; mad.lo.u32 a, {p}, {size}, {st}; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
+        + ("bar.sync 0; " if slices == 1 else f"bar.sync {bar}, 128; ")
+        + f"mad.lo.u32 a, {p}, {size}, {ld}; " + loads + "}"
+    )
+
+
+MMA_SHARED_B_ADDRESSES_PTX = {(c, s): _shared_b_addresses(c, s) for c in (1, 2) for s in (1, 2, 4, 8)}
+MMA_SHARED_B_AT_PTX = {(c, wide, s): _shared_b_exchange_at(c, wide, s) for c in (1, 2) for wide in (False, True)
+                       for s in (1, 2, 4, 8)}
 # by (column groups, bf16 activation, K slices)
 MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2) for wide in (False, True) for s in (1, 2, 4, 8)}
 

@@ -75,7 +75,7 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
-                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
+                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_AT_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
@@ -90,6 +90,34 @@ def eviction(role, EVICT):
     """The L2 eviction policy of the weights' ("w": evict_first, streamed once) and the activation's ("x": evict_last,
     read again by every program) loads with EVICT, else none."""
     return {"w": "evict_first", "x": "evict_last"}[role] if EVICT else None
+
+
+# PTX type and constraint of a hinted load by the element type of the tensor it reads: 16-bit words zero-extended
+# into 32-bit registers (the factor words, of which the decode reads the low two bytes)
+HINTED_TYPES = {torch.int32: ("b32", "r", "tl.int32"), torch.int64: ("b64", "l", "tl.int64"),
+                torch.int16: ("u16", "r", "tl.int32"), torch.uint16: ("u16", "r", "tl.int32")}
+
+
+def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
+    """`count` loads of `ptr` at index, index + stride, ...; with EVICT through inline PTX carrying the role's
+    `eviction` policy as an L2 cache hint. Triton writes that policy anew for every load (11 sm_90 instructions per
+    K-loop iteration at M = 16); here it is one pure asm without loop inputs, which LLVM hoists out of the loop."""
+    if not EVICT:
+        return [hl.load(ptr, [index + stride * i]) for i in range(count)]
+    kind, reg, out = HINTED_TYPES[ptr.dtype]
+    size = ptr.element_size()
+    policy = hl.inline_asm_elementwise(
+        f"createpolicy.fractional.L2::{eviction(role, EVICT)}.b64 $0, 1.0;", "=l,r", [torch.zeros_like(index)],
+        dtype=torch.int64, is_pure=True, pack=1)
+    asm = " ".join(f"ld.global.L1::{eviction(role, EVICT)}.L2::cache_hint.{kind} ${i}, [${count}+{i * stride * size}], "
+                   f"${count + 1};" for i in range(count))
+    constraints = ",".join([f"={reg}"] * count + ["l", "l"])
+    like = torch.zeros_like(index, dtype=torch.int64 if reg == "l" else torch.int32)
+    loaded = hl.inline_triton(
+        f"tl.inline_asm_elementwise('{asm}', '{constraints}', [{{0}} + {{1}}, {{2}}], "
+        f"dtype=({out},) * {count}, is_pure=True, pack=1)",
+        args=(ptr, index, policy), output_like=(like,) * count)
+    return list(loaded)
 
 
 def program_row_warps(K_WARPS, SHARED_B):
@@ -114,10 +142,8 @@ def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
     factor byte."""
     base = (gr * windows + win) * 128 + lane
-    policy = eviction("w", EVICT)
-    factors = hl.load(f, [((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g],
-                      eviction_policy=policy).to(torch.int32)
-    return (*(hl.load(w, [base + 32 * s], eviction_policy=policy) for s in range(4)), factors)
+    factors = hinted_loads(f, ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, "w", EVICT)[0]
+    return (*hinted_loads(w, base, "w", EVICT, 4, 32), factors.to(torch.int32))
 
 
 def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT):
@@ -142,7 +168,7 @@ def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
     # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
     index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
-    words = [hl.load(x64, [index + s], eviction_policy=eviction("x", EVICT)) for s in range(16 // per_word)]
+    words = hinted_loads(x64, index, "x", EVICT, 16 // per_word)
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         return words
     block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)
@@ -169,15 +195,13 @@ def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GRO
     r = (tid >> 3) & (8 * COL_GROUPS - 1)
     row = torch.where(r < M, r, M - 1)
     j = tid & 7
-    policy = eviction("x", EVICT)
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        index = row * (K // 4) + win * 16 + 2 * j
-        return [hl.load(x64, [index], eviction_policy=policy), hl.load(x64, [index + 1], eviction_policy=policy)]
+        return hinted_loads(x64, row * (K // 4) + win * 16 + 2 * j, "x", EVICT, 2)
     if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        word = hl.load(x64, [row * (K // 16) + win * 4 + (j >> 1)], eviction_policy=policy)
+        word = hinted_loads(x64, row * (K // 16) + win * 4 + (j >> 1), "x", EVICT)[0]
         words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
     else:
-        words = [hl.load(x64, [row * (K // 8) + win * 8 + j], eviction_policy=policy)]
+        words = hinted_loads(x64, row * (K // 8) + win * 8 + j, "x", EVICT)
     block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
     return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
@@ -193,6 +217,12 @@ def shared_buffer(size, threads, align=16):
     thread: made once, before the K loop."""
     return hl.inline_asm_elementwise(shared_buffer_ptx(size, align), "=r,r", [hl.zeros([threads], dtype=torch.int32)],
                                      dtype=torch.int32, is_pure=True, pack=1)
+
+
+def shared_b_addresses(buffer, COL_GROUPS, K_WARPS):
+    """The thread's exchange addresses and barrier in `buffer` (`decode.MMA_SHARED_B_ADDRESSES_PTX`), once."""
+    return hl.inline_asm_elementwise(MMA_SHARED_B_ADDRESSES_PTX[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
+                                     dtype=(torch.int32,) * 3, is_pure=True, pack=1)
 
 
 def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
@@ -217,8 +247,8 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     # runs it once per window, unconditionally, and its inputs differ per window, so it is
     # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
-        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r", "r"]), [*chunk, parity, buffer],
+        MMA_SHARED_B_AT_PTX[COL_GROUPS, wide, K_WARPS],
+        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 4), [*chunk, parity, *buffer],
         dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
@@ -419,7 +449,7 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums(threads)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         if SHARED_B:
-            b_buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
+            b_buffer = shared_b_addresses(shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads), COL_GROUPS, K_WARPS)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
