@@ -625,6 +625,19 @@ MMA_GEMV_CLUSTER = True
 MMA_EVICT = True
 
 
+def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
+    """Where the hinted loads run as inline PTX with their cache policies made once (`mma_gemv.hinted_loads`): Triton
+    writes a load's policy anew for each load, 11 sm_90 instructions per K-loop iteration at M = 16 (that and the
+    exchange's addresses made once: 322 -> 286 for nvfp4 x nvfp4, 246 -> 208 for bf16 x mxfp4). H100, old / new / old
+    in one process each (bench/results/h100_mma_m{1,16}_hoisted_addresses_policies_ab_*_4d221fb_2026-11-26.log), us:
+    M = 16, 8192^2, nvfp4 x nvfp4 18.7 / 17.8 / 18.6, mxfp4 x mxfp4 18.1 / 17.1 / 18.0, mxfp8 x mxfp4 18.1 / 17.3 /
+    18.4, bf16 x mxfp4 16.4 / 16.1 / 16.6, bf16 x mxfp8 27.1 / 27.7 / 27.0; 10240 x 8192 (new / old) fp4 x fp4
+    24.3 / 25.1, 23.5 / 24.4, 23.9 / 24.6, bf16 x mxfp4 22.9 / 22.4; M = 1, 8192^2, fp4 x fp4 within 0.1-0.2, bf16
+    x nvfp4 15.7 / 16.8 / 15.7 and bf16 x mxfp4 15.2 / 16.5 / 15.2 (ptxas issued a weight load after the decode had
+    begun). So fp4 and fp8 activations on fp4 weights at 1 < M <= 16."""
+    return narrow and not fp8_weights and 1 < m <= MMA_WARP_M
+
+
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
     return (pair in MMA_PAIRS and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
             and _mma_activation(a) and _ptx_decodes(device)
@@ -655,6 +668,7 @@ class MmaOptions(NamedTuple):
     cluster: bool  # split-K: the split parts sum in a thread-block cluster where they can (CLUSTER)
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
+    hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -679,7 +693,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
-    False above: the weights' loads evict_first in L2, the activation's evict_last; any M).
+    False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
+    evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -689,10 +704,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict"}
+            "cluster", "evict", "hoist"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster' and 'evict', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'hoist', or None, got "
+                         f"{config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -729,9 +745,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
     evict = config.get("evict", MMA_EVICT and not wide_m)
-    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict)):
+    hoist = config.get("hoist", evict is True and _mma_hoist(m, narrow, fp8_weights))
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
+    if hoist and not evict:
+        raise ValueError(f"config: hoist applies to the eviction hints, which evict False turns off, got {config!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
     low, high = (1, 3) if wide_m else (0, int(shared_b))
     if type(ahead) is not int or not low <= ahead <= high:
@@ -755,7 +774,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -929,7 +948,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              options.evict, _mma_column_groups(m), *tail)
+              2 if options.hoist else int(options.evict), _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),

@@ -360,36 +360,6 @@ def shared_buffer_ptx(size: int, align: int = 16) -> str:
     return f"{{ .shared .align {align} .b8 sb[{size}]; mov.u32 $0, sb; }}"
 
 
-def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
-    """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the
-    thread's 16 bytes (2 int64 if `wide`, else 4 int32), the window's parity, then the shared
-    address of a `shared_b_bytes(c, slices)` buffer (`shared_buffer_ptx`). The
-    offsets come from %tid.x. With `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
-    K_WARPS > 1) each 128 threads t >> 7 exchange their own window in their own two buffers and
-    wait at their own named barrier (1 + t >> 7, 128 threads), not at the CTA's."""
-    first, row = 8 * col_groups, MMA_SHARED_B_ROW
-    n_in = 2 if wide else 4
-    ins = ", ".join(f"${first + i}" for i in range(n_in))
-    size = 8 * col_groups * row
-    loads = "".join(
-        f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
-        for c in range(col_groups) for h in range(2)
-    )
-    own = ("" if slices == 1 else
-           f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; ")  # the slice's buffers, barrier
-    return (
-        f"{{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, ${first + n_in + 1}; "
-        f"mad.lo.u32 b, ${first + n_in}, {size}, b; " + own +
-        # write: row (t >> 3) mod 8c, byte 16 (t & 7)
-        f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
-        f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
-        + ("bar.sync 0; " if slices == 1 else "bar.sync s, 128; ") +
-        # read: row g = lane >> 2, byte 32 q
-        f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
-        + loads + "}"
-    )
-
-
 def shared_b_bytes(col_groups: int, slices: int) -> int:
     """Shared memory of `MMA_SHARED_B_PTX[col_groups, _, slices]`."""
     return 2 * 8 * col_groups * MMA_SHARED_B_ROW * slices
@@ -514,8 +484,12 @@ MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12,
 
 
 def _shared_b_addresses(col_groups: int, slices: int = 1) -> str:
-    """Outputs: $0 the thread's store address, $1 its lanes' load address in parity-0 buffers, $2 its barrier
-    (`_shared_b_exchange`'s offsets, from %tid.x); input $3 the buffer's address. Run once, before the K loop."""
+    """A thread's addresses for `_shared_b_exchange`, from %tid.x, made once before the K loop (made in the exchange,
+    every window, they cost M = 16 nvfp4 x nvfp4 21 of 322 sm_90 instructions per two windows): outputs $0 where
+    it writes, row (t >> 3) mod 8c at byte 16 (t & 7), $1 where its lane reads, row g = lane >> 2 at byte 32 q, both
+    in the parity-0 buffer of its K slice (t >> 7: two `8c` x MMA_SHARED_B_ROW buffers each), $2 the slice's named
+    barrier (1 + slice; 0 with one slice); input $3 the address of a `shared_b_bytes(c, slices)` buffer
+    (`shared_buffer_ptx`)."""
     row, size = MMA_SHARED_B_ROW, 8 * col_groups * MMA_SHARED_B_ROW
     own = "mov.u32 s, 0; " if slices == 1 else f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; "
     return (
@@ -527,9 +501,11 @@ def _shared_b_addresses(col_groups: int, slices: int = 1) -> str:
     )
 
 
-def _shared_b_exchange_at(col_groups: int, wide: bool, slices: int = 1) -> str:
-    """`_shared_b_exchange` with the addresses of `_shared_b_addresses`: inputs the thread's 16 bytes, the window's
-    parity, the store address, the load address, the barrier."""
+def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1) -> str:
+    """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the thread's 16 bytes (2 int64 if
+    `wide`, else 4 int32), the window's parity, then `_shared_b_addresses`' three outputs. With one slice the
+    program waits at the CTA barrier; with `slices` > 1 (K slices of a program, `mma_gemv_kernel` with K_WARPS > 1)
+    each 128 threads exchange their own window in their own two buffers and wait at their own named barrier."""
     first, row = 8 * col_groups, MMA_SHARED_B_ROW
     n_in = 2 if wide else 4
     ins = ", ".join(f"${first + i}" for i in range(n_in))
@@ -547,8 +523,6 @@ def _shared_b_exchange_at(col_groups: int, wide: bool, slices: int = 1) -> str:
 
 
 MMA_SHARED_B_ADDRESSES_PTX = {(c, s): _shared_b_addresses(c, s) for c in (1, 2) for s in (1, 2, 4, 8)}
-MMA_SHARED_B_AT_PTX = {(c, wide, s): _shared_b_exchange_at(c, wide, s) for c in (1, 2) for wide in (False, True)
-                       for s in (1, 2, 4, 8)}
 # by (column groups, bf16 activation, K slices)
 MMA_SHARED_B_PTX = {(c, wide, s): _shared_b_exchange(c, wide, s) for c in (1, 2) for wide in (False, True) for s in (1, 2, 4, 8)}
 

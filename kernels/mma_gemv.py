@@ -55,7 +55,8 @@ bf16: M = 1 2.45x-3.41x (3ff6825), bf16 activations 2.96x-3.65x with K_WARPS (0f
 
 With EVICT (`api.MMA_EVICT`, the default up to M = 16) the weights' loads ask L2 to evict their lines first and the
 activation's to keep theirs (`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 cells, within 1% in 5, bf16 x mxfp4 at
-M = 16 1.2% slower (686f17d).
+M = 16 1.2% slower (686f17d). EVICT 2 (`api._mma_hoist`) makes those loads inline PTX whose cache policies are made
+once, before the K loop (`hinted_loads`).
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
@@ -75,7 +76,7 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
-                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_AT_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
+                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
@@ -99,11 +100,12 @@ HINTED_TYPES = {torch.int32: ("b32", "r", "tl.int32"), torch.int64: ("b64", "l",
 
 
 def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
-    """`count` loads of `ptr` at index, index + stride, ...; with EVICT through inline PTX carrying the role's
-    `eviction` policy as an L2 cache hint. Triton writes that policy anew for every load (11 sm_90 instructions per
-    K-loop iteration at M = 16); here it is one pure asm without loop inputs, which LLVM hoists out of the loop."""
-    if not EVICT:
-        return [hl.load(ptr, [index + stride * i]) for i in range(count)]
+    """`count` loads of `ptr` at index, index + stride, ...: with EVICT 1 Triton's loads with the role's `eviction`
+    policy, with EVICT 2 (`api._mma_hoist`) inline PTX carrying that policy as an L2 cache hint. Triton writes the policy
+    anew for every load (11 sm_90 instructions per K-loop iteration at M = 16); here it is one pure asm without loop
+    inputs, which LLVM hoists out of the loop."""
+    if EVICT != 2:
+        return [hl.load(ptr, [index + stride * i], eviction_policy=eviction(role, EVICT)) for i in range(count)]
     kind, reg, out = HINTED_TYPES[ptr.dtype]
     size = ptr.element_size()
     policy = hl.inline_asm_elementwise(
@@ -220,15 +222,16 @@ def shared_buffer(size, threads, align=16):
 
 
 def shared_b_addresses(buffer, COL_GROUPS, K_WARPS):
-    """The thread's exchange addresses and barrier in `buffer` (`decode.MMA_SHARED_B_ADDRESSES_PTX`), once."""
+    """The thread's exchange addresses and barrier in `buffer` (`decode.MMA_SHARED_B_ADDRESSES_PTX`): made once,
+    before the K loop."""
     return hl.inline_asm_elementwise(MMA_SHARED_B_ADDRESSES_PTX[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
                                      dtype=(torch.int32,) * 3, is_pure=True, pack=1)
 
 
-def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
+def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
-    K_WARPS K slices of 128 threads)."""
+    K_WARPS K slices of 128 threads) at the thread's `shared_b_addresses`."""
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         chunk = loaded
     else:
@@ -247,8 +250,8 @@ def shared_b_registers(loaded, win, buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_W
     # runs it once per window, unconditionally, and its inputs differ per window, so it is
     # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_AT_PTX[COL_GROUPS, wide, K_WARPS],
-        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 4), [*chunk, parity, *buffer],
+        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
+        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 4), [*chunk, parity, *addresses],
         dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
@@ -449,7 +452,8 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums(threads)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         if SHARED_B:
-            b_buffer = shared_b_addresses(shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads), COL_GROUPS, K_WARPS)
+            b_addresses = shared_b_addresses(shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads), COL_GROUPS,
+                                             K_WARPS)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
@@ -481,7 +485,7 @@ def mma_gemv_kernel(
                                 else loads_b0)
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
-                b_0, b_1 = shared_b_registers(loads_b, win, b_buffer, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
+                b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
             elif STAGE_B:  # one column group
                 b_0 = staged_b_registers(staged, row_0, win, q, K)
                 b_1 = b_0

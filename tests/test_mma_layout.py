@@ -302,27 +302,35 @@ def test_split_fills_the_last_wave(monkeypatch):
     with pytest.raises(ValueError, match="shared_b"):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
-    # split as given, L2 eviction hints)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True)  # N % 128 != 0: one, the wave rule
+    # split as given, L2 eviction hints, hoisted policies)
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
         api._mma_options({"evict": 1}, 16, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True)
+    # hoisted policies: by default for fp4 / fp8 activations on fp4 weights at 1 < M <= 16, given or not with hints
+    assert [api._mma_options(None, m, 8192, True).hoist for m in (1, 2, 8, 16)] == [False, True, True, True]
+    assert api._mma_options({"evict": False}, 16, 8192, True).hoist is False
+    assert api._mma_options({"hoist": True}, 1, 8192, False).hoist is True
+    with pytest.raises(ValueError, match="hoist applies to the eviction hints"):
+        api._mma_options({"evict": False, "hoist": True}, 16, 8192, True)
+    with pytest.raises(ValueError, match="hoist must be a bool"):
+        api._mma_options({"hoist": 1}, 16, 8192, True)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -395,10 +403,10 @@ def test_k_warps_options(monkeypatch):
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -534,7 +542,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
     assert api._mma_stage_b(3, 2048, 4) and not api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8 no
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -881,11 +889,12 @@ def test_k_warp_sum_fits_static_shared_memory():
 
 
 def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int = 128, reads: tuple[str, ...] = (),
-                          size: int | None = None, rank: int = 0):
-    """Run the PTX of `decode.MMA_SHARED_B_PTX`, `MMA_M64_EXCHANGE_PTX` or `WGMMA_EXCHANGE_PTX`
-    for the threads of a program, its instructions as written (a small interpreter for the
-    ones it uses): every thread up to the barrier, its input bytes ($first_input on, in order)
-    labelled (thread, byte offset in its inputs), then every thread after it, then the `reads`
+                          size: int | None = None, rank: int = 0, given=None):
+    """Run the PTX of `decode.MMA_SHARED_B_PTX` (or its `MMA_SHARED_B_ADDRESSES_PTX`), `MMA_M64_EXCHANGE_PTX` or
+    `WGMMA_EXCHANGE_PTX` for the threads of a program, its instructions as written (a small interpreter for the
+    ones it uses): every thread up to the barrier (if any), its input bytes ($first_input on, in order)
+    labelled (thread, byte offset in its inputs), other inputs from `given` (thread -> {operand: value}) or,
+    the first `mad.lo.u32` operand, the window's parity, then every thread after the barrier, then the `reads`
     (PTX of `ld.shared` instructions, such as those of `MMA_STEPS_M64_PTX`) with $20 = the
     thread's $0. Returns each thread's loaded registers (4 labels each), the bytes written
     (address: label), the size of the buffer (declared, or `size` for a buffer passed in as an
@@ -895,11 +904,13 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
     size = size or int(re.search(r"\.shared \.align \d+ \.b8 sb\[(\d+)\];", body).group(1))
     address = re.search(r"mov\.u32 b, (\$\d+);", body)  # a buffer passed in
     code = [s.strip() for s in body.split(";") if s.strip() and not s.strip().startswith((".shared", ".reg", "fence"))]
-    barrier = next(i for i, line in enumerate(code) if line.startswith("bar.sync"))  # one, every thread waits there
+    # at most one, where every thread waits
+    barrier = next((i for i, line in enumerate(code) if line.startswith("bar.sync")), len(code))
     memory, outputs = {}, [[] for _ in range(threads)]
     alu = {"shr.b32": lambda x, y: x >> y, "and.b32": lambda x, y: x & y, "shl.b32": lambda x, y: x << y,
            "add.u32": lambda x, y: x + y, "or.b32": lambda x, y: x | y}
-    parity_operand = re.search(r"mad\.lo\.u32 b, (\$\d+),", body).group(1)
+    parity_operand = re.search(r"mad\.lo\.u32 \w+, (\$\d+),", body)
+    parity_operand = parity_operand and parity_operand.group(1)
 
     def run(tid, lines, regs):
         def val(operand):
@@ -950,7 +961,8 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
                 regs[dst] = alu[op](val(srcs[0]), val(srcs[1]))
         return regs
 
-    regs = [run(t, code[:barrier], {"%tid.x": t, "sb": 0}) for t in range(threads)]  # every store first
+    regs = [run(t, code[:barrier], {"%tid.x": t, "sb": 0, **(given(t) if given else {})})
+            for t in range(threads)]  # every store first
     for t in range(threads):
         run(t, code[barrier + 1:], regs[t])
     for read in reads:
@@ -969,15 +981,22 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices):
     16 K 16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers
     hold, written by its own slice. The two buffers (window parity) of every slice lie inside
     the declared array and do not overlap; one slice waits at the CTA barrier, more at their
-    own named barriers of 128 threads."""
-    from blockscaled.kernels.decode import MMA_SHARED_B_PTX, shared_b_bytes
+    own named barriers of 128 threads (1 + slice). The addresses come from `MMA_SHARED_B_ADDRESSES_PTX`, run once per
+    thread, as the kernel runs it before its K loop."""
+    from blockscaled.kernels.decode import MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, shared_b_bytes
 
     ptx = MMA_SHARED_B_PTX[col_groups, wide, slices]
-    assert ("bar.sync 0;" in ptx) == (slices == 1) and ("bar.sync s, 128;" in ptx) == (slices > 1)
+    n_in = 2 if wide else 4
+    bar = f"${8 * col_groups + n_in + 3}"
+    assert ("bar.sync 0;" in ptx) == (slices == 1) and (f"bar.sync {bar}, 128;" in ptx) == (slices > 1)
+    size = shared_b_bytes(col_groups, slices)
+    *_, made = run_shared_b_exchange(MMA_SHARED_B_ADDRESSES_PTX[col_groups, slices], 0, 4, 128 * slices, size=size)
+    assert all(made[t]["$2"] == (0 if slices == 1 else 1 + (t >> 7)) for t in range(128 * slices))
+    inputs = [{f"${8 * col_groups + n_in + 1 + i}": made[t][f"${i}"] for i in range(3)} for t in range(128 * slices)]
     written = []
     for parity in (0, 1):
-        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices,
-                                                         size=shared_b_bytes(col_groups, slices))
+        outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices, size=size,
+                                                         given=inputs.__getitem__)
         addresses = set(memory)
         written.append(addresses)
         assert size == 2 * 8 * col_groups * 144 * slices  # per slice two buffers of 8c rows, 144 bytes apart
