@@ -179,6 +179,24 @@ def test_mma_m16_shape_defaults(pair, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_mma_hints_either_way(pair, m, gen):
+    """The L2 hints as Triton writes them and as inline PTX with policies made once ("hoist", the default only for fp4 /
+    fp8 activations on fp4 weights at 1 < M <= 16): both at the default plan, split-K with B per warp, K slices with
+    shared B, and at M = 64 mma_m64_kernel (no hints by default there)."""
+    hints = [{"evict": True, "hoist": hoist} for hoist in (False, True)]
+    for config in hints:
+        run_and_check(pair, m, 2048, 4096, "cuda", gen, data_layout="mma_m16k16", config=config)
+        if m <= 16:
+            run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16",
+                          config={**config, "max_split": 4, "row_groups": 1, "shared_b": False})
+            run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                          config={**config, "k_warps": 8, "row_groups": 1, "shared_b": True, "ahead": 1, "unroll": 2})
+    assert_split_k_workspaces_zero()
+    assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_uneven_split(pair, m, gen):
     """Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows): 3 to 31
