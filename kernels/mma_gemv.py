@@ -221,14 +221,17 @@ def shared_buffer(size, threads, align=16):
                                      dtype=torch.int32, is_pure=True, pack=1)
 
 
-def shared_b_addresses(buffer, COL_GROUPS, K_WARPS):
-    """The thread's exchange addresses and barrier in `buffer` (`decode.MMA_SHARED_B_ADDRESSES_PTX`): made once,
-    before the K loop."""
+def shared_b_addresses(buffer, COL_GROUPS, K_WARPS, ROW_GROUPS):
+    """The thread's exchange addresses in `buffer` and its barrier (`decode.MMA_SHARED_B_ADDRESSES_PTX`), made once,
+    before the K loop; with two row groups per warp only the buffer (the exchange makes the rest every window:
+    registers)."""
+    if ROW_GROUPS == 2:
+        return buffer, buffer, buffer
     return hl.inline_asm_elementwise(MMA_SHARED_B_ADDRESSES_PTX[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
                                      dtype=(torch.int32,) * 3, is_pure=True, pack=1)
 
 
-def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS):
+def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS, ROW_GROUPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
     K_WARPS K slices of 128 threads) at the thread's `shared_b_addresses`."""
@@ -250,7 +253,7 @@ def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, 
     # runs it once per window, unconditionally, and its inputs differ per window, so it is
     # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS],
+        MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS, ROW_GROUPS == 1],
         ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 4), [*chunk, parity, *addresses],
         dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
@@ -453,7 +456,7 @@ def mma_gemv_kernel(
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         if SHARED_B:
             b_addresses = shared_b_addresses(shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads), COL_GROUPS,
-                                             K_WARPS)
+                                             K_WARPS, ROW_GROUPS)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
@@ -485,7 +488,8 @@ def mma_gemv_kernel(
                                 else loads_b0)
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
-                b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS)
+                b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS,
+                                              ROW_GROUPS)
             elif STAGE_B:  # one column group
                 b_0 = staged_b_registers(staged, row_0, win, q, K)
                 b_1 = b_0

@@ -975,23 +975,27 @@ def run_shared_b_exchange(ptx: str, parity: int, first_input: int, threads: int 
 @pytest.mark.parametrize("col_groups", [1, 2])
 @pytest.mark.parametrize("wide", [False, True], ids=["decoded", "bf16"])
 @pytest.mark.parametrize("slices", [1, 2, 8])
-def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices):
+@pytest.mark.parametrize("given", [True, False], ids=["addresses_given", "addresses_made"])
+def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices, given):
     """The shared-B PTX, run for 128 threads per K slice: thread t writes K 8 (t & 7) .. + 8 of
     B row (t >> 3) mod 8c; every lane (g, q) of every warp reads back, per column group c, the
     16 K 16q .. 16q + 15 of row 8c + g in K order, which is what each warp's own B registers
     hold, written by its own slice. The two buffers (window parity) of every slice lie inside
     the declared array and do not overlap; one slice waits at the CTA barrier, more at their
-    own named barriers of 128 threads (1 + slice). The addresses come from `MMA_SHARED_B_ADDRESSES_PTX`, run once per
-    thread, as the kernel runs it before its K loop."""
+    own named barriers of 128 threads (1 + slice). Given: the addresses come from `MMA_SHARED_B_ADDRESSES_PTX`, run once
+    per thread, as the kernel runs it before its K loop (one row group); else the exchange makes them (two)."""
     from blockscaled.kernels.decode import MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, shared_b_bytes
 
-    ptx = MMA_SHARED_B_PTX[col_groups, wide, slices]
+    ptx = MMA_SHARED_B_PTX[col_groups, wide, slices, given]
     n_in = 2 if wide else 4
-    bar = f"${8 * col_groups + n_in + 3}"
+    bar = f"${8 * col_groups + n_in + 3}" if given else "s"
     assert ("bar.sync 0;" in ptx) == (slices == 1) and (f"bar.sync {bar}, 128;" in ptx) == (slices > 1)
     size = shared_b_bytes(col_groups, slices)
-    *_, made = run_shared_b_exchange(MMA_SHARED_B_ADDRESSES_PTX[col_groups, slices], 0, 4, 128 * slices, size=size)
-    assert all(made[t]["$2"] == (0 if slices == 1 else 1 + (t >> 7)) for t in range(128 * slices))
+    if given:
+        *_, made = run_shared_b_exchange(MMA_SHARED_B_ADDRESSES_PTX[col_groups, slices], 0, 4, 128 * slices, size=size)
+        assert all(made[t]["$2"] == (0 if slices == 1 else 1 + (t >> 7)) for t in range(128 * slices))
+    else:  # the buffer's address (0) three times
+        made = [{f"${i}": 0 for i in range(3)}] * (128 * slices)
     inputs = [{f"${8 * col_groups + n_in + 1 + i}": made[t][f"${i}"] for i in range(3)} for t in range(128 * slices)]
     written = []
     for parity in (0, 1):
