@@ -6,8 +6,8 @@ laid over the default entry of its backend ("backend": "block_dot", the default,
 "num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. The
 mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
 "max_split": n, "split": n, "row_groups": r, "shared_b": b, "ahead": a, "k_warps": w, "stage_b": s, "unroll": u, "cluster": c,
-"evict": e}; above M = 16
-"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e. For
+"evict": e, "hoist": h}; above M = 16
+"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e, "hoist": h. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
 bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
