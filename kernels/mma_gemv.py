@@ -96,7 +96,7 @@ def eviction(role, EVICT):
 # PTX type and constraint of a hinted load by the element type of the tensor it reads: 16-bit words zero-extended
 # into 32-bit registers (the factor words, of which the decode reads the low two bytes)
 HINTED_TYPES = {torch.int32: ("b32", "r", "tl.int32"), torch.int64: ("b64", "l", "tl.int64"),
-                torch.int16: ("u16", "r", "tl.int32"), torch.uint16: ("u16", "r", "tl.int32")}
+                torch.int16: ("u16", "r", "tl.int32")}
 
 
 def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
