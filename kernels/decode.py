@@ -483,28 +483,40 @@ MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12,
     if n % r == 0}
 
 
+def _shared_b_slice(col_groups: int, slices: int) -> str:
+    """PTX: with `slices` > 1, b += the K slice's two buffers (slice t >> 7) and s = its named barrier, 1 + slice."""
+    size = 8 * col_groups * MMA_SHARED_B_ROW
+    return "" if slices == 1 else f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; "
+
+
+def _shared_b_store_address(col_groups: int, dst: str) -> str:
+    """PTX: dst = b + where thread t writes, row (t >> 3) mod 8c at byte 16 (t & 7)."""
+    return (f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {MMA_SHARED_B_ROW}, b; "
+            f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 {dst}, a, u; ")
+
+
+def _shared_b_load_address(dst: str) -> str:
+    """PTX: dst = b + where lane (g, q) of thread t reads, row g = lane >> 2 at byte 32 q."""
+    return (f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {MMA_SHARED_B_ROW}, b; and.b32 u, t, 3; shl.b32 u, u, 5; "
+            f"add.u32 {dst}, a, u; ")
+
+
 def _shared_b_addresses(col_groups: int, slices: int = 1) -> str:
     """A thread's addresses for `_shared_b_exchange` (given), from %tid.x, made once before the K loop (made in the
     exchange every window they cost M = 16 nvfp4 x nvfp4 21 of 322 sm_90 instructions per two windows; as plain
-    integer ops, not asm, ptxas made some of them again in the loop: 8 more): outputs $0 where it writes, row
-    (t >> 3) mod 8c at byte 16 (t & 7), $1 where its lane reads, row g = lane >> 2 at byte 32 q, both in the parity-0
-    buffer of its K slice (t >> 7: two 8c x MMA_SHARED_B_ROW buffers each), $2 the slice's named barrier (1 + slice;
-    0 with one slice); input $3 the address of a `shared_b_bytes(c, slices)` buffer (`shared_buffer_ptx`)."""
-    row, size = MMA_SHARED_B_ROW, 8 * col_groups * MMA_SHARED_B_ROW
-    own = "mov.u32 s, 0; " if slices == 1 else f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; "
-    return (
-        "{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, $3; " + own +
-        f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
-        "and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 $0, a, u; "
-        f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 $1, a, u; "
-        "mov.u32 $2, s; }"
-    )
+    integer ops, not asm, ptxas made some of them again in the loop: 8 more): outputs $0 where it writes, $1 where its
+    lane reads, both in the parity-0 buffer of its K slice (two 8c x MMA_SHARED_B_ROW buffers each), $2 the slice's
+    named barrier (1 + slice; 0 with one slice); input $3 the address of a `shared_b_bytes(c, slices)` buffer
+    (`shared_buffer_ptx`)."""
+    return ("{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, $3; "
+            + ("mov.u32 s, 0; " if slices == 1 else _shared_b_slice(col_groups, slices))
+            + _shared_b_store_address(col_groups, "$0") + _shared_b_load_address("$1") + "mov.u32 $2, s; }")
 
 
 def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, given: bool = True) -> str:
     """Outputs $0 .. $(8 c - 1): the B registers of column groups 0 .. c - 1; inputs: the thread's 16 bytes (2 int64 if
     `wide`, else 4 int32), the window's parity, then, if `given`, `_shared_b_addresses`' three outputs; else the
-    buffer's address (three times), the addresses made here from %tid.x every window
+    buffer's address, the addresses made here from %tid.x every window
     (two row groups per warp: held across the loop, they took 4 slices of mxfp8 x mxfp8 from 64 to 74 sm_90
     registers, past the 64 of the two 512-thread programs per SM that `api.MMA_K_SLICES` counts). With one slice
     the program waits at the CTA barrier; with `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
@@ -514,20 +526,17 @@ def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, given: bool
     n_in = 2 if wide else 4
     ins = ", ".join(f"${first + i}" for i in range(n_in))
     size = 8 * col_groups * row
-    p, st, ld, bar = (f"${first + n_in + i}" for i in range(4))
+    p, st, ld, bar = (f"${first + n_in + i}" for i in range(4))  # not given: st is the buffer
     loads = "".join(
         f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + i}' for i in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
         for c in range(col_groups) for h in range(2)
     )
-    if not given:  # st: the buffer; bar: the slice's barrier, ld: its load address, both computed below
-        own = "" if slices == 1 else f"shr.b32 s, t, 7; mad.lo.u32 b, s, {2 * size}, b; add.u32 s, s, 1; "
-        made = (f"mov.u32 t, %tid.x; mov.u32 b, {st}; mad.lo.u32 b, {p}, {size}, b; " + own
-                + f"shr.b32 u, t, 3; and.b32 u, u, {8 * col_groups - 1}; mad.lo.u32 a, u, {row}, b; "
-                f"and.b32 u, t, 7; shl.b32 u, u, 4; add.u32 a, a, u; ")
-        store, bar = made, "s"
-        load = f"bfe.u32 u, t, 2, 3; mad.lo.u32 a, u, {row}, b; and.b32 u, t, 3; shl.b32 u, u, 5; add.u32 a, a, u; "
-    else:
+    if given:
         store, load = f"mad.lo.u32 a, {p}, {size}, {st}; ", f"mad.lo.u32 a, {p}, {size}, {ld}; "
+    else:
+        store = (f"mov.u32 t, %tid.x; mov.u32 b, {st}; mad.lo.u32 b, {p}, {size}, b; "
+                 + _shared_b_slice(col_groups, slices) + _shared_b_store_address(col_groups, "a"))
+        load, bar = _shared_b_load_address("a"), "s"
     return (
         "{ .reg .b32 a, t, b, u, s; " + store + f"st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
         + ("bar.sync 0; " if slices == 1 else f"bar.sync {bar}, 128; ") + load + loads + "}"

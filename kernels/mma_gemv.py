@@ -226,7 +226,7 @@ def shared_b_addresses(buffer, COL_GROUPS, K_WARPS, ROW_GROUPS):
     before the K loop; with two row groups per warp only the buffer (the exchange makes the rest every window:
     registers)."""
     if ROW_GROUPS == 2:
-        return buffer, buffer, buffer
+        return (buffer,)
     return hl.inline_asm_elementwise(MMA_SHARED_B_ADDRESSES_PTX[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
                                      dtype=(torch.int32,) * 3, is_pure=True, pack=1)
 
@@ -254,7 +254,8 @@ def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, 
     # neither hoisted nor merged across windows.
     regs = hl.inline_asm_elementwise(
         MMA_SHARED_B_PTX[COL_GROUPS, wide, K_WARPS, ROW_GROUPS == 1],
-        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 4), [*chunk, parity, *addresses],
+        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * (1 + len(addresses))),
+        [*chunk, parity, *addresses],
         dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
     )
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]

@@ -994,9 +994,10 @@ def test_shared_b_exchange_gives_each_lane_its_b(col_groups, wide, slices, given
     if given:
         *_, made = run_shared_b_exchange(MMA_SHARED_B_ADDRESSES_PTX[col_groups, slices], 0, 4, 128 * slices, size=size)
         assert all(made[t]["$2"] == (0 if slices == 1 else 1 + (t >> 7)) for t in range(128 * slices))
-    else:  # the buffer's address (0) three times
-        made = [{f"${i}": 0 for i in range(3)}] * (128 * slices)
-    inputs = [{f"${8 * col_groups + n_in + 1 + i}": made[t][f"${i}"] for i in range(3)} for t in range(128 * slices)]
+    else:  # the buffer's address (0) alone
+        made = [{"$0": 0}] * (128 * slices)
+    inputs = [{f"${8 * col_groups + n_in + 1 + i}": made[t][f"${i}"] for i in range(3 if given else 1)}
+              for t in range(128 * slices)]
     written = []
     for parity in (0, 1):
         outputs, memory, size, _ = run_shared_b_exchange(ptx, parity, 8 * col_groups, 128 * slices, size=size,
