@@ -669,7 +669,6 @@ class MmaOptions(NamedTuple):
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
-    b_ahead: bool  # shared B written a window ahead, behind mbarriers (SHARED_B 2)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -705,10 +704,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "b_ahead"}
+            "cluster", "evict", "hoist"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'b_ahead', or None, got "
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'hoist', or None, got "
                          f"{config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
@@ -747,9 +746,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
     evict = config.get("evict", MMA_EVICT and not wide_m)
     hoist = config.get("hoist", evict is True and _mma_hoist(m, narrow, fp8_weights))
-    b_ahead = config.get("b_ahead", False)
-    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist),
-                        ("b_ahead", b_ahead)):
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
     if hoist and not evict:
@@ -777,7 +774,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, b_ahead)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -912,7 +909,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, split=cluster_split, row_groups=slices[1])
         elif slices:
             slices, row_groups, *fp4_tail = slices
-            ahead, unroll = fp4_tail if b.fmt.is_packed else (int(options.b_ahead), 1)  # b_ahead: one ahead
+            ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
                                        unroll=options.unroll or unroll)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
@@ -920,9 +917,6 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
-    if options.b_ahead and (wide_m or not options.shared_b or options.ahead != 1 or options.row_groups != 1):
-        raise ValueError(f"config: b_ahead runs at M <= {MMA_WARP_M} with shared_b, ahead 1 and row_groups 1, got "
-                         f"shared_b {options.shared_b}, ahead {options.ahead}, row_groups {options.row_groups} at M = {m}")
     if (k // 64) % options.k_warps:
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
@@ -951,8 +945,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
     # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
-            else (cluster, options.row_groups, split, 2 if options.b_ahead else options.shared_b, options.ahead,
-                  options.k_warps, options.stage_b))
+            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               2 if options.hoist else int(options.evict), _mma_column_groups(m), *tail)

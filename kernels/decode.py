@@ -543,73 +543,7 @@ def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, given: bool
     )
 
 
-def shared_b_ahead_bytes(col_groups: int, slices: int) -> int:
-    """Shared memory of `MMA_SHARED_B_AHEAD_PTX[col_groups, _, slices]`: the buffers, then two mbarriers per slice."""
-    return shared_b_bytes(col_groups, slices) + 16 * slices
-
-
-def _shared_b_ahead_addresses(col_groups: int, slices: int) -> str:
-    """`_shared_b_addresses` for `_shared_b_ahead`: outputs $0 where thread t writes and $1 where its lane reads (the
-    slot-0 buffer of its K slice), $2 its slice's two mbarriers (8 bytes each, after every slice's buffers); input $3
-    the address of a `shared_b_ahead_bytes(c, slices)` buffer."""
-    return ("{ .reg .b32 t, a, b, u, s; mov.u32 t, %tid.x; mov.u32 b, $3; "
-            + ("mov.u32 s, 0; " if slices == 1 else "shr.b32 s, t, 7; ")
-            + f"mad.lo.u32 $2, s, 16, b; add.u32 $2, $2, {shared_b_bytes(col_groups, slices)}; "
-            + f"mad.lo.u32 b, s, {2 * 8 * col_groups * MMA_SHARED_B_ROW}, b; "
-            + _shared_b_store_address(col_groups, "$0") + _shared_b_load_address("$1") + "}")
-
-
-def _shared_b_ahead_prime(wide: bool, slices: int) -> str:
-    """Before the K loop of `_shared_b_ahead`: thread 0 of each K slice sets up its two mbarriers (128 arrivals a
-    phase), the slice waits for that at its barrier (the CTA's with one slice, else named 1 + slice), and every thread
-    writes its share of the first window into slot 0 and arrives on its mbarrier. Output $0: a token (0) that the first
-    exchange takes, so that it comes after; inputs: the thread's 16 bytes (2 int64 if `wide`, else 4 int32), then
-    `_shared_b_ahead_addresses`' three outputs."""
-    n_in = 2 if wide else 4
-    ins = ", ".join(f"${1 + i}" for i in range(n_in))
-    st, mb = f"${1 + n_in}", f"${3 + n_in}"
-    barrier = "bar.sync 0; " if slices == 1 else "shr.b32 s, t, 7; add.u32 s, s, 1; bar.sync s, 128; "
-    return ("{ .reg .b32 t, s; .reg .b64 r; .reg .pred p; mov.u32 t, %tid.x; and.b32 s, t, 127; setp.eq.u32 p, s, 0; "
-            f"@p mbarrier.init.shared::cta.b64 [{mb}], 128; @p mbarrier.init.shared::cta.b64 [{mb}+8], 128; "
-            + barrier + f"st.shared.v{n_in}.b{128 // n_in} [{st}], {{{ins}}}; "
-            f"mbarrier.arrive.shared::cta.b64 r, [{mb}]; mov.u32 $0, 0; }}")
-
-
-def _shared_b_ahead(col_groups: int, wide: bool) -> str:
-    """The shared-B exchange with each window's B written one window ahead. Window i (counted from the K slice's
-    first) sits in slot i & 1 of the slice's two buffers, behind that slot's mbarrier, whose phase i >> 1 its 128
-    threads complete by arriving once they wrote their share. A thread waits for that phase, reads its lanes' B
-    registers of window i, then writes its share of window i + 1 into the other slot and arrives there: so a warp
-    waits for the others' writes, not for their decode and mma of the window before (with one barrier, a window's
-    writes came after the previous window's mma in every warp). The write into slot (i + 1) & 1 comes after the
-    wait for window i, whose phase needs every thread's arrival of iteration i - 1, made after its reads of window
-    i - 1 from that slot. Outputs $0 .. $(8 c - 1): window i's B registers of column groups 0 .. c - 1; inputs: the
-    thread's 16 bytes of window i + 1 (2 int64 if `wide`, else 4 int32), i, `_shared_b_ahead_addresses`' three
-    outputs, and a token (the previous exchange's first output, or the prime's), which keeps the exchanges in
-    order: LLVM may move pure asm with no data between them."""
-    first, row = 8 * col_groups, MMA_SHARED_B_ROW
-    n_in = 2 if wide else 4
-    ins = ", ".join(f"${first + i}" for i in range(n_in))
-    i, st, ld, mb = (f"${first + n_in + j}" for j in range(4))
-    size = 8 * col_groups * row
-    loads = "".join(
-        f"ld.shared.v4.b32 {{{', '.join(f'${8 * c + 4 * h + j}' for j in range(4))}}}, [a+{8 * c * row + 16 * h}]; "
-        for c in range(col_groups) for h in range(2)
-    )
-    return ("{ .reg .b32 a, s, h, m; .reg .b64 r; .reg .pred p; "
-            f"and.b32 s, {i}, 1; bfe.u32 h, {i}, 1, 1; mad.lo.u32 m, s, 8, {mb}; "
-            f"WAIT: mbarrier.try_wait.parity.shared::cta.b64 p, [m], h; @!p bra WAIT; "
-            f"mad.lo.u32 a, s, {size}, {ld}; " + loads
-            + f"xor.b32 s, s, 1; mad.lo.u32 a, s, {size}, {st}; st.shared.v{n_in}.b{128 // n_in} [a], {{{ins}}}; "
-            f"mad.lo.u32 m, s, 8, {mb}; mbarrier.arrive.shared::cta.b64 r, [m]; }}")
-
-
 MMA_SHARED_B_ADDRESSES_PTX = {(c, s): _shared_b_addresses(c, s) for c in (1, 2) for s in (1, 2, 4, 8)}
-MMA_SHARED_B_AHEAD_ADDRESSES_PTX = {(c, s): _shared_b_ahead_addresses(c, s) for c in (1, 2) for s in (1, 2, 4, 8)}
-# by (bf16 activation, K slices)
-MMA_SHARED_B_AHEAD_PRIME_PTX = {(wide, s): _shared_b_ahead_prime(wide, s) for wide in (False, True) for s in (1, 2, 4, 8)}
-# by (column groups, bf16 activation)
-MMA_SHARED_B_AHEAD_PTX = {(c, wide): _shared_b_ahead(c, wide) for c in (1, 2) for wide in (False, True)}
 # by (column groups, bf16 activation, K slices, addresses given)
 MMA_SHARED_B_PTX = {(c, wide, s, given): _shared_b_exchange(c, wide, s, given) for c in (1, 2) for wide in (False, True)
                     for s in (1, 2, 4, 8) for given in (False, True)}

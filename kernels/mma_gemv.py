@@ -76,11 +76,10 @@ from blockscaled.layouts import scale_offset
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
-                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_AHEAD_ADDRESSES_PTX,
-                     MMA_SHARED_B_AHEAD_PRIME_PTX, MMA_SHARED_B_AHEAD_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
+                     MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
-                     shared_b_ahead_bytes, shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
+                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -222,69 +221,30 @@ def shared_buffer(size, threads, align=16):
                                      dtype=torch.int32, is_pure=True, pack=1)
 
 
-def shared_b_addresses(threads, COL_GROUPS, K_WARPS, ROW_GROUPS, SHARED_B):
-    """A new buffer for the shared-B exchange and the thread's addresses in it, made once, before the K loop: where it
-    writes, where its lane reads and its barrier (`decode.MMA_SHARED_B_ADDRESSES_PTX`) or, with SHARED_B 2, its K
-    slice's mbarriers (`decode.MMA_SHARED_B_AHEAD_ADDRESSES_PTX`); with two row groups per warp only the buffer (the
-    exchange makes the rest every window: registers)."""
-    if SHARED_B == 2:
-        buffer = shared_buffer(shared_b_ahead_bytes(COL_GROUPS, K_WARPS), threads)
-        table = MMA_SHARED_B_AHEAD_ADDRESSES_PTX
-    else:
-        buffer = shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads)
-        table = MMA_SHARED_B_ADDRESSES_PTX
+def shared_b_addresses(buffer, COL_GROUPS, K_WARPS, ROW_GROUPS):
+    """The thread's exchange addresses in `buffer` and its barrier (`decode.MMA_SHARED_B_ADDRESSES_PTX`), made once,
+    before the K loop; with two row groups per warp only the buffer (the exchange makes the rest every window:
+    registers)."""
     if ROW_GROUPS == 2:
         return (buffer,)
-    return hl.inline_asm_elementwise(table[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
+    return hl.inline_asm_elementwise(MMA_SHARED_B_ADDRESSES_PTX[COL_GROUPS, K_WARPS], "=r,=r,=r,r", [buffer],
                                      dtype=(torch.int32,) * 3, is_pure=True, pack=1)
-
-
-def shared_b_chunk(loaded, ACT_ELEM, ACT_SCALE):
-    """The thread's share of a window's B from its `shared_b_words`: bf16 as loaded (2 int64), fp4 / fp8 decoded into
-    4 bf16x2 registers (8 elements)."""
-    if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return loaded
-    *words, code = loaded
-    factor = mma_b_factor(code.to(torch.int32), ACT_SCALE)
-    kind = "r" if ACT_ELEM == ELEMENT_CODES["e2m1"] else "l"
-    return hl.inline_asm_elementwise(
-        MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE, 8], ",".join(["=r"] * 4 + [kind, "r"]), [*words, factor],
-        dtype=(torch.int32,) * 4, is_pure=True, pack=1,
-    )
-
-
-def shared_b_prime(loaded, addresses, ACT_ELEM, ACT_SCALE, K_WARPS):
-    """SHARED_B 2, before the K loop: the K slice's mbarriers set up and the thread's share of its first window
-    (`shared_b_words`) written and signalled (`decode.MMA_SHARED_B_AHEAD_PRIME_PTX`); returns the first exchange's
-    token. Not pure (one output: Helion writes it once)."""
-    chunk = shared_b_chunk(loaded, ACT_ELEM, ACT_SCALE)
-    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
-    return hl.inline_asm_elementwise(
-        MMA_SHARED_B_AHEAD_PRIME_PTX[wide, K_WARPS], ",".join(["=r"] + ["l" if wide else "r"] * len(chunk) + ["r"] * 3),
-        [*chunk, *addresses], dtype=torch.int32, is_pure=False, pack=1,
-    )
-
-
-def shared_b_ahead_registers(loaded, step, addresses, token, ACT_ELEM, ACT_SCALE, COL_GROUPS):
-    """SHARED_B 2: every column group's B registers of the slice's window `step` (counted from its first), written one
-    window earlier, and the thread's share of window `step` + 1 (`shared_b_words`) written
-    (`decode.MMA_SHARED_B_AHEAD_PTX`); returns them and the next exchange's token. Pure, as `shared_b_registers`."""
-    chunk = shared_b_chunk(loaded, ACT_ELEM, ACT_SCALE)
-    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
-    regs = hl.inline_asm_elementwise(
-        MMA_SHARED_B_AHEAD_PTX[COL_GROUPS, wide],
-        ",".join(["=r"] * (8 * COL_GROUPS) + ["l" if wide else "r"] * len(chunk) + ["r"] * 5),
-        [*chunk, torch.zeros_like(token) + step, *addresses, token],
-        dtype=(torch.int32,) * (8 * COL_GROUPS), is_pure=True, pack=1,
-    )
-    return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8], regs[0]
 
 
 def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS, ROW_GROUPS):
     """Every column group's B registers (8 each) of a window from the threads' `shared_b_words`:
     fp4 / fp8 decoded (8 elements per thread), exchanged through shared memory (by each of the
     K_WARPS K slices of 128 threads) at the thread's `shared_b_addresses`."""
-    chunk = shared_b_chunk(loaded, ACT_ELEM, ACT_SCALE)
+    if ACT_ELEM == ELEMENT_CODES["bf16"]:
+        chunk = loaded
+    else:
+        *words, code = loaded
+        factor = mma_b_factor(code.to(torch.int32), ACT_SCALE)
+        kind = "r" if ACT_ELEM == ELEMENT_CODES["e2m1"] else "l"
+        chunk = hl.inline_asm_elementwise(
+            MMA_B_FRAGMENTS_PTX[ACT_ELEM, ACT_SCALE, 8], ",".join(["=r"] * 4 + [kind, "r"]), [*words, factor],
+            dtype=(torch.int32,) * 4, is_pure=True, pack=1,
+        )
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
     parity = window_parity(chunk[0], win)
     # pure although it stores and waits: Helion writes one asm call per output, and LLVM
@@ -374,8 +334,7 @@ def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
-    other = (shared_b_ahead_bytes(COL_GROUPS, K_WARPS) if SHARED_B == 2 else shared_b_bytes(COL_GROUPS, K_WARPS)
-             if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0)
+    other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
@@ -497,10 +456,8 @@ def mma_gemv_kernel(
         d0, d1, d2, d3 = zero_sums(threads)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         if SHARED_B:
-            b_addresses = shared_b_addresses(threads, COL_GROUPS, K_WARPS, ROW_GROUPS, SHARED_B)
-        if SHARED_B == 2:  # the first window's B written before the loop, each window's next one in it
-            token = shared_b_prime(shared_b_words(x64, xs, tid, first, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT),
-                                   b_addresses, ACT_ELEM, ACT_SCALE, K_WARPS)
+            b_addresses = shared_b_addresses(shared_buffer(shared_b_bytes(COL_GROUPS, K_WARPS), threads), COL_GROUPS,
+                                             K_WARPS, ROW_GROUPS)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
@@ -509,7 +466,7 @@ def mma_gemv_kernel(
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
-                ROW_GROUPS, EVICT, first + (SHARED_B - 1) % steps)
+                ROW_GROUPS, EVICT)
         for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
@@ -519,10 +476,10 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, first + (it.begin + SHARED_B) % steps)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, win)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
@@ -531,10 +488,7 @@ def mma_gemv_kernel(
                     loads_b1 = (b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2
                                 else loads_b0)
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
-            if SHARED_B == 2:
-                b_0, b_1, token = shared_b_ahead_registers(loads_b, it.begin, b_addresses, token, ACT_ELEM, ACT_SCALE,
-                                                           COL_GROUPS)
-            elif SHARED_B:
+            if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS,
                                               ROW_GROUPS)
             elif STAGE_B:  # one column group
@@ -598,11 +552,11 @@ def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, AC
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, ROW_GROUPS, EVICT, b_win):
-    """The words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B share of window `b_win`
-    (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words of window `win` (the
+                        COL_GROUPS, ROW_GROUPS, EVICT):
+    """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
+    share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
     first twice with one row group)."""
-    b = pad_slots(shared_b_words(x64, xs, tid, b_win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT))
+    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT))
     a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
     return (*b, *a0, *a1)
 

@@ -198,26 +198,6 @@ def test_mma_hints_either_way(pair, m, gen):
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 9, 16])
-def test_mma_b_ahead(pair, m, gen):
-    """Shared B written a window ahead behind mbarriers ("b_ahead"): 8 K slices with 1 and 3 windows each at two windows
-    per loop iteration (3: a remainder iteration, and the slots' phases cross iterations), 2 windows at one per
-    iteration, 4 slices with bias and bf16 out, one slice with split-K in clusters and in the workspace, and the
-    default plan at 8192^2."""
-    base = {"row_groups": 1, "shared_b": True, "ahead": 1, "b_ahead": True}
-    for k, unroll in ((512, 2), (1024, 1), (1536, 2)):
-        run_and_check(pair, m, 1024, k, "cuda", gen, data_layout="mma_m16k16", config={**base, "k_warps": 8, "unroll": unroll})
-    run_and_check(pair, m, 2048, 4096, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  config={**base, "k_warps": 4})
-    for cluster in (True, False):
-        run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", config={**base, "split": 4, "cluster": cluster})
-    if m > 1:
-        run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16", config={"b_ahead": True})
-    assert_split_k_workspaces_zero()
-    assert backend_used(pair, m) == "mma"
-
-
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_uneven_split(pair, m, gen):
     """Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows): 3 to 31
     parts, one and two row groups, B per warp or shared, bias and bf16 out, and 13 parts at M = 16, 10240 x 8192."""
