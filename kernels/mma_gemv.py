@@ -71,7 +71,7 @@ import helion
 import helion.language as hl
 
 from blockscaled.formats import SCALE_LAYOUTS
-from blockscaled.layouts import scale_offset, scale_window_stride
+from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
@@ -94,56 +94,32 @@ def eviction(role, EVICT):
 
 
 # PTX type and constraint of a hinted load by the element type of the tensor it reads: 16-bit words zero-extended
-# into 32-bit registers (the factor words, of which the decode reads the low two bytes), bytes too (scale codes)
+# into 32-bit registers (the factor words, of which the decode reads the low two bytes)
 HINTED_TYPES = {torch.int32: ("b32", "r", "tl.int32"), torch.int64: ("b64", "l", "tl.int64"),
-                torch.int16: ("u16", "r", "tl.int32"), torch.uint8: ("u8", "r", "tl.int32")}
+                torch.int16: ("u16", "r", "tl.int32")}
 
 
-def l2_policy(like, role):
-    """The role's L2 `eviction` policy (a createpolicy operand) as an int64 per thread: one pure asm without loop
-    inputs, which LLVM hoists out of the loop."""
-    return hl.inline_asm_elementwise(
-        f"createpolicy.fractional.L2::{eviction(role, True)}.b64 $0, 1.0;", "=l,r", [torch.zeros_like(like)],
-        dtype=torch.int64, is_pure=True, pack=1)
-
-
-def hinted_loads(ptr, index, role, EVICT, count=1, stride=1, stream=None, dtype=None):
+def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
     """`count` loads of `ptr` at index, index + stride, ...: with EVICT 1 Triton's loads with the role's `eviction`
-    policy, with EVICT 2 (`api._mma_hoist`) inline PTX carrying that policy as an L2 cache hint (`l2_policy`). Triton
-    writes the policy anew for every load (11 sm_90 instructions per K-loop iteration at M = 16). With EVICT 2,
-    `stream` = (base, step, window) (`stream_base`) reads at byte base + step * window instead of at index: one
-    64-bit multiply-add per window instead of the index arithmetic and the 64-bit address; `dtype` (a HINTED_TYPES
-    key) then reads elements of that type instead of the pointer's (count, stride and window counted in them)."""
+    policy, with EVICT 2 (`api._mma_hoist`) inline PTX carrying that policy as an L2 cache hint. Triton writes the policy
+    anew for every load (11 sm_90 instructions per K-loop iteration at M = 16); here it is one pure asm without loop
+    inputs, which LLVM hoists out of the loop."""
     if EVICT != 2:
         return [hl.load(ptr, [index + stride * i], eviction_policy=eviction(role, EVICT)) for i in range(count)]
-    kind, reg, out = HINTED_TYPES[dtype or ptr.dtype]
-    size = (dtype or ptr.dtype).itemsize
-    like = torch.zeros_like(index if stream is None else stream[1], dtype=torch.int64 if reg == "l" else torch.int32)
-    policy = l2_policy(index if stream is None else stream[1], role)
-    loads = " ".join(f"ld.global.L1::{eviction(role, EVICT)}.L2::cache_hint.{kind} ${i}, [{{a}}+{i * stride * size}], "
-                     f"${count + (1 if stream is None else 2)};" for i in range(count))
-    constraints = ",".join([f"={reg}"] * count + (["l", "l"] if stream is None else ["r", "l", "l"]))
-    if stream is not None:
-        base, step, window = stream
-        loaded = hl.inline_asm_elementwise(
-            f"{{ .reg .b64 a; mad.wide.u32 a, ${count}, {window * size}, ${count + 1}; " + loads.format(a="a") + " }",
-            constraints, [step, base, policy], dtype=(like.dtype,) * count if count > 1 else like.dtype, is_pure=True,
-            pack=1)
-        return list(loaded) if count > 1 else [loaded]
+    kind, reg, out = HINTED_TYPES[ptr.dtype]
+    size = ptr.element_size()
+    policy = hl.inline_asm_elementwise(
+        f"createpolicy.fractional.L2::{eviction(role, EVICT)}.b64 $0, 1.0;", "=l,r", [torch.zeros_like(index)],
+        dtype=torch.int64, is_pure=True, pack=1)
+    asm = " ".join(f"ld.global.L1::{eviction(role, EVICT)}.L2::cache_hint.{kind} ${i}, [${count}+{i * stride * size}], "
+                   f"${count + 1};" for i in range(count))
+    constraints = ",".join([f"={reg}"] * count + ["l", "l"])
+    like = torch.zeros_like(index, dtype=torch.int64 if reg == "l" else torch.int32)
     loaded = hl.inline_triton(
-        f"tl.inline_asm_elementwise('{loads.format(a=f'${count}')}', '{constraints}', [{{0}} + {{1}}, {{2}}], "
+        f"tl.inline_asm_elementwise('{asm}', '{constraints}', [{{0}} + {{1}}, {{2}}], "
         f"dtype=({out},) * {count}, is_pure=True, pack=1)",
         args=(ptr, index, policy), output_like=(like,) * count)
     return list(loaded)
-
-
-def stream_base(ptr, index, window, extra=None):
-    """(`hinted_loads`' stream): the byte address of `ptr`[index] (plus `extra` bytes, an int64 tensor, if given) as an
-    int64 per thread, made once before the K loop, and `window`, the elements between two windows' loads."""
-    like = torch.zeros_like(index, dtype=torch.int64)
-    base = hl.inline_triton("tl.inline_asm_elementwise('mov.b64 $0, $1;', '=l,l', [{0} + {1}], dtype=tl.int64, "
-                            "is_pure=True, pack=1)", args=(ptr, index), output_like=like)
-    return (base if extra is None else base + extra), window
 
 
 def program_row_warps(K_WARPS, SHARED_B):
@@ -164,35 +140,18 @@ def zero_sums(threads=128, count=4):
     return tuple(hl.zeros([threads], dtype=torch.float32) for _ in range(count))
 
 
-def a_word_index(gr, win, lane, windows):
-    """Index into the weights' words of the thread's first A word of row group `gr`, window `win` (the others 32, 64
-    and 96 further; the next window's 128 further)."""
-    return (gr * windows + win) * 128 + lane
-
-
-def factor_index(gr, win, q, g, windows, blocks):
-    """Index into the factor words of the thread's rows' factor in row group `gr`, window `win` (the next window's
-    8 `blocks` further)."""
-    return ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g
-
-
-def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT, streams=None, step=None):
+def a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT):
     """Row group `gr`'s window `win`: the thread's 4 A words (one per mma step) and its rows'
-    factor byte. With `streams` (`window_streams`' weight and factor streams, at row group gr's first window), at
-    window `step` from there."""
-    if streams is None:
-        factors = hinted_loads(f, factor_index(gr, win, q, g, windows, blocks), "w", EVICT)[0]
-        return (*hinted_loads(w, a_word_index(gr, win, lane, windows), "w", EVICT, 4, 32), factors.to(torch.int32))
-    w_stream, f_stream = streams
-    factors = hinted_loads(f, None, "w", EVICT, stream=(*f_stream[:1], step, f_stream[1]))[0]
-    return (*hinted_loads(w, None, "w", EVICT, 4, 32, stream=(*w_stream[:1], step, w_stream[1])), factors)
+    factor byte."""
+    base = (gr * windows + win) * 128 + lane
+    factors = hinted_loads(f, ((gr * windows + win) * blocks + ((q * blocks) >> 2)) * 8 + g, "w", EVICT)[0]
+    return (*hinted_loads(w, base, "w", EVICT, 4, 32), factors.to(torch.int32))
 
 
-def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT, streams=None, step=None):
+def row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT):
     """`a_words` of the warp's row groups gr and gr + 1 (with one row group: gr's twice)."""
-    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT, streams and streams[:2], step)
-    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, EVICT, streams and streams[2:4],
-                       step) if ROW_GROUPS == 2 else a0
+    a0 = a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)
+    return a0, a_words(w, f, gr + 1, win, lane, q, g, windows, blocks, EVICT) if ROW_GROUPS == 2 else a0
 
 
 def a_fragments(loaded, W_ELEM, ENCODING):
@@ -231,73 +190,22 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     )
 
 
-def shared_b_row(tid, M, COL_GROUPS):
-    """The activation row of the thread's share of a window's B: (tid >> 3) mod 8 COL_GROUPS, past M row M - 1."""
-    r = (tid >> 3) & (8 * COL_GROUPS - 1)
-    return torch.where(r < M, r, M - 1)
-
-
-def shared_b_index(tid, win, K, M, ACT_ELEM, COL_GROUPS):
-    """(index into the activation's int64 words of the thread's first word of window `win`, words, the next window's
-    index further): K 8 (tid & 7) .. + 8 of its `shared_b_row` (bf16: two words; fp4: the word whose half it is; fp8:
-    one)."""
-    row, j = shared_b_row(tid, M, COL_GROUPS), tid & 7
-    if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return row * (K // 4) + win * 16 + 2 * j, 2, 16
-    if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-        return row * (K // 16) + win * 4 + (j >> 1), 1, 4
-    return row * (K // 8) + win * 8 + j, 1, 8
-
-
-def window_streams(x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                   COL_GROUPS, ROW_GROUPS, SHARED_B, EVICT):
-    """With shared B and EVICT 2, `hinted_loads`' streams (`stream_base`) of a thread's window words at its first
-    window `first`: the activation share (fp4: the thread's 32-bit half of its word, at byte 4 (tid & 1), so it loads
-    only that), its scale code (None for bf16, or where the scale layout is not linear by windows), then the weights
-    and factors of each
-    row group; else None."""
-    if not (SHARED_B and EVICT == 2):
-        return None
-    index, _, window = shared_b_index(tid, first, K, M, ACT_ELEM, COL_GROUPS)
-    half = ((tid & 1) * 4).to(torch.int64) if ACT_ELEM == ELEMENT_CODES["e2m1"] else None
-    streams = [stream_base(x64, index, window, half), None]
-    scale_window = scale_window_stride(SCALE_LAYOUTS[A_LAYOUT], 64 // BLOCK_A)
-    if ACT_ELEM != ELEMENT_CODES["bf16"] and scale_window is not None:
-        streams[1] = stream_base(xs, shared_b_scale_index(tid, first, K, M, BLOCK_A, A_LAYOUT, COL_GROUPS), scale_window)
-    for r in range(ROW_GROUPS):
-        streams += [stream_base(w, a_word_index(gr + r, first, lane, windows), 128),
-                    stream_base(f, factor_index(gr + r, first, q, g, windows, blocks), 8 * blocks)]
-    return tuple(streams)
-
-
-def shared_b_scale_index(tid, win, K, M, BLOCK_A, A_LAYOUT, COL_GROUPS):
-    """Index into the activation's stored scale codes of the thread's share of window `win`."""
-    block = win * (64 // BLOCK_A) + ((tid & 7) >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
-    return scale_offset(SCALE_LAYOUTS[A_LAYOUT], shared_b_row(tid, M, COL_GROUPS), block, K // BLOCK_A)
-
-
-def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT, streams=None, step=None):
+def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT):
     """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
     row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
-    words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code. With `streams` (`window_streams`'
-    first two), read at window `step` from its first."""
+    words; fp4: one int32 word; fp8: one int64), then, for fp4 / fp8, its scale code."""
+    r = (tid >> 3) & (8 * COL_GROUPS - 1)
+    row = torch.where(r < M, r, M - 1)
     j = tid & 7
-    stream, scale_stream = streams or (None, None)
-    if stream is None:
-        index, count, _ = shared_b_index(tid, win, K, M, ACT_ELEM, COL_GROUPS)
-        words = hinted_loads(x64, index, "x", EVICT, count)
-        if ACT_ELEM == ELEMENT_CODES["e2m1"]:
-            words = [(words[0] >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
-    elif ACT_ELEM == ELEMENT_CODES["e2m1"]:  # the 32-bit half alone
-        words = hinted_loads(x64, None, "x", EVICT, stream=(stream[0], step, 2 * stream[1]), dtype=torch.int32)
-    else:
-        words = hinted_loads(x64, None, "x", EVICT, 2 if ACT_ELEM == ELEMENT_CODES["bf16"] else 1,
-                             stream=(stream[0], step, stream[1]))
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return words
-    if scale_stream is None:
-        return [*words, hl.load(xs, [shared_b_scale_index(tid, win, K, M, BLOCK_A, A_LAYOUT, COL_GROUPS)])]
-    return [*words, hinted_loads(xs, None, "x", EVICT, stream=(scale_stream[0], step, scale_stream[1]))[0]]
+        return hinted_loads(x64, row * (K // 4) + win * 16 + 2 * j, "x", EVICT, 2)
+    if ACT_ELEM == ELEMENT_CODES["e2m1"]:
+        word = hinted_loads(x64, row * (K // 16) + win * 4 + (j >> 1), "x", EVICT)[0]
+        words = [(word >> ((j & 1) * 32).to(torch.int64)).to(torch.int32)]
+    else:
+        words = hinted_loads(x64, row * (K // 8) + win * 8 + j, "x", EVICT)
+    block = win * (64 // BLOCK_A) + (j >> (BLOCK_A // 16))  # 8 K per thread: block j / 2 (16) or j / 4 (32)
+    return [*words, hl.load(xs, [scale_offset(SCALE_LAYOUTS[A_LAYOUT], row, block, K // BLOCK_A)])]
 
 
 def window_parity(like, win):
@@ -555,13 +463,10 @@ def mma_gemv_kernel(
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
                               row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0], EVICT)
-        # the window loads' addresses at the first window, made once (None: made per window)
-        streams = window_streams(x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A,
-                                 A_LAYOUT, COL_GROUPS, ROW_GROUPS, SHARED_B, EVICT)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
-                ROW_GROUPS, EVICT, streams, torch.zeros_like(tid))
+                ROW_GROUPS, EVICT)
         for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
@@ -571,11 +476,10 @@ def mma_gemv_kernel(
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, streams, torch.zeros_like(tid) + (it.begin + 1) % steps)
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
-                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT, streams,
-                                             torch.zeros_like(tid) + it.begin)
+                                             BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             if SHARED_B:
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
@@ -648,15 +552,12 @@ def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, AC
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                        COL_GROUPS, ROW_GROUPS, EVICT, streams=None, step=None):
+                        COL_GROUPS, ROW_GROUPS, EVICT):
     """Window `win`'s words of a thread of `mma_gemv_kernel` with shared B as 15 tensors: its B
     share (`shared_b_words`: 2 tensors, padded by `pad_slots`) and its two row groups' A words (the
-    first twice with one row group). With `streams` (`window_streams`) read at window `step` (an int32 tensor) from
-    the thread's first."""
-    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT,
-                                 streams and streams[:2], step))
-    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT, streams and streams[2:],
-                             step)
+    first twice with one row group)."""
+    b = pad_slots(shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT))
+    a0, a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
     return (*b, *a0, *a1)
 
 

@@ -157,16 +157,6 @@ def scale_offset(layout: str, r, c, cols: int):
     return cdna4_offset(r, c, cols, int(layout.split("_")[1]))
 
 
-def scale_window_stride(layout: str, blocks: int) -> int | None:
-    """Elements between the stored scales of logical columns c and c + `blocks` in every row, where `layout` makes that
-    one constant for every c (kernels then step a scale address by it), else None."""
-    if layout == "rowmajor":
-        return blocks
-    if layout == "swizzle_32_4_4" and blocks % 4 == 0:  # whole 4-column tiles of 512 elements
-        return 512 * blocks // 4
-    return None
-
-
 def to_layout(scales: torch.Tensor, layout: str) -> torch.Tensor:
     """Row-major logical scales -> stored tensor in `layout`."""
     padded_scale_shape(layout, 1, 1)  # validates the name

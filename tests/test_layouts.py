@@ -112,24 +112,6 @@ def test_scale_offset_indexes_every_layout(layout, rows, cols, gen):
     assert off.unique().numel() == rows * cols  # no two scales share a slot
 
 
-@pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_16", "cdna4_32"])
-@pytest.mark.parametrize("blocks", [1, 2, 4, 8])
-def test_scale_window_stride(layout, blocks):
-    """Where `scale_window_stride` gives a stride, every stored scale of column c + blocks is that far from column c's
-    (rows across 128-row tiles, columns across 4-column tiles); rowmajor and swizzle_32_4_4 by 4 columns give one.
-    cdna4 layouts by 8 columns would have one too; they get None (indexed every window), which is only slower."""
-    rows, cols = 260, 48
-    r = torch.arange(rows).unsqueeze(1)
-    c = torch.arange(cols - blocks).unsqueeze(0)
-    step = layouts.scale_offset(layout, r, c + blocks, cols) - layouts.scale_offset(layout, r, c, cols)
-    stride = layouts.scale_window_stride(layout, blocks)
-    assert (stride is not None) == (layout == "rowmajor" or (layout == "swizzle_32_4_4" and blocks % 4 == 0))
-    if stride is not None:
-        assert torch.all(step == stride)
-    elif layout == "swizzle_32_4_4" or blocks < 8:  # none is right: a kernel must index each window
-        assert step.unique().numel() > 1
-
-
 # ---- fp4 data layouts ----
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
