@@ -678,7 +678,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     column groups; 2 needs N % 128 == 0; fp8 weights at 8 < M <= 16: split cap
     `MMA_FP8_M16_MAX_SPLIT`, no wave rule),
     "shared_b": bool (default `MMA_SHARED_B`), "ahead":
-    0 or, with shared B, 1 .. 3 (window w + ahead's words loaded before window w's; default MMA_AHEAD) and
+    0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD) and
     "k_warps": 1, 2, 4, 8 or 16 (> 1: a program is that many warps on one row group (two with
     row_groups 2), or with shared B that many K slices of 4 warps on 4 row groups (pairs), up to 8,
     each over its share of K, summed in shared memory: no split-K across programs, so no
@@ -752,7 +752,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if hoist and not evict:
         raise ValueError(f"config: hoist applies to the eviction hints, which evict False turns off, got {config!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
-    low, high = (1, 3) if wide_m else (0, 3 * int(shared_b))
+    low, high = (1, 3) if wide_m else (0, int(shared_b))
     if type(ahead) is not int or not low <= ahead <= high:
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")

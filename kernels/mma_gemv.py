@@ -463,38 +463,20 @@ def mma_gemv_kernel(
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
                               row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0], EVICT)
-        if AHEAD:  # window w + AHEAD's words loaded before window w's barrier (the shared B exchange's)
+        if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS, EVICT)
-        if AHEAD >= 2:
-            f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14 = shared_window_words(
-                x64, xs, w, f, tid, gr, first + 1 % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                COL_GROUPS, ROW_GROUPS, EVICT)
-        if AHEAD == 3:
-            g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14 = shared_window_words(
-                x64, xs, w, f, tid, gr, first + 2 % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
-                COL_GROUPS, ROW_GROUPS, EVICT)
         for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
             # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
-            if AHEAD:  # this window's words came AHEAD windows earlier
+            if AHEAD:  # this window's words came one window earlier
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
-                if AHEAD >= 2:
-                    e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14
-                if AHEAD == 3:
-                    f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14 = g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14
-                nxt = shared_window_words(
-                    x64, xs, w, f, tid, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, M,
-                    ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
-                if AHEAD == 1:
-                    e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = nxt
-                elif AHEAD == 2:
-                    f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14 = nxt
-                else:
-                    g0, g1, g2, g3, g4, g5, g6, g7, g8, g9, g10, g11, g12, g13, g14 = nxt
+                e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
+                    x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
+                    BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
             elif SHARED_B:
                 loaded = shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM,
                                              BLOCK_A, A_LAYOUT, COL_GROUPS, ROW_GROUPS, EVICT)
