@@ -568,6 +568,14 @@ MMA_K_WARPS = (16, 8)
 # 10240 x 8192 (84 registers): `MMA_UNROLL` 1 elsewhere.
 # (slices, row groups, resident, waves low, high, ahead for fp4 weights, unroll for fp4 weights)
 MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
+# bf16 activations on fp8 weights at 8 < M <= 16, where 8 K slices of one row group would run (8192^2): 4 slices of one
+# row group instead (512-thread programs, one per SM), one window ahead and two per K-loop iteration. H100, M = 16,
+# 8192^2, bf16 x mxfp8, 8 slices (the default) / 4 slices, twice in one process
+# (bench/results/h100_mma_m16_ahead_fp8_n8192_k8192_2a1a0d7_2026-11-26.log): 27.6 / 26.4 us and 27.5 / 26.4 us
+# (1.74x -> 1.81-1.82x of cuBLAS bf16; 28.0 -> 26.8 us in h100_mma_m16_ahead_slices_n8192_k8192_897d47b_2026-11-26.log);
+# with ahead 0 or one window per iteration 28.6-32.6 us. mxfp8 x mxfp8 takes 27.3-27.4 us either way (keeps 8 slices);
+# fp4 weights lose 1-3 us with 4 slices. (slices, ahead, unroll)
+MMA_BF16_FP8_M16_SLICES = (4, 1, 2)
 MMA_K_SLICES_MAX_WINDOWS = 128
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
@@ -910,6 +918,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         elif slices:
             slices, row_groups, *fp4_tail = slices
             ahead, unroll = fp4_tail if b.fmt.is_packed else (0, 1)
+            if (slices, row_groups) == (8, 1) and not (b.fmt.is_packed or narrow) and _mma_column_groups(m) == 2:
+                slices, ahead, unroll = MMA_BF16_FP8_M16_SLICES
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
                                        unroll=options.unroll or unroll)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead

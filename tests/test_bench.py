@@ -355,9 +355,9 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every plan it makes at
     M = 16, N = K = 8192 (4 slices of two row groups, 8 of one; fp4 weights one window ahead and two
-    windows per K-loop iteration where the entry says so). M <= 8 takes fewer registers (sm_90, 8
-    slices with ahead: 48-50 at M = 8 against 51-56 at M = 16)."""
-    from blockscaled.kernels.api import MMA_K_SLICES
+    windows per K-loop iteration where the entry says so; bf16 x mxfp8 4 slices of one, `MMA_BF16_FP8_M16_SLICES`).
+    M <= 8 takes fewer registers (sm_90, 8 slices with ahead: 48-50 at M = 8 against 51-56 at M = 16)."""
+    from blockscaled.kernels.api import MMA_BF16_FP8_M16_SLICES, MMA_K_SLICES
 
     from bench import sass
 
@@ -376,6 +376,14 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
             if tail != ((ahead, unroll) if fp4_weights else (0, 1)):
                 continue  # not a plan the rule makes
             assert_programs_fit(pair, counts, resident, warps=4 * slices)
+    # bf16 on fp8 weights where the rule makes 8 slices of one row group: MMA_BF16_FP8_M16_SLICES, one program per SM
+    slices, ahead, unroll = MMA_BF16_FP8_M16_SLICES
+    variant = {"k_warps": slices, "row_groups": 1, "ahead": ahead, "unroll": unroll}
+    argv[argv.index("--format") + 1:argv.index("-M")] = ["w8a16-mxfp8"]
+    argv[-1] = json.dumps([variant])
+    assert sass.main(argv) == 0
+    counts, = sass_rows(capfd.readouterr().out, bs.SUPPORTED_PAIRS["bf16", "mxfp8"])
+    assert_programs_fit("bf16 x mxfp8", counts, 1, warps=4 * slices)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["bf16", "narrow"])

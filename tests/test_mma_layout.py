@@ -473,8 +473,13 @@ def test_k_slices_options(monkeypatch):
             b = bs.quantize(torch.randn(64, 8192), w).with_data_layout("mma_m16k16")
             plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
             eight_on_fp4 = w == "mxfp4" and n == 8192  # 8 slices, any activation on fp4 weights: ahead 1, unroll 2
-            assert plan.consts[-3] == int(eight_on_fp4), (w, n)
-            assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, 1 + eight_on_fp4], (w, n)
+            # bf16 on fp8 weights at 8192^2: 4 slices of one row group, ahead 1, unroll 2 (MMA_BF16_FP8_M16_SLICES)
+            four_bf16_fp8 = w == "mxfp8" and n == 8192 and act is bf16
+            assert plan.consts[-3] == int(eight_on_fp4 or four_bf16_fp8), (w, n)
+            assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, 1 + (eight_on_fp4 or four_bf16_fp8)], (w, n)
+            if n == 8192:
+                assert plan.consts[-2] == (4 if four_bf16_fp8 else 8) and plan.consts[-5] == 1, (w, act.dtype)
+                assert plan.cfg.config["num_warps"] == (16 if four_bf16_fp8 else 32)
             if eight_on_fp4:  # a given unroll wins
                 options = api.mma_options_for({"unroll": 1}, act, b, 16, n)
                 assert "range_unroll_factors" not in api._mma_plan(act, b, False, 16, n, 8192, options).cfg.config
