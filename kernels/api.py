@@ -574,8 +574,9 @@ MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
 # (bench/results/h100_mma_m16_ahead_fp8_n8192_k8192_2a1a0d7_2026-11-26.log): 27.6 / 26.4 us and 27.5 / 26.4 us
 # (1.74x -> 1.81-1.82x of cuBLAS bf16; 28.0 -> 26.8 us in h100_mma_m16_ahead_slices_n8192_k8192_897d47b_2026-11-26.log);
 # as the default, old / new / old / new in one process each (h100_mma_m16_bf16_fp8_slices_ab_n8192_k8192_d037a47_
-# 2026-11-26.log) 27.8 / 26.8 / 27.7 / 26.8 us, 1.73x -> 1.78-1.79x; with ahead 0 or one window per iteration 28.6-32.6 us. mxfp8 x mxfp8 takes 27.3-27.4 us either way (keeps 8 slices);
-# fp4 weights lose 1-3 us with 4 slices. (slices, ahead, unroll)
+# 2026-11-26.log) 27.8 / 26.8 / 27.7 / 26.8 us, 1.73x -> 1.78-1.79x; with ahead 0 or one window per iteration
+# 28.6-32.6 us. mxfp8 x mxfp8 takes 27.3-27.5 us either way (keeps 8 slices); fp4 weights lose 1-3 us with 4 slices.
+# (slices, ahead, unroll)
 MMA_BF16_FP8_M16_SLICES = (4, 1, 2)
 MMA_K_SLICES_MAX_WINDOWS = 128
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.

@@ -379,8 +379,8 @@ def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
     # bf16 on fp8 weights where the rule makes 8 slices of one row group: MMA_BF16_FP8_M16_SLICES, one program per SM
     slices, ahead, unroll = MMA_BF16_FP8_M16_SLICES
     variant = {"k_warps": slices, "row_groups": 1, "ahead": ahead, "unroll": unroll}
-    argv[argv.index("--format") + 1:argv.index("-M")] = ["w8a16-mxfp8"]
-    argv[-1] = json.dumps([variant])
+    argv = ["--backend", "mma", "--format", "w8a16-mxfp8", "-M", "16", "-N", "8192", "-K", "8192", "--variants",
+            json.dumps([variant])]
     assert sass.main(argv) == 0
     counts, = sass_rows(capfd.readouterr().out, bs.SUPPORTED_PAIRS["bf16", "mxfp8"])
     assert_programs_fit("bf16 x mxfp8", counts, 1, warps=4 * slices)
