@@ -728,9 +728,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     k_warps = config.get("k_warps", 0 if auto else 1)  # 0: by `_mma_k_warps` / `_mma_k_slices` once K is known
     if "k_warps" in config and (k_warps not in (1, 2, 4, 8, 16) or type(k_warps) is not int):
         raise ValueError(f"config: k_warps must be 1, 2, 4, 8 or 16, got {k_warps!r}")
-    if k_warps > 1 and (wide_m or "max_split" in config or (split > 1 and config.get("shared_b") is not True)):
-        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split', and with 'split' > 1 only "
-                         f"as K slices ('shared_b' True), got {config!r} at M = {m}")
+    if k_warps > 1 and (wide_m or "max_split" in config or split > 1):
+        raise ValueError(f"config: k_warps > 1 runs at M <= {MMA_WARP_M} without 'max_split' or 'split' (split 1), got {config!r} "
+                         f"at M = {m}")
     if wide_m:
         if config.get("row_groups", 1) != 1 or config.get("shared_b", True) is not True:
             raise ValueError(f"config: above M = {MMA_WARP_M} the mma kernel runs row_groups 1 with shared_b True, "
@@ -929,9 +929,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
-    if (k // 64) % (options.k_warps * (max(options.split, 1) if options.k_warps > 1 else 1)):
-        raise ValueError(f"config: k_warps {options.k_warps} (times split {options.split} with it) must divide the "
-                         f"K / 64 = {k // 64} windows")
+    if (k // 64) % options.k_warps:
+        raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
     from .mma_gemv import program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
@@ -954,7 +953,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
-                               b.device, 32 * row_warps * options.k_warps))
+                               b.device))
     # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
     # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
@@ -972,14 +971,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
 
-def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device,
-                      cta_threads: int | None = None) -> bool:
-    """Whether SPLIT parts can sum `values` accumulators per thread of `threads` threads (of `cta_threads`-thread CTAs,
-    default `threads`) in one thread-block cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing
-    them (one per CTA included), and more than MMA_CLUSTER_PROGRAMS_PER_SM programs of `threads` per SM."""
-    cta_threads = cta_threads or threads
-    return (1 < split <= CLUSTER_MAX_CTAS and (values, split, threads, cta_threads) in MMA_CLUSTER_SUM_PTX
-            and programs * cta_threads > MMA_CLUSTER_PROGRAMS_PER_SM * threads * _sm_count(device))
+def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:
+    """Whether SPLIT parts can sum `values` accumulators per thread of `threads`-thread CTAs in one thread-block
+    cluster (`decode.MMA_CLUSTER_SUM_PTX`): split 2 .. CLUSTER_MAX_CTAS dividing them (one per CTA included), and
+    more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM."""
+    return (1 < split <= CLUSTER_MAX_CTAS and (values, split, threads) in MMA_CLUSTER_SUM_PTX
+            and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
 
 
 def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device) -> bool:
@@ -996,10 +993,10 @@ def _mma_gemv_values(row_groups: int, col_groups: int) -> int:
     return 4 * row_groups * col_groups
 
 
-def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device, cta_threads: int = 128) -> bool:
+def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads (of `cta_threads`: K slices)."""
-    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device, cta_threads)
+    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
+    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

@@ -686,16 +686,13 @@ def cluster_sum_bytes(values: int, split: int, threads: int = 256) -> int:
     return (split - 1) * (values // split) * threads * 4
 
 
-def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int | None = None) -> str:
+def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
     """Outputs $0 .. $(c - 1): the thread's values c r .. c r + c - 1 (r = %cluster_ctarank) summed over the cluster's
     CTAs, its own first, then the others by rank; inputs $c .. $(c + values - 1): its fp32 values. Each CTA stores
     the values every other CTA owns into that CTA's buffer (`mapa`, st.shared::cluster) in the slot of its rank
     (ranks above the owner's one lower; within a slot vector v of thread t at v threads + t: a warp's stores are
-    contiguous), waits at the cluster barrier (release / acquire) and adds its slots in order. With `cta_threads` >
-    `threads` (mma_gemv_kernel's K slices: the first `threads` hold the sums) the others store nothing, read thread
-    t mod `threads`'s slots and get meaningless outputs; they still arrive at the cluster barrier, as they must."""
+    contiguous), waits at the cluster barrier (release / acquire) and adds its slots in order."""
     c = values // split
-    extra = cta_threads is not None and cta_threads > threads
     width = next(w for w in (4, 2, 1) if c % w == 0)
     vec = f".v{width}" if width > 1 else ""
     slot = c * threads * 4
@@ -705,8 +702,7 @@ def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int |
 
     body = ""
     for owner in range(split):
-        store = "setp.ne.and.u32 p, r, o, v" if extra else "setp.ne.u32 p, r, o"
-        body += (f"mov.u32 o, {owner}; {store}; setp.gt.u32 q, r, o; selp.u32 s, 1, 0, q; sub.u32 s, r, s; "
+        body += (f"mov.u32 o, {owner}; setp.ne.u32 p, r, o; setp.gt.u32 q, r, o; selp.u32 s, 1, 0, q; sub.u32 s, r, s; "
                  f"mad.lo.u32 a, s, {slot}, b; mapa.shared::cluster.u32 d, a, o; ")
         body += "".join(f"@p st.shared::cluster{vec}.f32 [d+{v * threads * 4 * width}], "
                         f"{regs([f'${c + owner * c + v * width + i}' for i in range(width)])}; " for v in range(c // width))
@@ -718,16 +714,13 @@ def _cluster_sum(values: int, split: int, threads: int = 256, cta_threads: int |
             body += "".join(f"add.f32 y{v * width + i}, y{v * width + i}, x{i}; " for i in range(width))
     return (
         f"{{ .shared .align 16 .b8 cs[{cluster_sum_bytes(values, split, threads)}]; .reg .b32 t, r, o, s, a, b, d; "
-        f".reg .pred p, q{', v' if extra else ''}; .reg .f32 x<{width}>, y<{c}>; mov.u32 t, %tid.x; "
-        + (f"setp.lt.u32 v, t, {threads}; and.b32 t, t, {threads - 1}; " if extra else "")
-        + "mov.u32 r, %cluster_ctarank; "
+        f".reg .pred p, q; .reg .f32 x<{width}>, y<{c}>; mov.u32 t, %tid.x; mov.u32 r, %cluster_ctarank; "
         f"mov.u32 b, cs; mad.lo.u32 b, t, {4 * width}, b; barrier.cluster.wait.aligned; "
         + body + "".join(f"mov.b32 ${k}, y{k}; " for k in range(c)) + "}"
     )
 
 
-# by (values per thread, cluster size, threads that hold them, threads per CTA): mma_m64_kernel 4 x column groups on
-# 256 threads, mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128, of 128 or (K slices) up to 1024
-MMA_CLUSTER_SUM_PTX = {(4 * g, s, t, cta): _cluster_sum(4 * g, s, t, cta)
-                       for t, groups, ctas in ((256, MMA_M64_B_ROWS // 8, (256,)), (128, 4, (128, 256, 512, 1024)))
-                       for cta in ctas for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}
+# by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads,
+# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
+MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
+                       for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}

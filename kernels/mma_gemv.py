@@ -73,13 +73,12 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
-from .api import _mma_gemv_values
 from .configs import KERNEL_SETTINGS
 from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, cluster_sum_bytes, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
@@ -329,16 +328,13 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, SPLIT=1, CLUSTER=False):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
-    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored). With
-    SPLIT > 1 in clusters the cluster sums' buffer shares the static shared memory too."""
+    with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
     other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
-    if SPLIT > 1 and CLUSTER:
-        other += cluster_sum_bytes(_mma_gemv_values(ROW_GROUPS, COL_GROUPS), SPLIT, 128)
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
@@ -349,11 +345,6 @@ def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, 
     for (r, c, i), total in zip(slots, totals, strict=True):  # n >= 2: a tuple
         summed[r][c][i] = total
     return summed
-
-
-def flat_sums(sums):
-    """Accumulators by row group, column group and slot (sums[r][c][i]) as one tuple of 16, in that order."""
-    return tuple(sums[r][c][i] for r in range(2) for c in range(2) for i in range(4))
 
 
 def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, keep=None):
@@ -367,13 +358,10 @@ def add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, col0=0, 
                          args=(workspace, index, sums[r][c][i], valid), output_like=None)
 
 
-def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0, owner=None):
-    """The last program of a row of programs: the workspace sums into `out`, zeros back (by the threads where
-    `owner` is true, if given)."""
+def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, col0=0):
+    """The last program of a row of programs: the workspace sums into `out`, zeros back."""
     zeros = torch.zeros_like(q, dtype=torch.float32)
     slots = [out_index(c, q, g, gr + r, i, M, N, col0) for r, c, i in output_slots(M, ROW_GROUPS, COL_GROUPS)]
-    if owner is not None:
-        slots = [(index, valid & owner) for index, valid in slots]
     # Every read first: read, store, read ... made ptxas wait for each read's L2 round trip
     # before issuing the next (sm_90 SASS: 8 serial ATOMG at M = 16, 16 with two row groups).
     totals = [hl.atomic_add(workspace, [index], zeros) for index, _ in slots]  # at L2, after the ticket's acquire
@@ -520,31 +508,22 @@ def mma_gemv_kernel(
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
-        if K_WARPS > 1 and SPLIT == 1:
+        if K_WARPS > 1:
             summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
         else:  # (data-dependent ifs on `ctas`, which is 1 without CLUSTER, as in mma_m64_kernel)
-            if K_WARPS > 1:  # K slices of SPLIT parts: the first slice holds its program's sums, and stores
-                summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, SPLIT, CLUSTER)
-                a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = flat_sums(summed)
-                owner = tid < 32 * row_warps
-                keep = owner & (ctas != SPLIT) if CLUSTER else owner
-            else:
-                owner = None
-                keep = workspace_keep(ctas, SPLIT, CLUSTER)
             if ctas == SPLIT:  # launched in clusters of the SPLIT parts
-                gemv_cluster_store(out, bias, (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))),
-                                   q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER, owner, threads)
-            add_groups(workspace, (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3))), gr, q, g,
-                       M, N, ROW_GROUPS, COL_GROUPS, keep=keep)
+                gemv_cluster_store(out, bias, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), q, g, gr,
+                                   scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER)
+            add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=workspace_keep(ctas, SPLIT, CLUSTER))
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
                 hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)  # as split_k.add_part
                 ticket = hl.atomic_add(tickets, [tile_p], 1, sem="acq_rel")
                 if ticket == SPLIT - 1:
-                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, owner=owner)
+                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
                     hl.store(tickets, [tile_p], 0)
     return out
 
@@ -665,13 +644,13 @@ def workspace_keep(ctas, SPLIT, CLUSTER):
     return ctas != SPLIT if CLUSTER else None
 
 
-def cluster_totals(values, q, SPLIT, threads, cta_threads=None):
+def cluster_totals(values, q, SPLIT, threads):
     """`values` (fp32, one list per thread, the same output positions in every CTA of the cluster) summed over the
     cluster's SPLIT CTAs (`decode.MMA_CLUSTER_SUM_PTX`): this CTA's share, values own r .. own r + own - 1, as
     (totals, r, own) (r = %cluster_ctarank, own = len(values) / SPLIT: a tuple of totals)."""
     own = len(values) // SPLIT
     totals = hl.inline_asm_elementwise(  # one output is a tensor, not a tuple
-        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads, cta_threads or threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
+        MMA_CLUSTER_SUM_PTX[len(values), SPLIT, threads], ",".join(["=r"] * own + ["r"] * len(values)), values,
         dtype=(torch.float32,) * own if own > 1 else torch.float32, is_pure=True, pack=1,
     )
     totals = totals if own > 1 else (totals,)
@@ -680,20 +659,18 @@ def cluster_totals(values, q, SPLIT, threads, cta_threads=None):
     return totals, rank, own
 
 
-def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER,
-                       owner=None, threads=128):
-    """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its accumulators by row group, column group and
-    slot (sums[r][c][i]); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
-    (`cluster_totals`), into `out`. With K slices (`threads` > 128) the first 128 threads hold the sums and store
-    (`owner`). Nothing without CLUSTER."""
+def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
+    """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its 16 accumulators (row group r, column group c,
+    slot i at 8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
+    (`cluster_totals`), into `out`. Nothing without CLUSTER."""
     if not CLUSTER:
         return
-    values = [sums[r][c][i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
-    totals, rank, own = cluster_totals(values, q, SPLIT, 128, threads)
+    values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
+    totals, rank, own = cluster_totals(values, q, SPLIT, 128)
     for k in range(own):
         j = rank * own + k  # row group j / (4 COL_GROUPS), column group (j / 4) mod COL_GROUPS (1 or 2), slot j mod 4
         index, valid = out_index((j >> 2) & (COL_GROUPS - 1), q, g, gr + (j >> (COL_GROUPS + 1)), j & 3, M, N)
-        store_out(out, bias, index, valid if owner is None else valid & owner, totals[k] * scale, N, HAS_BIAS)
+        store_out(out, bias, index, valid, totals[k] * scale, N, HAS_BIAS)
 
 
 def cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, COL_GROUPS, col0, SPLIT, CLUSTER):
