@@ -49,6 +49,12 @@ def select_backend(device: torch.device) -> str:
     return "dot_scaled" if major >= 10 else "dequant"
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability, looked up once: `scaled_mm` asks on every call."""
+    return torch.cuda.get_device_capability(device)
+
+
 def _fmt_name(x) -> str:
     return x.fmt.name if isinstance(x, QTensor) else "bf16"
 
@@ -355,7 +361,7 @@ def _ptx_decodes(device: torch.device) -> bool:
 
 def _has_wgmma(device: torch.device) -> bool:
     """Whether the device runs wgmma (sm_90, Hopper; Blackwell has tcgen05 instead)."""
-    return _ptx_decodes(device) and torch.cuda.get_device_capability(device) == (9, 0)
+    return _ptx_decodes(device) and _capability(device) == (9, 0)
 
 
 def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> SplitKPlan:
@@ -651,7 +657,7 @@ def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
 def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
     return (pair in MMA_PAIRS and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
             and _mma_activation(a) and _ptx_decodes(device)
-            and torch.cuda.get_device_capability(device) >= (8, 0))
+            and _capability(device) >= (8, 0))
 
 
 def _mma_activation(a) -> bool:

@@ -28,7 +28,8 @@ class DirectLaunch:
     Triton's JIT; later calls with the same alignment of every tensor argument, on the same
     current device, launch the kernel it returned directly. Anything else (launch hooks of a
     profiler, pre-run hooks, Helion launch options, another alignment or device) takes
-    Triton's path. With `cluster` > 1 the direct launches run consecutive programs of the grid's
+    Triton's path. Direct launches pass each tensor as its address, without Triton's check that the
+    address is device memory: the caller's tensors must be on the GPU (`scaled_mm` checks). With `cluster` > 1 the direct launches run consecutive programs of the grid's
     first dimension (a multiple of `cluster`) as thread-block clusters of that many CTAs; Triton's
     launches run without clusters, so such a kernel must be correct both ways."""
 
@@ -40,7 +41,10 @@ class DirectLaunch:
         self.launcher = None  # (the kernel's launcher, its function handle, its packed metadata)
 
     def __call__(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
-        aligned = tuple(a.data_ptr() % 16 == 0 for a in args if isinstance(a, torch.Tensor))
+        # each tensor as its address: given a tensor, Triton's launcher calls its data_ptr() and cuPointerGetAttribute
+        # on it, which the direct launch skips (the operands' devices were checked by `scaled_mm`)
+        values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+        aligned = tuple(v % 16 == 0 for v, a in zip(values, args) if isinstance(a, torch.Tensor))
         if (self.kernel is None or kwargs or aligned != self.aligned or getattr(triton_kernel, "pre_run_hooks", None)
                 or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
             kernel = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
@@ -53,5 +57,5 @@ class DirectLaunch:
             return kernel
         run, function, metadata = self.launcher
         run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
-            function, metadata, None, None, None, *args)
+            function, metadata, None, None, None, *values)
         return self.kernel

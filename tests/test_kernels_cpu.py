@@ -317,9 +317,10 @@ def test_gemv_config_fields(gen):
 
 def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     """DirectLaunch: Triton's JIT path on the first call, then the compiled kernel's launcher
-    with the same arguments on the current stream; another alignment, a launch hook, Helion
-    launch options or another device go back to the JIT path. With `cluster` the direct launches ask the
-    launcher for clusters of that many CTAs (its packed metadata's num_ctas) over grid[0] / cluster."""
+    with the same arguments (tensors as their addresses) on the current stream; another alignment,
+    a launch hook, Helion launch options or another device go back to the JIT path. With `cluster` the
+    direct launches ask the launcher for clusters of that many CTAs (its packed metadata's num_ctas) over
+    grid[0] / cluster."""
     import types
 
     from triton import knobs
@@ -348,7 +349,9 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     assert direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1) is compiled
     assert len(jit_calls) == 1 and runs == []
     assert direct(kernel, (4, 2), y, x, 5, num_warps=4, num_stages=1) is compiled
-    assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", (4, 1, 1028), None, None, None, y, x, 5)]
+    # tensors as their addresses (Triton's launcher would look each one up with cuPointerGetAttribute)
+    assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", (4, 1, 1028), None, None, None, y.data_ptr(),
+                                             x.data_ptr(), 5)]
     direct(kernel, (4,), x[1:], y, 3, num_warps=4, num_stages=1)  # x + 4 bytes: another specialization
     direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1, ptx_options="-v")
     knobs.runtime.launch_enter_hook.add(print)  # a profiler's hook
@@ -361,7 +364,8 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     assert len(jit_calls) == 5 and len(runs) == 1
     current["device"] = 0
     direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
-    assert len(jit_calls) == 5 and runs[-1] == (4, 1, 1, 100, "function", (4, 1, 1028), None, None, None, x, y, 3)
+    assert len(jit_calls) == 5 and runs[-1] == (4, 1, 1, 100, "function", (4, 1, 1028), None, None, None, x.data_ptr(),
+                                                y.data_ptr(), 3)
     # a kernel whose launcher does not take every parameter positionally never goes direct
     other = launch.DirectLaunch()
     for _ in range(2):
@@ -371,4 +375,5 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     clustered = launch.DirectLaunch(cluster=4)
     for _ in range(2):
         clustered(kernel, (32,), x, y, 3, num_warps=8, num_stages=1)
-    assert len(jit_calls) == 8 and runs[-1] == (8, 1, 1, 100, "function", (4, 4, 1028), None, None, None, x, y, 3)
+    assert len(jit_calls) == 8 and runs[-1] == (8, 1, 1, 100, "function", (4, 4, 1028), None, None, None, x.data_ptr(),
+                                                y.data_ptr(), 3)
