@@ -7,10 +7,13 @@ of --repeats rounds of --calls calls on one operand set:
   on the bf16 weights the same way;
 - host: the Python time of the same calls, not waiting for the GPU (at --calls 500 the launch queue does not fill);
   cublas_host: the same for `F.linear`;
-- wrapper: `scaled_mm` with the launch left out (validation, plan lookup, the kernel's argument views);
-- launcher: the plan's compiled launcher alone (Helion's host function, `launch.DirectLaunch`, Triton's launcher);
-- run: Triton's C launcher alone as `DirectLaunch` calls it, and run_tensors: the same given the tensors instead of
-  their addresses (Triton then calls `data_ptr()` and `cuPointerGetAttribute` on each).
+- wrapper: `scaled_mm` with `api._mma_run` left out (validation, options, plan lookup);
+- launcher: the plan's compiled launcher given the kernel's arguments (views of the operands): Helion's host
+  function, `launch.DirectLaunch`, Triton's launcher; the path of a plan's first calls;
+- addresses: `DirectLaunch.launch_addresses` given the operands' addresses, the path of later calls;
+- run: Triton's C launcher alone as `DirectLaunch` calls it (tensors as addresses), and run_tensors: the same given
+  the tensors (Triton then calls `data_ptr()` and `cuPointerGetAttribute` on each).
+Columns that a tree does not have (an older checkout on PYTHONPATH, for an A / B) are left out.
 """
 
 from __future__ import annotations
@@ -73,58 +76,53 @@ def per_call_us(fn, calls: int, repeats: int, wait: bool) -> float:
     return best
 
 
+def kernel_args(plan, a, b, bias, out) -> tuple:
+    """The arguments `api._mma_run` gives the plan's compiled launcher (this tree's or an older one's)."""
+    if hasattr(api, "_mma_operands"):
+        return api._mma_args(plan, api._mma_operands(plan, a, b, bias, out), out)
+    return api._mma_args(plan, a, b, bias, out)
+
+
 def captured_launch(call):
-    """(the plan's compiled launcher, its arguments, DirectLaunch's C-launcher call as a tuple) of one call of
-    `call`, which must take the mma path with a compiled plan."""
+    """(the plan, its kernel arguments, the addresses of its operands or None, DirectLaunch's C-launcher call
+    prefix, that call's arguments) of one call of `call`, which must take the mma path with a compiled plan that
+    has launched directly."""
     seen = {}
-    run_mma, direct = api._mma_run, launch.DirectLaunch.__call__
+    run_mma, direct_call = api._mma_run, launch.DirectLaunch.__call__
 
     def record_mma(key, plan, a, b, bias, out):
-        seen["plan"], seen["args"] = api._LAUNCHES[key], api._mma_args(plan, a, b, bias, out)
-        return run_mma(key, plan, a, b, bias, out)
+        plan = api._LAUNCHES[key]
+        seen["plan"], seen["args"] = plan, kernel_args(plan, a, b, bias, out)
+        if hasattr(api, "_mma_operands"):
+            seen["addresses"] = [t.data_ptr() for t in api._mma_operands(plan, a, b, bias, out)]
+        plan.launch(*seen["args"])  # through DirectLaunch.__call__
+        return out
 
     def record_direct(self, triton_kernel, grid, *args, **kwargs):
         seen["direct"] = self, grid, args
-        return direct(self, triton_kernel, grid, *args, **kwargs)
+        return direct_call(self, triton_kernel, grid, *args, **kwargs)
 
     api._mma_run, launch.DirectLaunch.__call__ = record_mma, record_direct
     try:
         call()
     finally:
-        api._mma_run, launch.DirectLaunch.__call__ = run_mma, direct
-    self, grid, args = seen["direct"]
-    run, function, metadata = self.launcher
+        api._mma_run, launch.DirectLaunch.__call__ = run_mma, direct_call
+    direct, grid, args = seen["direct"]
     stream = torch.cuda.current_stream().cuda_stream
-    prefix = (grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, function, metadata, None, None, None)
-    return seen["plan"].launch, seen["args"], run, prefix, args
+    prefix = (grid[0] // direct.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, *direct.launcher[1:], None, None,
+              None)
+    return seen["plan"], seen["args"], seen.get("addresses"), prefix, args
 
 
 def without_launch(call):
-    """`call` with `api._mma_run` building the kernel's arguments and launching nothing."""
-    def no_launch(key, plan, a, b, bias, out):
-        api._mma_args(plan, a, b, bias, out)
-        return out
-
+    """`call` with `api._mma_run` left out (it returns `out` at once)."""
     def timed():
-        run_mma, api._mma_run = api._mma_run, no_launch
+        run_mma, api._mma_run = api._mma_run, lambda key, plan, a, b, bias, out: out
         try:
             call()
         finally:
             api._mma_run = run_mma
     return timed
-
-
-def profile(fn, calls: int, lines: int) -> str:
-    """The `lines` functions with the most own time over `calls` calls of `fn` (cProfile, sorted by tottime)."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
-    torch.cuda.synchronize()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(lines)
-    return text.getvalue()
 
 
 def host_row(fmt: str, m: int, n: int, k: int, calls: int, repeats: int, profile_lines: int = 0):
@@ -136,22 +134,27 @@ def host_row(fmt: str, m: int, n: int, k: int, calls: int, repeats: int, profile
     def call():
         return bs.scaled_mm(a, b, out=out)
 
-    call()  # compile, and DirectLaunch's first (Triton) launch
-    plan_launch, args, run, prefix, run_args = captured_launch(call)
+    for _ in range(3):  # compile; DirectLaunch's first (Triton) launch, its first direct one (and its binding)
+        call()
+    plan, args, addresses, prefix, run_args = captured_launch(call)
+    direct, run = plan.launch.keywords["_launcher"], plan.launch.keywords["_launcher"].launcher[0]
     pointers = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else t for t in run_args)
-    no_launch = without_launch(call)
-    # the wrapper's time without a launch, and the no-op's own patching cost, subtracted
+    # the wrapper's time without `_mma_run`, less the no-op's own patching
     patching = per_call_us(without_launch(lambda: None), calls, repeats, wait=False)
     row = {
         "eager": per_call_us(call, calls, repeats, wait=True),
         "cublas_eager": per_call_us(lambda: F.linear(xb, wb), calls, repeats, wait=True),
         "host": per_call_us(call, calls, repeats, wait=False),
         "cublas_host": per_call_us(lambda: F.linear(xb, wb), calls, repeats, wait=False),
-        "wrapper": per_call_us(no_launch, calls, repeats, wait=False) - patching,
-        "launcher": per_call_us(lambda: plan_launch(*args), calls, repeats, wait=False),
-        "run": per_call_us(lambda: run(*prefix, *pointers), calls, repeats, wait=False),
-        "run_tensors": per_call_us(lambda: run(*prefix, *run_args), calls, repeats, wait=False),
+        "wrapper": per_call_us(without_launch(call), calls, repeats, wait=False) - patching,
+        "launcher": per_call_us(lambda: plan.launch(*args), calls, repeats, wait=False),
     }
+    if addresses is not None:
+        if not direct.launch_addresses(addresses):
+            raise RuntimeError(f"{fmt} M={m}: the plan's DirectLaunch did not launch from addresses")
+        row["addresses"] = per_call_us(lambda: direct.launch_addresses(addresses), calls, repeats, wait=False)
+    row["run"] = per_call_us(lambda: run(*prefix, *pointers), calls, repeats, wait=False)
+    row["run_tensors"] = per_call_us(lambda: run(*prefix, *run_args), calls, repeats, wait=False)
     return row, profile(call, calls, profile_lines) if profile_lines else ""
 
 

@@ -188,7 +188,8 @@ def mma_kernel_code(args, a, b, variant):
     with planned_as_h100():
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
-    kargs = api._mma_args(plan, a, b, None, torch.empty(args.M, args.N, dtype=torch.bfloat16))
+    out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
+    kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out), out)
     kernel = api.mma_kernel(args.M)
     row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it
     return kernel.bind(kargs).to_triton_code(plan.cfg), kernel.fn, kargs, plan, 32 * row_groups

@@ -1017,28 +1017,44 @@ def mma_kernel(m: int):
     return mma_m64_kernel if m > MMA_WARP_M else mma_gemv_kernel
 
 
-def _mma_args(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
-    """mma_gemv_kernel's arguments: the activation as int64 words, its scale codes and post-scale
-    (bf16: `out` and 1), the weights as int32 words, factors, post-scale, bias (or `out`),
-    `out`, workspace and tickets (or `out`), all flat."""
+def _mma_operands(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
+    """The mma kernels' tensor arguments as stored, in their order: the activation (data, scale codes, post-scale;
+    bf16: itself, `out` and 1), the weights' words, factors and post-scale, bias (or `out`), `out`, workspace and
+    tickets (or `out`)."""
     factors, post = b.kernel_mma_factors
-    flat = out.view(-1)
-    ws, tickets = plan.workspace or (flat, flat)
+    ws, tickets = plan.workspace or (out, out)
     if isinstance(a, QTensor):
-        x64, xs = a.data.view(torch.int64).view(-1), a.kernel_scale.view(-1)
+        x, xs = a.data, a.kernel_scale
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
-        x64, xs, x_post = a.view(torch.int64).view(-1), flat, _one(b.device)
-    return (x64, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else flat, flat,
-            ws, tickets, *plan.consts)
+        x, xs, x_post = a, out, _one(b.device)
+    return x, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else out, out, ws, tickets
+
+
+def _mma_args(plan: SplitKPlan, operands: tuple, out) -> tuple:
+    """The kernel's arguments from `_mma_operands`: all flat, the activation as int64 words, then the plan's
+    constants."""
+    flat = out.view(-1)
+    x, xs, *rest = operands
+    return (x.view(torch.int64).view(-1), flat if xs is out else xs.view(-1), *(flat if t is out else t for t in rest),
+            *plan.consts)
 
 
 def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
-    args = _mma_args(plan, a, b, bias, out)
+    """Launch one call of an mma plan. After the plan's first direct launch its `DirectLaunch` is bound to these
+    operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
+    views, no Helion host function."""
+    operands = _mma_operands(plan, a, b, bias, out)
+    direct = plan.launch.keywords["_launcher"] if isinstance(plan.launch, functools.partial) else None
+    if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
+        return out
+    args = _mma_args(plan, operands, out)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
                                                               _mma_cluster_size(plan)))
     plan.launch(*args)
+    if isinstance(plan.launch, functools.partial):
+        plan.launch.keywords["_launcher"].bind(args[:len(operands)])
     return out
 
 

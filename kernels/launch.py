@@ -39,6 +39,10 @@ class DirectLaunch:
         self.device = None
         self.aligned = None
         self.launcher = None  # (the kernel's launcher, its function handle, its packed metadata)
+        self.triton_kernel = None
+        self.last = None  # (grid, the arguments' ids) of the last direct launch, for `bind`
+        self.grid = None
+        self.sources = None  # each argument's position among the caller's tensors (`bind`)
 
     def __call__(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
         # each tensor as its address: given a tensor, Triton's launcher calls its data_ptr() and cuPointerGetAttribute
@@ -52,10 +56,43 @@ class DirectLaunch:
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
                 kernel._init_handles()
                 self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
+                self.triton_kernel = triton_kernel
                 num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
                 self.launcher = kernel.run, kernel.function, (num_warps, self.cluster, shared)
             return kernel
+        self._run(grid, values)
+        self.last = grid, tuple(map(id, args))
+        return self.kernel
+
+    def _run(self, grid, values):
         run, function, metadata = self.launcher
         run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
             function, metadata, None, None, None, *values)
-        return self.kernel
+
+    def bind(self, tensors) -> None:
+        """After a direct launch, given the caller's tensors of that call (in the caller's order, before the Helion
+        host function): map each kernel argument to the first of them that is the same object, so that
+        `launch_addresses` launches with their addresses alone. Not bound where an argument is not among them (a
+        tensor the host function made, a scalar)."""
+        if self.last is None or self.sources is not None:
+            return
+        grid, ids = self.last
+        positions = {}
+        for i, t in enumerate(tensors):
+            positions.setdefault(id(t), i)
+        if all(i in positions for i in ids):
+            self.grid, self.sources = grid, tuple(positions[i] for i in ids)
+
+    def launch_addresses(self, addresses) -> bool:
+        """Launch the bound kernel (`bind`) with `addresses`, the caller's tensors' data pointers in `bind`'s order,
+        skipping the Helion host function and the per-argument work of `__call__`; False, launching nothing, where
+        the direct launch does not apply now (not bound, another alignment, a launch or pre-run hook, another
+        device): the caller then calls as usual."""
+        if self.sources is None:
+            return False
+        values = tuple(addresses[i] for i in self.sources)
+        if (tuple(v % 16 == 0 for v in values) != self.aligned or getattr(self.triton_kernel, "pre_run_hooks", None)
+                or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
+            return False
+        self._run(self.grid, values)
+        return True

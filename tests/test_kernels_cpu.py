@@ -315,15 +315,11 @@ def test_gemv_config_fields(gen):
         bs.scaled_mm(a, b, backend="dequant", config={"blocks": 2})
 
 
-def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
-    """DirectLaunch: Triton's JIT path on the first call, then the compiled kernel's launcher
-    with the same arguments (tensors as their addresses) on the current stream; another alignment,
-    a launch hook, Helion launch options or another device go back to the JIT path. With `cluster` the
-    direct launches ask the launcher for clusters of that many CTAs (its packed metadata's num_ctas) over
-    grid[0] / cluster."""
+def mocked_launches(monkeypatch):
+    """`launch` with Triton's JIT launch and driver replaced: (jit calls, direct runs, current device, the compiled
+    kernel the JIT launch returns, whose launcher appends its arguments to the runs)."""
     import types
 
-    from triton import knobs
     from triton.compiler.compiler import CompiledKernel
 
     from blockscaled.kernels import launch
@@ -343,6 +339,22 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     monkeypatch.setattr(launch, "default_launcher", jit)
     monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
         get_current_device=lambda: current["device"], get_current_stream=lambda device: 100 + device)))
+    return jit_calls, runs, current, compiled
+
+
+def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
+    """DirectLaunch: Triton's JIT path on the first call, then the compiled kernel's launcher
+    with the same arguments (tensors as their addresses) on the current stream; another alignment,
+    a launch hook, Helion launch options or another device go back to the JIT path. With `cluster` the
+    direct launches ask the launcher for clusters of that many CTAs (its packed metadata's num_ctas) over
+    grid[0] / cluster."""
+    import types
+
+    from triton import knobs
+
+    from blockscaled.kernels import launch
+
+    jit_calls, runs, current, compiled = mocked_launches(monkeypatch)
     kernel = types.SimpleNamespace(params=["x", "y", "n"], pre_run_hooks=[])
     x, y = torch.arange(8.0), torch.zeros(8)
     direct = launch.DirectLaunch()
@@ -377,3 +389,42 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
         clustered(kernel, (32,), x, y, 3, num_warps=8, num_stages=1)
     assert len(jit_calls) == 8 and runs[-1] == (8, 1, 1, 100, "function", (4, 4, 1028), None, None, None, x.data_ptr(),
                                                 y.data_ptr(), 3)
+
+
+def test_direct_launch_from_addresses(monkeypatch):
+    """DirectLaunch.bind after a direct launch maps each kernel argument to the first of the caller's tensors that is
+    the same object (Helion's host function reorders and drops arguments); `launch_addresses` then launches with the
+    caller's addresses in those places, on the last direct launch's grid (in clusters), and declines, launching
+    nothing, before a binding, for another alignment, under a launch hook or on another device; a kernel argument
+    that is not among the caller's tensors leaves it unbound."""
+    import types
+
+    from triton import knobs
+
+    from blockscaled.kernels import launch
+
+    jit_calls, runs, current, _ = mocked_launches(monkeypatch)
+    kernel = types.SimpleNamespace(params=["y", "x", "z"], pre_run_hooks=[])
+    x, y = torch.arange(8.0), torch.zeros(8)
+    direct = launch.DirectLaunch(cluster=2)
+    assert not direct.launch_addresses([0, 0, 0])  # not bound
+    for _ in range(2):  # the JIT launch, then a direct one; the host function passes (y, x, y) of the caller's (x, y)
+        direct(kernel, (8, 3), y, x, y, num_warps=4, num_stages=1)
+        direct.bind([x, y, y])
+    assert direct.sources == (1, 0, 1) and direct.grid == (8, 3) and len(jit_calls) == 1 and len(runs) == 1
+    assert direct.launch_addresses([4096, 8192, 12288])
+    assert runs[-1] == (4, 3, 1, 100, "function", (4, 2, 1028), None, None, None, 8192, 4096, 8192)
+    assert not direct.launch_addresses([4096, 8200, 0])  # y's address 8-byte aligned: another specialization
+    knobs.runtime.launch_enter_hook.add(print)
+    try:
+        assert not direct.launch_addresses([4096, 8192, 0])
+    finally:
+        knobs.runtime.launch_enter_hook.remove(print)
+    current["device"] = 1
+    assert not direct.launch_addresses([4096, 8192, 0])
+    assert len(runs) == 2 and len(jit_calls) == 1
+    scalar = launch.DirectLaunch()
+    for _ in range(2):
+        scalar(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+        scalar.bind([x, y])
+    assert scalar.sources is None and not scalar.launch_addresses([4096, 8192])

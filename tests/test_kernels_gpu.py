@@ -134,6 +134,34 @@ def test_mma_pairs(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_launch_from_addresses(pair, gen):
+    """After a plan's first two calls (Triton's launch, then a direct one that binds its `DirectLaunch`), calls
+    launch from their operands' addresses alone (`api._mma_run`, `DirectLaunch.launch_addresses`): four calls of each
+    plan, each with fresh operands (activation, weights, bias, poisoned output), match the reference: M = 1, split-K
+    at M = 16 in the workspace and in clusters, M = 40 (mma_m64_kernel), with and without bias; the plan's launcher
+    is bound after them and the workspace is zero."""
+    from blockscaled.kernels import api
+
+    cases = ((1, 2048, 2048, None, False), (16, 2048, 2048, {"split": 4}, False),
+             (16, 10240, 2048, {"split": 4, "row_groups": 2, "shared_b": True}, True), (40, 1024, 2048, None, True))
+    for m, n, k, config, bias in cases:
+        out_dtype = torch.bfloat16 if bias else torch.float32
+        for call in range(4):
+            a, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
+            bias_t = torch.randn(n, generator=gen).to("cuda", out_dtype) if bias else None
+            out = torch.full((m, n), float("nan"), dtype=out_dtype, device="cuda")
+            bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
+            err = max_rel_err(out, ref_scaled_mm(a, b, bias=bias_t))
+            assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
+        options = api.mma_options_for(config, a, b, m, n)
+        (plan,) = [plan for key, plan in api._LAUNCHES.items()
+                   if key[:5] == ("mma", bs.SUPPORTED_PAIRS[pair], m, n, k) and key[6] == out_dtype
+                   and key[7] == (bias_t.dtype if bias else None) and key[-1] == options]
+        assert plan.launch.keywords["_launcher"].sources is not None, (m, n, k, config)
+    assert_split_k_workspaces_zero()
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_k_warps(pair, m, gen):
     """K split over the warps of a program (k_warps > 1, summed in shared memory): 2 to 16
