@@ -29,9 +29,10 @@ class DirectLaunch:
     current device, launch the kernel it returned directly. Anything else (launch hooks of a
     profiler, pre-run hooks, Helion launch options, another alignment or device) takes
     Triton's path. Direct launches pass each tensor as its address, without Triton's check that the
-    address is device memory: the caller's tensors must be on the GPU (`scaled_mm` checks). With `cluster` > 1 the direct launches run consecutive programs of the grid's
-    first dimension (a multiple of `cluster`) as thread-block clusters of that many CTAs; Triton's
-    launches run without clusters, so such a kernel must be correct both ways."""
+    address is device memory: the caller's tensors must be on the GPU (`scaled_mm` checks). With
+    `cluster` > 1 the direct launches run consecutive programs of the grid's first dimension (a multiple
+    of `cluster`) as thread-block clusters of that many CTAs; Triton's launches run without clusters, so
+    such a kernel must be correct both ways."""
 
     def __init__(self, cluster: int = 1):
         self.cluster = cluster
@@ -40,13 +41,14 @@ class DirectLaunch:
         self.aligned = None
         self.launcher = None  # (the kernel's launcher, its function handle, its packed metadata)
         self.triton_kernel = None
-        self.last = None  # (grid, the arguments' ids) of the last direct launch, for `bind`
+        self.last = None  # (grid, the arguments' ids, their values) of the call just made if direct, for `bind`
         self.grid = None
         self.sources = None  # each argument's position among the caller's tensors (`bind`)
 
     def __call__(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
         # each tensor as its address: given a tensor, Triton's launcher calls its data_ptr() and cuPointerGetAttribute
         # on it, which the direct launch skips (the operands' devices were checked by `scaled_mm`)
+        self.last = None
         values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         aligned = tuple(v % 16 == 0 for v, a in zip(values, args) if isinstance(a, torch.Tensor))
         if (self.kernel is None or kwargs or aligned != self.aligned or getattr(triton_kernel, "pre_run_hooks", None)
@@ -61,7 +63,7 @@ class DirectLaunch:
                 self.launcher = kernel.run, kernel.function, (num_warps, self.cluster, shared)
             return kernel
         self._run(grid, values)
-        self.last = grid, tuple(map(id, args))
+        self.last = grid, tuple(map(id, args)), values
         return self.kernel
 
     def _run(self, grid, values):
@@ -70,18 +72,20 @@ class DirectLaunch:
             function, metadata, None, None, None, *values)
 
     def bind(self, tensors) -> None:
-        """After a direct launch, given the caller's tensors of that call (in the caller's order, before the Helion
-        host function): map each kernel argument to the first of them that is the same object, so that
-        `launch_addresses` launches with their addresses alone. Not bound where an argument is not among them (a
-        tensor the host function made, a scalar)."""
+        """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the
+        Helion host function): map each kernel argument to the first of them that is the same object and has the
+        address it was launched with, so that `launch_addresses` launches with their addresses alone. Not bound where
+        the last call was not a direct launch or an argument is not among them (a tensor the host function made, a
+        scalar)."""
         if self.last is None or self.sources is not None:
             return
-        grid, ids = self.last
+        (grid, ids, values), self.last = self.last, None
         positions = {}
         for i, t in enumerate(tensors):
             positions.setdefault(id(t), i)
-        if all(i in positions for i in ids):
-            self.grid, self.sources = grid, tuple(positions[i] for i in ids)
+        sources = tuple(positions.get(i) for i in ids)
+        if None not in sources and tuple(tensors[i].data_ptr() for i in sources) == values:
+            self.grid, self.sources = grid, sources
 
     def launch_addresses(self, addresses) -> bool:
         """Launch the bound kernel (`bind`) with `addresses`, the caller's tensors' data pointers in `bind`'s order,

@@ -596,3 +596,13 @@ def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
     assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
     cli.precompile(compile_fn, work[:1], 15)
     assert started["workers"] == 15  # 8192^2 alone: all of them
+
+
+def test_host_needs_a_gpu():
+    """bench.host times host work around CUDA launches: without a GPU it says so instead of timing anything."""
+    from bench import host
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the CPU message")
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        host.main(["--format", "nvfp4", "-M", "1"])

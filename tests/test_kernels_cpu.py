@@ -395,8 +395,9 @@ def test_direct_launch_from_addresses(monkeypatch):
     """DirectLaunch.bind after a direct launch maps each kernel argument to the first of the caller's tensors that is
     the same object (Helion's host function reorders and drops arguments); `launch_addresses` then launches with the
     caller's addresses in those places, on the last direct launch's grid (in clusters), and declines, launching
-    nothing, before a binding, for another alignment, under a launch hook or on another device; a kernel argument
-    that is not among the caller's tensors leaves it unbound."""
+    nothing, before a binding, for another alignment, under a launch hook or on another device. It binds only right
+    after a direct launch (not after one through Triton's path), and a kernel argument that is not among the
+    caller's tensors leaves it unbound."""
     import types
 
     from triton import knobs
@@ -408,10 +409,21 @@ def test_direct_launch_from_addresses(monkeypatch):
     x, y = torch.arange(8.0), torch.zeros(8)
     direct = launch.DirectLaunch(cluster=2)
     assert not direct.launch_addresses([0, 0, 0])  # not bound
-    for _ in range(2):  # the JIT launch, then a direct one; the host function passes (y, x, y) of the caller's (x, y)
-        direct(kernel, (8, 3), y, x, y, num_warps=4, num_stages=1)
-        direct.bind([x, y, y])
-    assert direct.sources == (1, 0, 1) and direct.grid == (8, 3) and len(jit_calls) == 1 and len(runs) == 1
+    # the JIT launch; a direct one bound with too few tensors; a direct one not bound; one through the JIT path
+    # under a hook, after which nothing binds; a direct one: the host function passes (y, x, y) of the caller's
+    # (x, y, y)
+    for hooked, tensors in ((False, [x, y, y]), (False, [x]), (False, None), (True, [x, y, y]), (False, [x, y, y])):
+        if hooked:
+            knobs.runtime.launch_enter_hook.add(print)
+        try:
+            direct(kernel, (8, 3), y, x, y, num_warps=4, num_stages=1)
+        finally:
+            if hooked:
+                knobs.runtime.launch_enter_hook.remove(print)
+        if tensors is not None:
+            direct.bind(tensors)
+        assert (direct.sources is None) is (len(runs) < 3)
+    assert direct.sources == (1, 0, 1) and direct.grid == (8, 3) and len(jit_calls) == 2 and len(runs) == 3
     assert direct.launch_addresses([4096, 8192, 12288])
     assert runs[-1] == (4, 3, 1, 100, "function", (4, 2, 1028), None, None, None, 8192, 4096, 8192)
     assert not direct.launch_addresses([4096, 8200, 0])  # y's address 8-byte aligned: another specialization
@@ -422,7 +434,7 @@ def test_direct_launch_from_addresses(monkeypatch):
         knobs.runtime.launch_enter_hook.remove(print)
     current["device"] = 1
     assert not direct.launch_addresses([4096, 8192, 0])
-    assert len(runs) == 2 and len(jit_calls) == 1
+    assert len(runs) == 4 and len(jit_calls) == 2
     scalar = launch.DirectLaunch()
     for _ in range(2):
         scalar(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
