@@ -84,9 +84,9 @@ def kernel_args(plan, a, b, bias, out) -> tuple:
 
 
 def captured_launch(call):
-    """(the plan, its kernel arguments, the addresses of its operands or None, DirectLaunch's C-launcher call
-    prefix, that call's arguments) of one call of `call`, which must take the mma path with a compiled plan that
-    has launched directly."""
+    """(the plan, its kernel arguments, the addresses of its operands or None, its `DirectLaunch`, the C-launcher
+    call's prefix and arguments) of one call of `call`, which must take the mma path with a compiled plan that has
+    launched directly."""
     seen = {}
     run_mma, direct_call = api._mma_run, launch.DirectLaunch.__call__
 
@@ -109,9 +109,10 @@ def captured_launch(call):
         api._mma_run, launch.DirectLaunch.__call__ = run_mma, direct_call
     direct, grid, args = seen["direct"]
     stream = torch.cuda.current_stream().cuda_stream
+    # DirectLaunch's own prefix, spelled out here so that older trees (an A / B) run too
     prefix = (grid[0] // direct.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, *direct.launcher[1:], None, None,
               None)
-    return seen["plan"], seen["args"], seen.get("addresses"), prefix, args
+    return seen["plan"], seen["args"], seen.get("addresses"), direct, prefix, args
 
 
 def without_launch(call):
@@ -136,8 +137,8 @@ def host_row(fmt: str, m: int, n: int, k: int, calls: int, repeats: int, profile
 
     for _ in range(3):  # compile; DirectLaunch's first (Triton) launch, its first direct one (and its binding)
         call()
-    plan, args, addresses, prefix, run_args = captured_launch(call)
-    direct, run = plan.launch.keywords["_launcher"], plan.launch.keywords["_launcher"].launcher[0]
+    plan, args, addresses, direct, prefix, run_args = captured_launch(call)
+    run = direct.launcher[0]
     pointers = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else t for t in run_args)
     # the wrapper's time without `_mma_run`, less the no-op's own patching
     patching = per_call_us(without_launch(lambda: None), calls, repeats, wait=False)

@@ -1045,17 +1045,23 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
     views, no Helion host function."""
     operands = _mma_operands(plan, a, b, bias, out)
-    direct = plan.launch.keywords["_launcher"] if isinstance(plan.launch, functools.partial) else None
+    direct = _direct_launch(plan)
     if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
         return out
     args = _mma_args(plan, operands, out)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
                                                               _mma_cluster_size(plan)))
+        direct = _direct_launch(plan)
     plan.launch(*args)
-    if isinstance(plan.launch, functools.partial):
-        plan.launch.keywords["_launcher"].bind(args[:len(operands)])
+    if direct is not None:
+        direct.bind(args[:len(operands)])
     return out
+
+
+def _direct_launch(plan: SplitKPlan) -> DirectLaunch | None:
+    """The `DirectLaunch` of a compiled plan's launcher (`_compile`; None before it or off CUDA)."""
+    return plan.launch.keywords["_launcher"] if isinstance(plan.launch, functools.partial) else None
 
 
 def _layout(x) -> str | None:
