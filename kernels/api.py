@@ -686,7 +686,6 @@ class MmaOptions(NamedTuple):
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
     row_warps: int  # with stage_b and k_warps 1: warps on distinct row groups sharing the program's staged B; else 0
-    maxnreg: int | None  # registers per thread at most (Triton's maxnreg); None: ptxas's choice
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -722,7 +721,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "row_warps", "maxnreg"}
+            "cluster", "evict", "hoist", "row_warps"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'row_warps', "
@@ -801,8 +800,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, row_warps,
-                      config.get("maxnreg"))
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, row_warps)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1011,7 +1009,6 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
-                        **({"maxnreg": options.maxnreg} if options.maxnreg else {}),
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return SplitKPlan(None, cfg, consts, split, False, m, workspace)
 
