@@ -772,7 +772,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if hoist and not evict:
         raise ValueError(f"config: hoist applies to the eviction hints, which evict False turns off, got {config!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
-    low, high = (1, 3) if wide_m else (0, 3 if "row_warps" in config else int(shared_b))
+    low, high = (1, 3) if wide_m else (0, int(shared_b))
     if type(ahead) is not int or not low <= ahead <= high:
         raise ValueError(f"config: ahead must be an int in {low} .. {high} at M = {m}"
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
@@ -916,11 +916,10 @@ def _check_cta_stage_b(m: int, k: int, options: MmaOptions) -> None:
     chunks, rest = divmod(m * 4 * steps, threads)
     values = _mma_gemv_values(1, _mma_column_groups(m))
     shared = staged_b_bytes(m, 64 * steps) + (cluster_sum_bytes(values, split, threads) if split > 1 else 0)
-    if not split or (k // 64) % split or steps <= options.ahead or options.row_groups != 1 or rest \
-            or chunks not in range(1, 17) \
+    if not split or (k // 64) % split or options.ahead or options.row_groups != 1 or rest or chunks not in range(1, 17) \
             or shared > STATIC_SHARED_BYTES:
         raise ValueError(f"config: stage_b with row_warps {options.row_warps} needs 'split' dividing the K / 64 = "
-                         f"{k // 64} windows into more than 'ahead', row_groups 1, M x K / split / 16 chunks a multiple of the "
+                         f"{k // 64} windows, ahead 0, row_groups 1, M x K / split / 16 chunks a multiple of the "
                          f"{threads} threads (at most 16 each) and {shared} <= {STATIC_SHARED_BYTES} bytes of shared "
                          f"memory, got M = {m}, K = {k}, {options}")
 

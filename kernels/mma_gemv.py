@@ -469,16 +469,11 @@ def mma_gemv_kernel(
                                              K_WARPS, ROW_GROUPS)
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
-            # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C); with AHEAD
-            # (a CTA's staged B) windows first .. first + AHEAD - 1 are carried into the loop: sets p, u, v of 5
-            p0, p1, p2, p3, p4 = a_words(w, f, gr, first, lane, q, g, windows, blocks, EVICT)
-            if AHEAD > 1:
-                u0, u1, u2, u3, u4 = a_words(w, f, gr, first + 1, lane, q, g, windows, blocks, EVICT)
-            if AHEAD > 2:
-                v0, v1, v2, v3, v4 = a_words(w, f, gr, first + 2, lane, q, g, windows, blocks, EVICT)
+            # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
             staged = staged_b(x64, xs, tid if K_WARPS == 1 else lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE,
-                              BLOCK_A, A_LAYOUT, (p0, p1, p2, p3, p4), EVICT, K_WARPS == 1)
-        if AHEAD and not STAGE_B:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
+                              BLOCK_A, A_LAYOUT, row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0],
+                              EVICT, K_WARPS == 1)
+        if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS, EVICT)
@@ -487,22 +482,7 @@ def mma_gemv_kernel(
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
             # round trips per window, mxfp8 x mxfp4 3 -> 1; ptxas still sinks bf16's second group)
-            if AHEAD and STAGE_B:  # this window's A words came AHEAD windows earlier; the last windows load the last
-                # again (in bounds, unused)
-                ahead = it.begin + AHEAD
-                n0, n1, n2, n3, n4 = a_words(w, f, gr, first + torch.minimum(lane * 0 + ahead, lane * 0 + steps - 1), lane, q, g,
-                                             windows, blocks, EVICT)
-                loads_a0 = (p0, p1, p2, p3, p4)
-                if AHEAD == 1:
-                    p0, p1, p2, p3, p4 = n0, n1, n2, n3, n4
-                elif AHEAD == 2:
-                    p0, p1, p2, p3, p4 = u0, u1, u2, u3, u4
-                    u0, u1, u2, u3, u4 = n0, n1, n2, n3, n4
-                else:
-                    p0, p1, p2, p3, p4 = u0, u1, u2, u3, u4
-                    u0, u1, u2, u3, u4 = v0, v1, v2, v3, v4
-                    v0, v1, v2, v3, v4 = n0, n1, n2, n3, n4
-            elif AHEAD:  # this window's words came one window earlier
+            if AHEAD:  # this window's words came one window earlier
                 loaded = (e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14)
                 e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                     x64, xs, w, f, tid, gr, first + (it.begin + 1) % steps, lane, q, g, windows, blocks, K, M, ACT_ELEM,
@@ -517,8 +497,7 @@ def mma_gemv_kernel(
                     loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
                     loads_b1 = (b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2
                                 else loads_b0)
-                if not (AHEAD and STAGE_B):
-                    loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
+                loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS,
                                               ROW_GROUPS)
