@@ -685,7 +685,6 @@ class MmaOptions(NamedTuple):
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
-    row_warps: int  # with stage_b and k_warps 1: warps on distinct row groups sharing the program's staged B; else 0
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -721,11 +720,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "row_warps"}
+            "cluster", "evict", "hoist"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'row_warps', "
-                         f"or None, got "
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'hoist', or None, got "
                          f"{config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
@@ -750,16 +748,14 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         if "wgmma" in config:
             raise ValueError(f"config: 'wgmma' applies above M = {MMA_WARP_M}, got it at M = {m}")
         col_groups = _mma_column_groups(m)
-        staged_rows = "row_warps" in config  # a staged B shared by the program's warps: one row group each, no exchange
-        row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 and not staged_rows
-                                    else 1))
+        row_groups = int(config.get("row_groups", MMA_ROW_GROUPS[narrow, col_groups] if n % 128 == 0 else 1))
         if row_groups not in (1, 2) or n % (64 * row_groups):
             raise ValueError(f"config: row_groups must be 1 or 2 with N % (64 * row_groups) == 0, got {row_groups} at N={n}")
         default_split = MMA_MAX_SPLIT[col_groups, row_groups]
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
         if fp8_weights and col_groups == 2:
             default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
-        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups] and not staged_rows)
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
@@ -781,15 +777,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     stage_b = config.get("stage_b", None if m == 1 and narrow and not config else False)
     if stage_b is not None and not isinstance(stage_b, bool):
         raise ValueError(f"config: stage_b must be a bool, got {stage_b!r}")
-    row_warps = config.get("row_warps", 0)
-    if "row_warps" in config and (row_warps not in MMA_STAGED_ROW_WARPS or type(row_warps) is not int or not stage_b
-                                  or k_warps != 1 or shared_b or wide_m):
-        raise ValueError(f"config: row_warps (one of {MMA_STAGED_ROW_WARPS}) runs with stage_b True, k_warps 1 and "
-                         f"shared_b False at M <= {MMA_WARP_M}, got {config!r} at M = {m}")
-    if stage_b and not row_warps and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1
-                                          and not shared_b):
-        raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False "
-                         f"(or with 'row_warps'), got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
+    if stage_b and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1 and not shared_b):
+        raise ValueError("config: stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1 and 'shared_b' False, "
+                         f"got {config!r} at M = {m}{'' if narrow else ' with bf16 activations'}")
     unroll = config.get("unroll", 0)
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
@@ -800,7 +790,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, row_warps)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -895,33 +885,12 @@ def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, 
 # 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
 # keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
 # 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
-# Warps of one program on distinct row groups that share one staged B of the program's K range (config "row_warps")
-MMA_STAGED_ROW_WARPS = (4, 8, 16)
-
-
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
     steps = k // 64 // k_warps
     return (k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and (m * steps) % 8 == 0
             and m * steps // 8 in MMA_STAGED_B_STORE_PTX)
-
-
-def _check_cta_stage_b(m: int, k: int, options: MmaOptions) -> None:
-    """A program's staged B shared by its `row_warps` warps (`mma_gemv.staged_b` with `cta`): an even split-K (no
-    ahead, one row group) whose K range of M rows, with the cluster sum's slots, fits static shared memory, in
-    16-element chunks that the threads share evenly (at most 16 each)."""
-    threads, split = 32 * options.row_warps, options.split
-    steps = k // 64 // max(split, 1)
-    chunks, rest = divmod(m * 4 * steps, threads)
-    values = _mma_gemv_values(1, _mma_column_groups(m))
-    shared = staged_b_bytes(m, 64 * steps) + (cluster_sum_bytes(values, split, threads) if split > 1 else 0)
-    if not split or (k // 64) % split or options.ahead or options.row_groups != 1 or rest or chunks not in range(1, 17) \
-            or shared > STATIC_SHARED_BYTES:
-        raise ValueError(f"config: stage_b with row_warps {options.row_warps} needs 'split' dividing the K / 64 = "
-                         f"{k // 64} windows, ahead 0, row_groups 1, M x K / split / 16 chunks a multiple of the "
-                         f"{threads} threads (at most 16 each) and {shared} <= {STATIC_SHARED_BYTES} bytes of shared "
-                         f"memory, got M = {m}, K = {k}, {options}")
 
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
@@ -944,9 +913,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         staged = _mma_stage_b(m, k, k_warps)
         options = options._replace(stage_b=staged, **(dict(row_groups=1, shared_b=False, ahead=0, k_warps=k_warps,
                                                            max_split=1, programs_per_sm=0) if staged else {}))
-    if options.row_warps:
-        _check_cta_stage_b(m, k, options)
-    elif options.stage_b and not _mma_stage_b(m, k, options.k_warps):
+    if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
@@ -978,8 +945,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_TILE_128_PROGRAMS_PER_SM if options.tile_m > MMA_M64_B_ROWS
                                    else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
-    stage = options.row_warps or options.stage_b  # STAGE_B: the warps that share a staged B (1: each its own)
-    row_warps = program_row_warps(options.k_warps, options.shared_b, stage)
+    row_warps = program_row_warps(options.k_warps, options.shared_b)
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
@@ -992,13 +958,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
-        # (the programs-per-SM rule counts programs of 4 warps)
-        else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)),
-                               row_programs * split * row_warps // 4, b.device, 32 * row_warps))
+        else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
+                               b.device))
     # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
     # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
-            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, stage))
+            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
               2 if options.hoist else int(options.evict), _mma_column_groups(m), *tail)
@@ -1034,10 +999,10 @@ def _mma_gemv_values(row_groups: int, col_groups: int) -> int:
     return 4 * row_groups * col_groups
 
 
-def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device, threads: int = 128) -> bool:
+def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.device) -> bool:
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
-    sm_90 and `_cluster_sum_runs` with its `values` accumulators on `threads` threads."""
-    return _has_wgmma(device) and _cluster_sum_runs(split, values, threads, programs, device)
+    sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
+    return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

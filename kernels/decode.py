@@ -381,11 +381,10 @@ def staged_b_bytes(m: int, k: int) -> int:
     return m * staged_b_row_bytes(k)
 
 
-def staged_b_chunk(lane, j: int, first, steps: int, threads: int = 32):
-    """(activation row, 16-K chunk of the row) that thread `lane` of `threads` (a warp, or the CTA that shares the
-    buffer) stages as its j-th: of the M x 4 steps chunks from window `first` on, thread t takes t, t + threads, ...
-    (ints or tensors)."""
-    chunk = j * threads + lane
+def staged_b_chunk(lane, j: int, first, steps: int):
+    """(activation row, 16-K chunk of the row) that `lane` of a warp stages as its j-th: of the
+    warp's M x 4 steps chunks from window `first` on, lane l takes l, l + 32, ... (ints or tensors)."""
+    chunk = j * 32 + lane
     return chunk // (4 * steps), first * 4 + chunk % (4 * steps)
 
 
@@ -395,7 +394,7 @@ def staged_b_offset(row, k16, k: int):
     return row * staged_b_row_bytes(k) + k16 * 32
 
 
-def _staged_b_store(chunks: int, early: int, barrier: str) -> str:
+def _staged_b_store(chunks: int, early: int) -> str:
     """Output $0: the buffer address (a token the window reads take, so that they come after);
     inputs: the lane's `chunks` x 8 B registers (16 decoded elements each), their byte offsets
     in the buffer, the buffer's address (`shared_buffer_ptx`), then `early` words loaded before the
@@ -410,14 +409,12 @@ def _staged_b_store(chunks: int, early: int, barrier: str) -> str:
                   for h in range(2))
         for j in range(chunks)
     )
-    return "{ .reg .b32 a, x; .reg .pred p; " + stores + f"{barrier}; mov.b32 $0, ${base}; }}"
+    return "{ .reg .b32 a, x; .reg .pred p; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
 
 
-# by (16-element chunks per thread, shared by the CTA): at most 16 (M x steps / 8 within MMA_STAGED_B_MAX_BYTES with
-# 2 warps), waiting for the first window's 4 weight words and its factor word (`mma_gemv.staged_b`); a warp's own
-# buffer ends at `bar.warp.sync`, the CTA's at its barrier
-MMA_STAGED_B_STORE_PTX = {(c, cta): _staged_b_store(c, 5, "bar.sync 0" if cta else "bar.warp.sync -1")
-                          for c in range(1, 17) for cta in (False, True)}
+# by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps), waiting for
+# the first window's 4 weight words and its factor word (`mma_gemv.staged_b`)
+MMA_STAGED_B_STORE_PTX = {c: _staged_b_store(c, 5) for c in range(1, 17)}
 # Outputs $0 .. $7: a lane's 8 B registers of a window (step s: $2s, $2s + 1), input: their shared address
 MMA_STAGED_B_LOAD_PTX = "ld.shared.v4.b32 {$0, $1, $2, $3}, [$8]; ld.shared.v4.b32 {$4, $5, $6, $7}, [$8+16];"
 # Largest staged B buffer: with the K-warp sums' (at most 7.7 KB at M <= 8) inside 48 KB of static shared
@@ -724,7 +721,6 @@ def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
 
 
 # by (values per thread, cluster size, threads per CTA): mma_m64_kernel 4 x column groups on 256 threads,
-# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128, 256 or (with a CTA's staged B) 512
-MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t)
-                       for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4), (512, 4))
+# mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
+MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
                        for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}

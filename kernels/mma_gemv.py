@@ -122,12 +122,9 @@ def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
     return list(loaded)
 
 
-def program_row_warps(K_WARPS, SHARED_B, STAGE_B=0):
+def program_row_warps(K_WARPS, SHARED_B):
     """Warps of a program on different row groups: 4, or 1 when K_WARPS > 1 warps split K
-    without shared B (with it, K_WARPS slices of 4 warps: the exchange takes 128 threads), or with STAGE_B > 1 (and
-    K_WARPS 1) the STAGE_B warps that share one staged B."""
-    if K_WARPS == 1 and STAGE_B > 1:
-        return STAGE_B
+    without shared B (with it, K_WARPS slices of 4 warps: the exchange takes 128 threads)."""
     return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
@@ -264,28 +261,22 @@ def shared_b_registers(loaded, win, addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, 
     return regs[:8], regs[8:] if COL_GROUPS == 2 else regs[:8]
 
 
-def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early, EVICT, cta=False):
+def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, early, EVICT):
     """Stage the warp's B (`decode.MMA_STAGED_B_STORE_PTX`): rows 0 .. M - 1 of the activation in
     the warp's K range (`steps` windows from `first`), decoded by 16-K chunks (`b_words`,
     `b_registers`, `decode.staged_b_chunk`) into a new shared buffer; returns the buffer's address,
     which the window reads (`staged_b_registers`) take so that they come after. The store waits for
-    (and ignores) `early`, the first window's `a_words`, loaded before the staging. With `cta` the program's
-    `threads` stage their common K range together (`lane` is then the thread's %tid.x) into a buffer of that range,
-    and wait at the CTA's barrier."""
-    sharing, k_buffer, base = (threads, 64 * steps, 4 * first) if cta else (32, K, 0)
-    buffer = shared_buffer(staged_b_bytes(M, k_buffer), threads)
+    (and ignores) `early`, the first window's `a_words`, loaded before the staging."""
+    buffer = shared_buffer(staged_b_bytes(M, K), threads)
     regs, offsets = [], []
-    for j in range(M * 4 * steps // sharing):
-        row, k16 = staged_b_chunk(lane, j, first, steps, sharing)
-        chunk = b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT), ACT_ELEM,
-                            ACT_SCALE)
-        if ACT_ELEM == ELEMENT_CODES["bf16"]:  # 4 int64 words of 4 bf16 in K order: 8 bf16x2 registers, low half first
-            chunk = [half for word in chunk for half in (word.to(torch.int32), (word >> 32).to(torch.int32))]
-        regs += list(chunk)
-        offsets.append(staged_b_offset(row, k16 - base, k_buffer))
+    for j in range(M * steps // 8):
+        row, k16 = staged_b_chunk(lane, j, first, steps)
+        regs += list(b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT), ACT_ELEM,
+                                 ACT_SCALE))
+        offsets.append(staged_b_offset(row, k16, K))
     n = len(offsets)
     early = [word.to(torch.int32) for word in early]  # fp8 weights: the low half of each int64 word
-    return hl.inline_asm_elementwise(MMA_STAGED_B_STORE_PTX[n, cta],
+    return hl.inline_asm_elementwise(MMA_STAGED_B_STORE_PTX[n],
                                      ",".join(["=r"] + ["r"] * (9 * n + 1 + len(early))),
                                      [*regs, *offsets, buffer, *early], dtype=torch.int32, is_pure=False, pack=1)
 
@@ -425,7 +416,7 @@ def mma_gemv_kernel(
     registers there every window. CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
     programs, and launched as one thread-block cluster (`launch.DirectLaunch`) they sum through distributed shared
     memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters."""
-    row_warps = program_row_warps(K_WARPS, SHARED_B, STAGE_B)
+    row_warps = program_row_warps(K_WARPS, SHARED_B)
     threads = 32 * row_warps * K_WARPS
     windows = K // 64
     steps = windows // (SPLIT * K_WARPS)
@@ -444,7 +435,7 @@ def mma_gemv_kernel(
         g = lane >> 2
         q = lane & 3
         if K_WARPS == 1:  # the warp's first row group, and the program's first window
-            gr = (tile_p * row_warps + (tid >> 5)) * ROW_GROUPS
+            gr = (tile_p * 4 + (tid >> 5)) * ROW_GROUPS
             first = part * windows // SPLIT if uneven else part * steps
         elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
             gr = (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
@@ -470,9 +461,8 @@ def mma_gemv_kernel(
         if STAGE_B:  # the first window's weights requested before the staging, so that its L2 round trip and
             # decode overlap their DRAM one (H100, M = 1, 8192^2, nvfp4 x nvfp4 16.3 -> 16.0 us,
             # bench/results/h100_mma_ksum_early_m1_n8192_k8192_0b62f40_2026-11-25.log, configs B / C)
-            staged = staged_b(x64, xs, tid if K_WARPS == 1 else lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE,
-                              BLOCK_A, A_LAYOUT, row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0],
-                              EVICT, K_WARPS == 1)
+            staged = staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
+                              row_group_words(w, f, gr, first, lane, q, g, windows, blocks, 1, EVICT)[0], EVICT)
         if AHEAD:  # window w + 1's words loaded before window w's barrier (the shared B exchange's)
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
@@ -501,11 +491,9 @@ def mma_gemv_kernel(
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS,
                                               ROW_GROUPS)
-            elif STAGE_B:  # a warp's own buffer of all K, or the CTA's of its K range
-                b_0 = staged_b_registers(staged, row_0, win - first if K_WARPS == 1 else win, q,
-                                         64 * steps if K_WARPS == 1 else K)
-                b_1 = (staged_b_registers(staged, row_1, win - first if K_WARPS == 1 else win, q,
-                                          64 * steps if K_WARPS == 1 else K) if COL_GROUPS == 2 else b_0)
+            elif STAGE_B:  # one column group
+                b_0 = staged_b_registers(staged, row_0, win, q, K)
+                b_1 = b_0
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
@@ -528,7 +516,7 @@ def mma_gemv_kernel(
         else:  # (data-dependent ifs on `ctas`, which is 1 without CLUSTER, as in mma_m64_kernel)
             if ctas == SPLIT:  # launched in clusters of the SPLIT parts
                 gemv_cluster_store(out, bias, (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), q, g, gr,
-                                   scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER, threads)
+                                   scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER)
             add_groups(workspace, sums, gr, q, g, M, N, ROW_GROUPS, COL_GROUPS, keep=workspace_keep(ctas, SPLIT, CLUSTER))
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
@@ -671,15 +659,14 @@ def cluster_totals(values, q, SPLIT, threads):
     return totals, rank, own
 
 
-def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER,
-                       threads=128):
+def gemv_cluster_store(out, bias, sums, q, g, gr, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, SPLIT, CLUSTER):
     """mma_gemv_kernel's SPLIT > 1 parts as one cluster: `sums` are its 16 accumulators (row group r, column group c,
     slot i at 8 r + 4 c + i); the 4 ROW_GROUPS COL_GROUPS it runs, in that order, summed over the cluster
     (`cluster_totals`), into `out`. Nothing without CLUSTER."""
     if not CLUSTER:
         return
     values = [sums[8 * r + 4 * c + i] for r in range(ROW_GROUPS) for c in range(COL_GROUPS) for i in range(4)]
-    totals, rank, own = cluster_totals(values, q, SPLIT, threads)
+    totals, rank, own = cluster_totals(values, q, SPLIT, 128)
     for k in range(own):
         j = rank * own + k  # row group j / (4 COL_GROUPS), column group (j / 4) mod COL_GROUPS (1 or 2), slot j mod 4
         index, valid = out_index((j >> 2) & (COL_GROUPS - 1), q, g, gr + (j >> (COL_GROUPS + 1)), j & 3, M, N)
