@@ -51,8 +51,7 @@ class DirectLaunch:
         self.last = None
         values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         aligned = tuple(v % 16 == 0 for v, a in zip(values, args) if isinstance(a, torch.Tensor))
-        if (self.kernel is None or kwargs or aligned != self.aligned or getattr(triton_kernel, "pre_run_hooks", None)
-                or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
+        if kwargs or not self._applies(triton_kernel, aligned):
             kernel = default_launcher(triton_kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **kwargs)
             if (self.kernel is None and not kwargs and isinstance(kernel, CompiledKernel)
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
@@ -65,6 +64,12 @@ class DirectLaunch:
         self._run(grid, values)
         self.last = grid, tuple(map(id, args)), values
         return self.kernel
+
+    def _applies(self, triton_kernel, aligned) -> bool:
+        """Whether a direct launch of `triton_kernel` with tensors of this alignment applies now: compiled, the same
+        alignment, no pre-run hook, no launch hook, the same current device."""
+        return (self.kernel is not None and aligned == self.aligned and not getattr(triton_kernel, "pre_run_hooks", None)
+                and _no_launch_hooks() and driver.active.get_current_device() == self.device)
 
     def _run(self, grid, values):
         run, function, metadata = self.launcher
@@ -95,8 +100,7 @@ class DirectLaunch:
         if self.sources is None:
             return False
         values = tuple(addresses[i] for i in self.sources)
-        if (tuple(v % 16 == 0 for v in values) != self.aligned or getattr(self.triton_kernel, "pre_run_hooks", None)
-                or not _no_launch_hooks() or driver.active.get_current_device() != self.device):
+        if not self._applies(self.triton_kernel, tuple(v % 16 == 0 for v in values)):
             return False
         self._run(self.grid, values)
         return True
