@@ -724,3 +724,61 @@ def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
 # mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
 MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
                        for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}
+
+
+# Weight ring (`mma_m64_kernel` with RING = S > 0): each warp copies its row group's weight words and factor words of a
+# window into shared memory with cp.async (16 bytes a lane and copy: LDGSTS, no registers hold them), S windows before
+# it decodes that window, so S windows of weights per warp are in flight. A warp's slot of a window: its words (512
+# bytes for fp4, 1024 for fp8, in the layout's order: the lane's word of step s at `size` (lane + 32 s)), then its
+# factor words (int16 of two rows' bytes, 8 per scale block of the window). A lane reads words other lanes copied, so
+# the reads come after `cp.async.wait_group` and `bar.warp.sync`; a copy into a slot comes after the warp's reads of
+# it (the copy takes a value the reads returned, and starts with `bar.warp.sync`). The M = 16 loops lost with a ring
+# (25ba17d, bench/DECODE_NOTES.md): they were not bound by the weights' bytes in flight, where the M = 64 loop's loads
+# alone ran 27.9 -> 24.4 us from one to three windows ahead (the ablations of 6271ff1).
+def ring_slot_bytes(wide: bool, blocks: int) -> int:
+    """Shared memory of one warp's window in the ring (`wide`: fp8 weights, int64 words; `blocks` scale blocks per
+    window)."""
+    return 128 * (8 if wide else 4) + 16 * blocks
+
+
+def ring_bytes(stages: int, warps: int, wide: bool, blocks: int) -> int:
+    """Shared memory of a ring of `stages` windows for `warps` warps."""
+    return stages * warps * ring_slot_bytes(wide, blocks)
+
+
+def ring_copy_ptx(wide: bool, blocks: int, warps: int) -> str:
+    """Output $0: a token; inputs: $1 the ring's shared address, $2 the slot, $3 / $4 the byte addresses (int64) of the
+    warp's window words and factor words, $5 > 0 to copy (else an empty group is committed, so that the wait counts
+    stay those of a full ring), $6 a value the warp's last reads of the slot returned (the copy comes after them)."""
+    word_bytes = 128 * (8 if wide else 4)
+    factor_bytes = 16 * blocks
+    slot = ring_slot_bytes(wide, blocks)
+    copies = "".join(f"@p cp.async.cg.shared.global [x+{512 * h}], [a+{512 * h}], 16; " for h in range(word_bytes // 512))
+    copies += f"@f cp.async.cg.shared.global [x+{word_bytes}], [b], 16; "
+    return (
+        "{ .reg .b32 t, l, d, x; .reg .b64 a, b, o; .reg .pred p, f; "
+        f"mov.u32 t, %tid.x; and.b32 l, t, 31; shr.b32 x, t, 5; mad.lo.u32 d, x, {slot}, $1; "
+        f"mad.lo.u32 d, $2, {warps * slot}, d; setp.gt.s32 p, $5, 0; setp.lt.and.u32 f, l, {factor_bytes // 16}, p; "
+        "mul.wide.u32 o, l, 16; add.u64 a, $3, o; add.u64 b, $4, o; shl.b32 x, l, 4; add.u32 x, x, d; "
+        "bar.warp.sync -1; " + copies + "cp.async.commit_group; mov.b32 $0, d; }"
+    )
+
+
+def ring_read_ptx(wide: bool, blocks: int, stages: int, warps: int) -> str:
+    """Outputs $0 .. $3: the lane's 4 words (int32, or int64 if `wide`), $4 its rows' factor word (as
+    `mma_gemv.a_words`); inputs: $5 the ring's shared address, $6 the slot, $7 the token of the copy issued last (the
+    reads come after it). Waits for all but the last stages - 1 copies."""
+    word_bytes = 128 * (8 if wide else 4)
+    slot = ring_slot_bytes(wide, blocks)
+    size = 8 if wide else 4
+    reads = "".join(f"ld.shared.b{8 * size} ${s}, [x+{32 * size * s}]; " for s in range(4))
+    reads += f"ld.shared.u16 $4, [y+{word_bytes}]; "
+    # the rows' factors: int16 8 ((q blocks) / 4) + g of the window (`mma_gemv.a_words`)
+    block = "shl.b32 y, y, 4; " if blocks == 4 else "shr.b32 y, y, 1; shl.b32 y, y, 4; "
+    return (
+        "{ .reg .b32 t, l, d, x, y; "
+        f"mov.u32 t, %tid.x; and.b32 l, t, 31; shr.b32 x, t, 5; mad.lo.u32 d, x, {slot}, $5; "
+        f"mad.lo.u32 d, $6, {warps * slot}, d; cp.async.wait_group {stages - 1}; bar.warp.sync -1; "
+        f"mad.lo.u32 x, l, {size}, d; and.b32 y, l, 3; " + block + "shr.b32 t, l, 2; mad.lo.u32 y, t, 2, y; "
+        "add.u32 y, y, d; " + reads + "}"
+    )
