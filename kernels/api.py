@@ -617,9 +617,6 @@ MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # - 1792 programs (57344 x 8192, split 4; h100_mma_m64_cluster_n57344_k8192_93dd6fb_2026-11-25.log): faster in all 7,
 #   nvfp4 x nvfp4 1.56 -> 1.80x, bf16 x mxfp8 1.32 -> 1.57x.
 MMA_CLUSTER_PROGRAMS_PER_SM = 2
-# Most windows in mma_m64_kernel's weight ring (config "ring", `decode.ring_copy_ptx`): 3 windows of fp8 weights for 8
-# warps are 25 KB of static shared memory beside the 16 KB of wgmma's B windows.
-MMA_RING_MAX = 3
 # mma_gemv_kernel (M <= 16) sums its split-K parts in thread-block clusters too (same rule, `_mma_gemv_cluster`): the
 # workspace epilogue's ticket and read-back cost 2-3 us of 25-37 us at M = 16, 10240 x 8192 on the H100 (split 8;
 # bench/results/h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_2026-11-25.log). H100, M = 16, x cuBLAS bf16,
@@ -688,7 +685,6 @@ class MmaOptions(NamedTuple):
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
-    ring: int  # M > MMA_WARP_M: windows of weights copied ahead into a shared-memory ring by cp.async (RING); 0: none
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -720,17 +716,15 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
     output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
-    for two wgmma) and "ring": 0 .. MMA_RING_MAX (with tile_m 64: that many windows of each warp's weights copied ahead
-    into shared memory by cp.async, no registers holding them; no cluster sums then; default 0) may be given: one row
-    group per warp, B shared."""
+    for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "ring"}
+            "cluster", "evict", "hoist"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'ring', or "
-                         f"None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'hoist', or None, got "
+                         f"{config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -795,14 +789,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
-    ring = config.get("ring", 0)
-    if "ring" in config and (type(ring) is not int or not 0 <= ring <= MMA_RING_MAX or not wide_m or tile_m != MMA_M64_B_ROWS
-                             or config.get("cluster") is True):
-        raise ValueError(f"config: ring is an int in 0 .. {MMA_RING_MAX} above M = {MMA_WARP_M}, with tile_m "
-                         f"{MMA_M64_B_ROWS} and without 'cluster' True (its slots take the cluster sums' shared memory), "
-                         f"got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster and not ring, split, evict, hoist, ring)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -972,9 +960,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's RING, SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
+    # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
     # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((options.ring, split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,

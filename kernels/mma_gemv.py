@@ -78,8 +78,8 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_
                      MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, ring_bytes, ring_copy_ptx,
-                     ring_read_ptx, shared_b_bytes, shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
+                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -544,44 +544,11 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING=0):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
-    and its A words (`a_words`; with RING they come from the weight ring instead, and the B share pads these five too)."""
-    b = pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
-    return (*b, *(b if RING else a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)))
-
-
-def ring_copy(w, f, ring, slot, gr, win, left, token, windows, blocks, W_ELEM):
-    """Copy window `win` of the warp's row group `gr` (words and factor words) into slot `slot` of `mma_m64_kernel`'s
-    weight ring (`decode.ring_copy_ptx`) if `left` > 0, after the reads that returned `token`; returns a token."""
-    ptx = repr(ring_copy_ptx(W_ELEM != ELEMENT_CODES["e2m1"], blocks, 8)).replace("{", "{{").replace("}", "}}")
-    like = torch.zeros_like(token)
-    return hl.inline_triton(
-        f"tl.inline_asm_elementwise({ptx}, '=r,r,r,l,l,r,r', [{{0}}, {{1}}, ({{2}} + {{3}}).to(tl.int64), "
-        "({4} + {5}).to(tl.int64), {6}, {7}], dtype=tl.int32, is_pure=False, pack=1)",
-        args=(ring, like + slot, w, (gr * windows + win) * 128, f, (gr * windows + win) * (8 * blocks), like + left, token),
-        output_like=token)
-
-
-def ring_start(w, f, gr, first, steps, windows, blocks, W_ELEM, RING):
-    """A weight ring of RING windows for the 8 warps of an `mma_m64_kernel` program (`decode.ring_bytes`), windows
-    first .. first + RING - 1 copied into its slots (those past `steps` not): (its address, the last copy's token)."""
-    ring = shared_buffer(ring_bytes(RING, 8, W_ELEM != ELEMENT_CODES["e2m1"], blocks), 256)
-    token = ring
-    for j in range(RING):
-        token = ring_copy(w, f, ring, j, gr, first + j, steps - j, token, windows, blocks, W_ELEM)
-    return ring, token
-
-
-def ring_read(token, ring, slot, blocks, W_ELEM, RING):
-    """The warp's `a_words` of the window in ring slot `slot` (`decode.ring_read_ptx`), read after the copy that
-    returned `token`, and a token for the next copy into the slot (the factor word)."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    word = torch.int64 if wide else torch.int32
-    regs = hl.inline_asm_elementwise(
-        ring_read_ptx(wide, blocks, RING, 8), ",".join(["=l" if wide else "=r"] * 4 + ["=r", "r", "r", "r"]),
-        [ring, torch.zeros_like(token) + slot, token], dtype=(word,) * 4 + (torch.int32,), is_pure=True, pack=1)
-    return list(regs), regs[4]
+    and its A words (`a_words`)."""
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)),
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
@@ -743,7 +710,6 @@ def mma_m64_kernel(
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
     COL_GROUPS: hl.constexpr,
-    RING: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
     AHEAD: hl.constexpr,
@@ -758,9 +724,7 @@ def mma_m64_kernel(
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
-    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md). With RING > 0 the weights' words
-    come from a ring of RING windows per warp in shared memory instead (`ring_start`, `ring_read`, `ring_copy`):
-    window w + RING is copied by cp.async once window w's words are read, and AHEAD loads only the B shares.
+    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
     With SPLIT > 1 the parts of an output tile add their fp32 sums into a workspace (the last by ticket stores), or
     with CLUSTER, launched as one thread-block cluster of SPLIT CTAs (`launch.DirectLaunch`), through distributed
     shared memory (`cluster_store`); Triton's own launch (a shape's first call) runs without clusters, and the
@@ -808,25 +772,21 @@ def mma_m64_kernel(
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
-        if RING:  # windows first .. first + RING - 1 of the weights on their way into shared memory
-            ring, token = ring_start(w, f, gr, first, steps, windows, blocks, W_ELEM, RING)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT,
-                                                                  RING)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT,
-                                                                  RING)
+                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         for it in hl.tile(steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
-                BLOCK_A, A_LAYOUT, EVICT, RING)
+                BLOCK_A, A_LAYOUT, EVICT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
@@ -836,13 +796,7 @@ def mma_m64_kernel(
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
             else:
                 address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
-            if RING:  # this window's words from the ring, then window w + RING's copy into the slot they held
-                loaded_a, token = ring_read(token, ring, it.begin % RING, blocks, W_ELEM, RING)
-                token = ring_copy(w, f, ring, it.begin % RING, gr, win + RING, steps - RING - it.begin, token, windows,
-                                  blocks, W_ELEM)
-                frags = a_fragments(loaded_a, W_ELEM, ENCODING)
-            else:
-                frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
+            frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (

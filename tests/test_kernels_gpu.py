@@ -296,28 +296,6 @@ def test_mma_m64_pairs(pair, m, gen):
             assert backend_used(pair, m) == "mma"
 
 
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [17, 64])
-def test_mma_m64_ring(pair, m, gen):
-    """mma_m64_kernel with the weight ring (config "ring": cp.async copies of each warp's window words and factor
-    words into shared memory, RING windows ahead): split-K and not, wgmma and mma.sync, fewer windows than the ring
-    (copies past the part skipped), two windows per iteration, bias and bf16 out, narrow activations' scales in
-    another layout; the workspace stays zero."""
-    for ring in (1, 2, 3):
-        for config in ({"max_split": 4}, {"max_split": 1, "wgmma": False}, {"max_split": 2, "unroll": 2}):
-            run_and_check(pair, m, 2048, 2048, "cuda", gen, data_layout="mma_m16k16", backend="mma",
-                          config={"ring": ring, **config})
-        run_and_check(pair, m, 128, 128, "cuda", gen, data_layout="mma_m16k16", backend="mma",  # 2 windows
-                      config={"ring": ring, "max_split": 1})
-    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16", backend="mma", config={"ring": 3})
-    run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  backend="mma", config={"ring": 2})
-    if pair[0] != "bf16":
-        run_and_check(pair, m, 1024, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout="mma_m16k16", backend="mma",
-                      config={"ring": 2})
-    assert_split_k_workspaces_zero()
-
-
 def three_calls(pair, m, n, k, config, bias, gen):
     """Three calls of one mma shape and config against the reference (poisoned outputs; fp32 out, or bf16 with bias):
     the first launched by Triton, the next ones directly (in clusters where the plan takes them). Returns the options,
