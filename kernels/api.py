@@ -204,8 +204,7 @@ def scaled_mm(
     `out` (optional) receives the result; `config` overrides the default Helion config, or,
     for the block_dot and gemv backends, may be a dict of config-table fields laid over the
     default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...}),
-    for the mma backend a dict of plan keys ("max_split", "split", "row_groups", "shared_b", "wgmma",
-    "ahead", "k_warps", "stage_b", "unroll", "tile_m", "cluster", "evict", "hoist": `_mma_options`);
+    for the mma backend a dict of plan keys, each described in `_mma_options` (which refuses any other);
     `backend` ("dequant", "block_dot", "gemv", "mma", "dot_scaled", "dot_scaled_cdna4") overrides
     the choice by device and shape.
     """
