@@ -606,3 +606,55 @@ def test_host_needs_a_gpu():
         pytest.skip("this checks the CPU message")
     with pytest.raises(SystemExit, match="needs a GPU"):
         host.main(["--format", "nvfp4", "-M", "1"])
+
+
+def _gpu_tests_script():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("gpu_tests", Path(__file__).parents[1] / "scripts" / "gpu_tests.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_tests_runner_sorts_every_outcome(tmp_path, monkeypatch):
+    """scripts/gpu_tests.py on a stand-in suite: a pass, a failure, a skip and an unmarked test, in two shards and
+    from an id file; every id gets its own process and its own line, and a skip counts against the run."""
+    runner = _gpu_tests_script()
+    (tmp_path / "test_standin.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.gpu\ndef test_passes(): assert 1 + 1 == 2\n"
+        "@pytest.mark.gpu\ndef test_fails(): assert 1 + 1 == 3\n"
+        "@pytest.mark.gpu\ndef test_skips(): pytest.skip('no GPU here')\n"
+        "def test_unmarked(): pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: needs a GPU\n")
+    monkeypatch.chdir(tmp_path)  # the runner runs from the suite's root, as from the repository's
+    suite = "test_standin.py"
+    ids = runner.collect([suite], "gpu")
+    assert [i.split("::")[1] for i in ids] == ["test_passes", "test_fails", "test_skips"]
+    logs = [tmp_path / f"shard{i}.log" for i in range(2)]
+    assert [runner.main([suite, "--log", str(log), "--shard", str(i), "--shards", "2", "--jobs", "2"])
+            for i, log in enumerate(logs)] == [1, 1]  # shard 0: the pass and the skip; shard 1: the failure
+    lines = [line.split() for log in logs for line in log.read_text().splitlines() if line.split()[:1] in
+             (["PASS"], ["FAIL"], ["SKIP"], ["NOTRUN"])]
+    assert sorted((words[0], words[2].split("::")[1]) for words in lines) == [
+        ("FAIL", "test_fails"), ("PASS", "test_passes"), ("SKIP", "test_skips")]
+    assert "no GPU here" in logs[0].read_text()  # a skip's reason is logged
+    passing = tmp_path / "ids.txt"
+    passing.write_text(ids[0] + "\n")
+    assert runner.main(["--log", str(tmp_path / "ids.log"), "--ids", str(passing)]) == 0
+    assert runner.main(["--log", str(tmp_path / "late.log"), "--ids", str(passing), "--deadline", "-1"]) == 0
+    assert (tmp_path / "late.log").read_text().splitlines()[1].startswith("NOTRUN")
+    with pytest.raises(SystemExit):
+        runner.main(["--log", str(tmp_path / "x.log"), "--shard", "2", "--shards", "2"])
+
+
+def test_gpu_tests_classify_reads_the_summary_line():
+    runner = _gpu_tests_script()
+    assert runner.classify(0, ".\n1 passed in 0.10s\n") == "PASS"
+    assert runner.classify(0, "s\nSKIPPED [1] t.py:3: no GPU\n1 skipped in 0.10s\n") == "SKIP"
+    assert runner.classify(0, "1 passed, 1 skipped in 0.1s") == "SKIP"
+    assert runner.classify(1, "F\n1 failed in 0.10s\n") == "FAIL"
+    assert runner.classify(5, "no tests ran in 0.01s\n") == "FAIL"  # an id that no longer exists
+    assert runner.classify(0, "") == "SKIP"  # nothing passed
