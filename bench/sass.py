@@ -35,6 +35,7 @@ from blockscaled.kernels.gemv import gemv_kernel
 from .providers import FORMAT_PAIRS, make_operands
 
 H100_SMS = 132
+H100_REGS_PER_SM = 65536  # what Helion caps maxnreg x threads per program by
 COUNTS = {  # column: SASS opcode pattern
     "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"[HQ]GMMA\b",
     "F2FP": r"F2FP\b", "HMUL2/HFMA2": r"H(MUL|FMA)2\b", "FMUL/FFMA": r"F(MUL|FMA)\b", "LOP3": r"LOP3\b",
@@ -59,15 +60,24 @@ def parse_args(argv=None):
 
 @contextlib.contextmanager
 def planned_as_h100():
-    """Plan as on an H100 from a CPU process: sm90 table, 132 SMs, PTX decodes and NVIDIA dot dtypes."""
-    saved = configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma
+    """Plan and generate code as on an H100 from a CPU process: sm90 table, 132 SMs, PTX decodes and NVIDIA dot
+    dtypes, and Helion's CUDA-only config checks and options (without a GPU Helion drops `maxnreg` silently, so a
+    config it refuses on the GPU, such as `maxnreg` without a persistent pid_type, would compile here)."""
+    import helion._compat
+    import helion.autotuner.config_spec as spec
+
+    saved = (configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma, helion._compat._supports_maxnreg,
+             spec._regs_per_block)
     configs.arch_key = lambda device: "sm90"
     api._sm_count = lambda device: H100_SMS
     api._ptx_decodes = api._has_wgmma = lambda device: True
+    helion._compat._supports_maxnreg = lambda: True
+    spec._regs_per_block = lambda: H100_REGS_PER_SM
     try:
         yield
     finally:
-        configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma = saved
+        (configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma, helion._compat._supports_maxnreg,
+         spec._regs_per_block) = saved
 
 
 def instructions(sass: str) -> list[tuple[str, str]]:
@@ -139,6 +149,9 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     tensors = dict(zip(inspect.signature(kernel_fn).parameters, args, strict=True))
     # reduction sizes Helion passes as constexpr arguments (`_RDIM_SIZE_4 = 16` in the host code)
     dims = {k: int(v) for k, v in re.findall(r"^\s*(_RDIM_SIZE_\d+) = (\d+)$", code, re.M)}
+    # persistent pid types: the programs the host launches per SM count, as on an H100
+    for multiplier in re.findall(r"^\s*_NUM_SM = helion\.runtime\.get_num_sm\([^)]*\)(?: \* (\d+))?$", code, re.M):
+        dims["_NUM_SM"] = H100_SMS * int(multiplier or 1)
     signature = {p: "constexpr" if p in dims else TRITON_TYPES[tensors[p].dtype] for p in names}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in dims.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
@@ -173,11 +186,11 @@ def kernel_code(args, pair, a_parts, b_parts, variant):
             data_layout = "block_pairs" if b_parts.fmt.is_packed else "k_order"
             plan = api._block_dot_plan(name, a_parts, b_parts, data_layout, False, args.M, args.N, args.K, fields)
             kernel_fn, block_n, k_step = block_dot_mm_kernel, plan.cfg.config["block_sizes"][1], 2 * plan.consts[1] * plan.consts[12]
-    out = torch.empty((args.M, args.N), dtype=torch.float32)
-    ws, tickets = plan.workspace or (out, out)
-    kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
-             out, out, ws, tickets, *plan.consts)
-    code = kernel_fn.bind(kargs).to_triton_code(plan.cfg)
+        out = torch.empty((args.M, args.N), dtype=torch.float32)
+        ws, tickets = plan.workspace or (out, out)
+        kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
+                 out, out, ws, tickets, *plan.consts)
+        code = kernel_fn.bind(kargs).to_triton_code(plan.cfg)
     return code, kernel_fn.fn, kargs, plan, block_n * k_step / (32 * plan.cfg.config.get("num_warps", 4))
 
 
@@ -188,11 +201,12 @@ def mma_kernel_code(args, a, b, variant):
     with planned_as_h100():
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
-    out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
-    kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out), out)
-    kernel = api.mma_kernel(args.M)
+        out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
+        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out), out)
+        kernel = api.mma_kernel(args.M)
+        code = kernel.bind(kargs).to_triton_code(plan.cfg)
     row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it
-    return kernel.bind(kargs).to_triton_code(plan.cfg), kernel.fn, kargs, plan, 32 * row_groups
+    return code, kernel.fn, kargs, plan, 32 * row_groups
 
 
 def main(argv=None):

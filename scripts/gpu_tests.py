@@ -24,6 +24,8 @@ def collect(paths: list[str], marker: str) -> list[str]:
     from the repository root (or the directory of the suite's ini file), as `run_one` runs them."""
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, *paths],
                        capture_output=True, text=True)
+    if r.returncode not in (0, 5):  # 5: nothing selected; anything else is a collection error, not an empty suite
+        raise SystemExit(f"pytest could not collect {paths} (exit {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
     return [line for line in r.stdout.splitlines() if "::" in line]
 
 

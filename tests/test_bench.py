@@ -226,6 +226,25 @@ def test_sass_counts_the_k_loop(capfd, tmp_path):
     assert (tmp_path / "mixed_0.sass").read_text().count("HMMA") >= counts["HMMA"]
 
 
+def test_sass_checks_helion_configs_as_on_a_gpu(capfd, tmp_path):
+    """Without a GPU Helion drops `maxnreg` silently; bench.sass checks and applies it as on the H100: refused without
+    a persistent pid_type (Helion's InvalidConfig, as a GPU run raises it), honoured in the registers with one."""
+    import helion
+    from bench import sass
+
+    config = {"block_sizes": [16, 128], "num_warps": 4, "num_stages": 2, "maxnreg": 32}
+    argv = ["--format", "mixed", "-N", "256", "-K", "8192", "--keep", str(tmp_path), "--variants"]
+    try:  # under the Triton interpreter bench.sass runs in a child process and returns its exit status
+        status, message = sass.main([*argv, json.dumps([{"config": config}])]), capfd.readouterr().err
+    except helion.exc.InvalidConfig as e:
+        status, message = 1, str(e)
+    assert status != 0 and "maxnreg=32 can only be used with persistent" in message
+    persistent = {**config, "pid_type": "persistent_blocked"}
+    assert sass.main([*argv, json.dumps([{"config": persistent}, {"config": {**persistent, "maxnreg": None}}])]) == 0
+    capped, free = sass_rows(capfd.readouterr().out, "mxfp8xmxfp4")
+    assert capped["regs"] <= 32 < free["regs"]
+
+
 def test_sass_counts_the_gemv_k_loop(capfd, tmp_path):
     """bench.sass --backend gemv: the H100 plan decodes fp4 with its PTX (hardware E4M3 ->
     f16 conversions in the loop) and multiplies on CUDA cores (FFMA, no HMMA), unspilled."""
@@ -648,6 +667,10 @@ def test_gpu_tests_runner_sorts_every_outcome(tmp_path, monkeypatch):
     assert (tmp_path / "late.log").read_text().splitlines()[1].startswith("NOTRUN")
     with pytest.raises(SystemExit):
         runner.main(["--log", str(tmp_path / "x.log"), "--shard", "2", "--shards", "2"])
+    (tmp_path / "test_broken.py").write_text("import not_a_module_anywhere\n")
+    with pytest.raises(SystemExit, match="could not collect"):  # not an empty, passing run
+        runner.main(["test_broken.py", "--log", str(tmp_path / "broken.log")])
+    assert runner.collect([suite], "not_a_marker") == []
 
 
 def test_gpu_tests_classify_reads_the_summary_line():
