@@ -66,18 +66,15 @@ def planned_as_h100():
     import helion._compat
     import helion.autotuner.config_spec as spec
 
-    saved = (configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma, helion._compat._supports_maxnreg,
-             spec._regs_per_block)
-    configs.arch_key = lambda device: "sm90"
-    api._sm_count = lambda device: H100_SMS
-    api._ptx_decodes = api._has_wgmma = lambda device: True
-    helion._compat._supports_maxnreg = lambda: True
-    spec._regs_per_block = lambda: H100_REGS_PER_SM
-    try:
+    replaced = [(configs, "arch_key", lambda device: "sm90"), (api, "_sm_count", lambda device: H100_SMS),
+                (api, "_ptx_decodes", lambda device: True), (api, "_has_wgmma", lambda device: True),
+                (helion._compat, "_supports_maxnreg", lambda: True),
+                (spec, "_regs_per_block", lambda: H100_REGS_PER_SM)]
+    with contextlib.ExitStack() as restore:
+        for owner, name, value in replaced:
+            restore.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, value)
         yield
-    finally:
-        (configs.arch_key, api._sm_count, api._ptx_decodes, api._has_wgmma, helion._compat._supports_maxnreg,
-         spec._regs_per_block) = saved
 
 
 def instructions(sass: str) -> list[tuple[str, str]]:

@@ -19,13 +19,18 @@ import sys
 import time
 
 
+def output_tail(r: subprocess.CompletedProcess) -> str:
+    """The end of a pytest process's output, for the log."""
+    return r.stdout[-3000:] + r.stderr[-2000:]
+
+
 def collect(paths: list[str], marker: str) -> list[str]:
     """The test ids pytest collects under `paths` with `-m marker`, in its order: relative to pytest's rootdir, so run
     from the repository root (or the directory of the suite's ini file), as `run_one` runs them."""
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marker, *paths],
                        capture_output=True, text=True)
     if r.returncode not in (0, 5):  # 5: nothing selected; anything else is a collection error, not an empty suite
-        raise SystemExit(f"pytest could not collect {paths} (exit {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-2000:]}")
+        raise SystemExit(f"pytest could not collect {paths} (exit {r.returncode}):\n{output_tail(r)}")
     return [line for line in r.stdout.splitlines() if "::" in line]
 
 
@@ -43,7 +48,7 @@ def run_one(test_id: str, start: float, deadline: float) -> tuple[str, str, floa
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test_id],
                        capture_output=True, text=True)
-    return test_id, classify(r.returncode, r.stdout), time.time() - t0, r.stdout[-3000:] + r.stderr[-2000:]
+    return test_id, classify(r.returncode, r.stdout), time.time() - t0, output_tail(r)
 
 
 def main(argv: list[str] | None = None) -> int:
