@@ -874,6 +874,36 @@ def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, 
     return split if cluster and _mma_gemv_cluster(split, _mma_gemv_values(row_groups, 2), row_programs * split, device) else 0
 
 
+# At 8 < M <= 16, where split-K of two-row-group programs would sum in the workspace on less than
+# MMA_ONE_GROUP_FILL of a wave (N = 4096 and 6144 at K = 4096, N = 4096 at K = 14336: split 16, 0.5-0.7 of a wave;
+# fp8 weights split 8), one row group per warp with split-K in thread-block clusters and one window ahead instead:
+# twice the programs, no workspace atomics. H100, M = 16, 4096^2, us, default / that (split 8, clusters of 8)
+# (bench/results/h100_mma_m16_variants_n4096_k4096_713bc5c_2026-11-27.log, cuBLAS bf16 15.9 us): nvfp4 x nvfp4
+# 10.3 / 8.2, bf16 x mxfp4 9.4 / 7.2, bf16 x mxfp8 12.0 / 9.5, mxfp8 x mxfp8 12.5 / 9.7; without ahead 8.2 / 8.0 /
+# 9.7 / 10.8, split 4 12.4-13.8, 8 K slices of one row group 8.6-10.7, two row groups at split 8 9.9-12.5. The tuned
+# Llama-3-70B shapes do not take it: their two-row-group split-K fills 0.97 of a wave (8192 x 28672) or sums in
+# clusters (10240 x 8192), and there one row group lost (the comment above `_mma_m16_cluster_split`).
+MMA_ONE_GROUP_FILL = 0.9
+
+
+def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, options: MmaOptions,
+                             device: torch.device) -> int:
+    """At 8 < M <= 16 with two row groups by default: the split-K factor (<= CLUSTER_MAX_CTAS, dividing the windows)
+    of programs of one row group summed in clusters, where the two-row-group split by `options` would sum in the
+    workspace on less than MMA_ONE_GROUP_FILL of a wave (`MMA_PROGRAMS_PER_SM` resident) and the clusters can run;
+    else 0."""
+    if _mma_column_groups(m) != 2 or options.row_groups != 2 or not options.cluster or n % 128:
+        return 0
+    pairs = n // 128
+    split = _mma_split(windows, pairs, options.max_split, options.programs_per_sm, device)
+    resident = MMA_PROGRAMS_PER_SM[narrow, 2, 2] * _sm_count(device)
+    if (_mma_gemv_cluster(split, _mma_gemv_values(2, 2), pairs * split, device)
+            or pairs * split >= MMA_ONE_GROUP_FILL * resident):
+        return 0
+    split = _mma_split(windows, n // 64, CLUSTER_MAX_CTAS, 0, device)
+    return split if _mma_gemv_cluster(split, _mma_gemv_values(1, 2), n // 64 * split, device) else 0
+
+
 # Staged B for fp4 / fp8 activations at M = 1 (`mma_gemv.staged_b`): each warp decodes its K range of the
 # activation into shared memory once, so they run the K_WARPS loop of bf16 activations with B read from
 # shared memory (sm_90, N = K = 8192: nvfp4 x nvfp4 89 instructions per 32 weights at 29 registers,
@@ -929,6 +959,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                 slices, ahead, unroll = MMA_BF16_FP8_M16_SLICES
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
                                        unroll=options.unroll or unroll)
+        elif one_group := _mma_m16_one_group_split(k // 64, n, m, narrow, options, b.device):
+            options = options._replace(k_warps=1, row_groups=1, split=one_group, ahead=1)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
             fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
