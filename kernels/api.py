@@ -877,22 +877,34 @@ def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, 
 # At 8 < M <= 16, where split-K of two-row-group programs would sum in the workspace on less than
 # MMA_ONE_GROUP_FILL of a wave (N = 4096 and 6144 at K = 4096, N = 4096 at K = 14336: split 16, 0.5-0.7 of a wave;
 # fp8 weights split 8), one row group per warp with split-K in thread-block clusters and one window ahead instead:
-# twice the programs, no workspace atomics. H100, M = 16, 4096^2, us, default / that (split 8, clusters of 8)
-# (bench/results/h100_mma_m16_variants_n4096_k4096_713bc5c_2026-11-27.log, cuBLAS bf16 15.9 us): nvfp4 x nvfp4
-# 10.3 / 8.2, bf16 x mxfp4 9.4 / 7.2, bf16 x mxfp8 12.0 / 9.5, mxfp8 x mxfp8 12.5 / 9.7; without ahead 8.2 / 8.0 /
-# 9.7 / 10.8, split 4 12.4-13.8, 8 K slices of one row group 8.6-10.7, two row groups at split 8 9.9-12.5. The tuned
-# Llama-3-70B shapes do not take it: their two-row-group split-K fills 0.97 of a wave (8192 x 28672) or sums in
-# clusters (10240 x 8192), and there one row group lost (the comment above `_mma_m16_cluster_split`).
+# twice the programs, no workspace atomics. H100, M = 16, us, default / that, one process per shape:
+# - 4096^2 (bench/results/h100_mma_m16_variants_n4096_k4096_713bc5c_2026-11-27.log, cuBLAS bf16 15.9 us, split 8 in
+#   clusters of 8): nvfp4 x nvfp4 10.3 / 8.2, bf16 x mxfp4 9.4 / 7.2, bf16 x mxfp8 12.0 / 9.5, mxfp8 x mxfp8 12.5 / 9.7;
+#   without ahead 8.2 / 8.0 / 9.7 / 10.8, split 4 12.4-13.8, 8 K slices of one row group 8.6-10.7, two row groups at
+#   split 8 9.9-12.5.
+# - 6144 x 4096 (h100_mma_m16_one_group_ab_n6144_k4096_31c9ef2_2026-11-27.log, cuBLAS 21.1 us): nvfp4 x nvfp4 12.5 /
+#   11.1, mxfp4 x mxfp4 12.7 / 10.9, mxfp8 x mxfp4 13.0 / 10.7, bf16 x nvfp4 13.0 / 9.5, bf16 x mxfp4 12.7 / 9.3 (fp8
+#   weights there already sum in clusters: unchanged).
+# - 4096 x 14336 (h100_mma_m16_one_group_ab_n4096_k14336_31c9ef2_2026-11-27.log, cuBLAS 44.6 us): bf16 x nvfp4 20.7 /
+#   19.3, bf16 x mxfp4 19.7 / 19.0, bf16 x mxfp8 30.7 / 25.2, mxfp8 x mxfp8 32.3 / 25.8; but fp4 / fp8 activations on
+#   fp4 weights 20.0 / 20.9 (nvfp4 x nvfp4), 20.8 / 20.8, 20.0 / 20.8 (mxfp8 x mxfp4): one row group decodes the
+#   shared B window for half the weight rows, and over 224 windows that costs more than the workspace. So those pairs
+#   take it up to MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS (K = 4096, the one K where they gained; between 4096 and 14336
+#   not timed).
+# The tuned Llama-3-70B shapes do not take it: their two-row-group split-K fills 0.97 of a wave (8192 x 28672) or
+# sums in clusters (10240 x 8192), and there one row group lost (the comment above `_mma_m16_cluster_split`).
 MMA_ONE_GROUP_FILL = 0.9
+MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS = 64
 
 
-def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, options: MmaOptions,
+def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, fp4_on_fp4: bool, options: MmaOptions,
                              device: torch.device) -> int:
     """At 8 < M <= 16 with two row groups by default: the split-K factor (<= CLUSTER_MAX_CTAS, dividing the windows)
     of programs of one row group summed in clusters, where the two-row-group split by `options` would sum in the
-    workspace on less than MMA_ONE_GROUP_FILL of a wave (`MMA_PROGRAMS_PER_SM` resident) and the clusters can run;
-    else 0."""
-    if _mma_column_groups(m) != 2 or options.row_groups != 2 or not options.cluster or n % 128:
+    workspace on less than MMA_ONE_GROUP_FILL of a wave (`MMA_PROGRAMS_PER_SM` resident) and the clusters can run
+    (fp4 / fp8 activations on fp4 weights: up to MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS windows); else 0."""
+    if (_mma_column_groups(m) != 2 or options.row_groups != 2 or not options.cluster or n % 128
+            or (fp4_on_fp4 and windows > MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS)):
         return 0
     pairs = n // 128
     split = _mma_split(windows, pairs, options.max_split, options.programs_per_sm, device)
@@ -959,7 +971,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                 slices, ahead, unroll = MMA_BF16_FP8_M16_SLICES
             options = options._replace(k_warps=slices, row_groups=row_groups, shared_b=True, ahead=ahead,
                                        unroll=options.unroll or unroll)
-        elif one_group := _mma_m16_one_group_split(k // 64, n, m, narrow, options, b.device):
+        elif one_group := _mma_m16_one_group_split(k // 64, n, m, narrow, fp4_on_fp4, options, b.device):
             options = options._replace(k_warps=1, row_groups=1, split=one_group, ahead=1)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
             fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K

@@ -194,7 +194,8 @@ def test_mma_k_warps(pair, m, gen):
 def test_mma_m16_shape_defaults(pair, gen):
     """The M = 16 defaults that depend on the shape beyond 8192^2: at 57344 x 8192 split-K by 2 summed in clusters
     on sm_90 (`api._mma_m16_cluster_split`), else 4 K slices of two row groups, and split-K with one
-    window ahead for fp8 weights from K = 16384 (`api.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead)."""
+    window ahead for fp8 weights from K = 16384 (`api.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead), and at 4096^2 one
+    row group, split 8 in clusters, one window ahead (`api._mma_m16_one_group_split`), bias and bf16 out."""
     from blockscaled.kernels import api
 
     run_and_check(pair, 16, 57344, 8192, "cuda", gen, data_layout="mma_m16k16")
@@ -203,6 +204,8 @@ def test_mma_m16_shape_defaults(pair, gen):
     run_and_check(pair, 16, 1024, 16384, "cuda", gen, data_layout="mma_m16k16")
     (row_groups, split, shared_b, ahead, k_warps, _), = mma_plan_tails(pair, 16, 1024, 16384)
     assert (row_groups, shared_b, k_warps, ahead) == (2, True, 1, int(pair[1] == "mxfp8")) and split > 1
+    run_and_check(pair, 16, 4096, 4096, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+    assert mma_plan_tails(pair, 16, 4096, 4096) == {(1, 8, True, 1, 1, False) if clusters else (2, 16 - 8 * (pair[1] == "mxfp8"), True, 0, 1, False)}
     assert backend_used(pair, 16) == "mma"
 
 

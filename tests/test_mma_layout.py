@@ -390,6 +390,38 @@ def test_uneven_split(monkeypatch):
         api._mma_options({"split": 4}, 64, 8192, False)
 
 
+def test_m16_one_group_split(monkeypatch):
+    """At 8 < M <= 16 on sm_90 (132 SMs), where two row groups would split K into the workspace on under 0.9 of a wave
+    (4096^2, 6144 x 4096, 4096 x 14336), the plan takes one row group, split 8 summed in clusters and one window
+    ahead; fp4 / fp8 activations on fp4 weights only up to K = 4096. The tuned Llama-3-70B shapes, a config with
+    row groups, and grids too small for clusters keep two row groups."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
+    bf16, nvfp4 = torch.randn(16, 256).to(torch.bfloat16), bs.quantize(torch.randn(16, 256), "nvfp4").with_data_layout("k_order")
+    mxfp8 = bs.quantize(torch.randn(16, 256), "mxfp8").with_data_layout("k_order")
+
+    def tail(x, w, n, k, config=None):  # (CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B)
+        b = bs.quantize(torch.randn(64, 256), w).with_data_layout("mma_m16k16")
+        plan = api._mma_plan(x, b, False, 16, n, k, api.mma_options_for(config, x, b, 16, n))
+        assert plan.split == plan.consts[-5]
+        return plan.consts[-7:]
+
+    one_group = (True, 1, 8, True, 1, 1, False)
+    for x, w in ((bf16, "mxfp4"), (bf16, "nvfp4"), (nvfp4, "nvfp4"), (mxfp8, "mxfp4"), (bf16, "mxfp8"), (mxfp8, "mxfp8")):
+        assert tail(x, w, 4096, 4096) == one_group, w  # two row groups: split 16 (fp8 weights 8) in the workspace
+        assert tail(x, w, 4096, 14336) == (one_group if x is bf16 or w == "mxfp8" else (False, 2, 16, True, 0, 1, False))
+        assert tail(x, w, 4096, 4096, {"row_groups": 2})[1:3] == (2, 16 if w != "mxfp8" else 8)
+        assert tail(x, w, 8192, 28672)[:3] == ((False, 2, 16) if w != "mxfp8" else (True, 2, 8))  # 0.97 of a wave
+        assert tail(x, w, 10240, 8192)[:3] == (True, 2, 8)  # already in clusters
+        assert tail(x, w, 1024, 16384)[1] == 2  # one row group: 128 programs, too few for clusters
+    assert tail(bf16, "mxfp4", 6144, 4096) == one_group
+    assert tail(bf16, "mxfp8", 6144, 4096)[:3] == (True, 2, 8)  # fp8 weights: split 8 of two groups in clusters
+    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # no clusters: the workspace plan stays
+    assert tail(bf16, "mxfp4", 4096, 4096)[:3] == (False, 2, 16)
+
+
 def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
     where their programs (4 per SM, 132 SMs) fill 0.5-1 wave or make >= 3, else 8, else split-K;
