@@ -30,9 +30,10 @@ from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noq
 
 from .providers import (  # noqa: E402
     FORMAT_PAIRS,
-    LLAMA_70B,
+    LLAMA_SHAPES,
     OURS_LAYOUT,
     Unsupported,
+    add_llama_argument,
     blockscaled_fn,
     blockscaled_mma_fn,
     blockscaled_pairs_fn,
@@ -82,7 +83,7 @@ def parse_args(argv=None):
     p.add_argument("-K", type=int, default=None)
     p.add_argument("--K_range", type=int, nargs=2, metavar=("A", "B"))
     p.add_argument("--K_step", type=int, default=512)
-    p.add_argument("--llama", action="store_true", help="Llama-3-70B linear shapes (N, K)")
+    add_llama_argument(p)
     p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
@@ -100,7 +101,7 @@ def parse_args(argv=None):
 def shapes(args, on_gpu):
     ms = args.M or ([1, 16, 128] if on_gpu else [1, 33])
     if args.llama:
-        nks = LLAMA_70B
+        nks = LLAMA_SHAPES[args.llama]
     elif args.K_range:
         nks = [(args.N or 8192, k) for k in range(args.K_range[0], args.K_range[1] + 1, args.K_step)]
     else:

@@ -21,6 +21,16 @@ FORMAT_PAIRS = {
 
 # Llama-3-70B linear layers (N, K), and the square 8192 reference shape
 LLAMA_70B = [(10240, 8192), (57344, 8192), (8192, 28672), (8192, 8192)]
+# Llama-3-8B's: fused q / k / v, the attention output, fused gate / up, down
+LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+# `--llama [70b | 8b]` of the bench commands
+LLAMA_SHAPES = {"70b": LLAMA_70B, "8b": LLAMA_8B}
+
+
+def add_llama_argument(parser, extra: str = ""):
+    """`--llama` (the Llama-3-70B shapes) or `--llama 8b` (Llama-3-8B's) on a bench command's parser."""
+    parser.add_argument("--llama", nargs="?", const="70b", choices=sorted(LLAMA_SHAPES),
+                        help=f"the four Llama-3 linear shapes (N, K) of 70b (the default) or 8b{extra}")
 
 
 def operand_bytes(fmt_name: str, rows: int, k: int) -> float:

@@ -19,7 +19,7 @@ from tritonbench.utils.triton_op import BenchmarkOperator, register_benchmark, r
 
 import blockscaled as bs
 from blockscaled.layouts import mma
-from bench.providers import FORMAT_PAIRS, LLAMA_70B, OURS_LAYOUT, operand_bytes, quantize_pair
+from bench.providers import FORMAT_PAIRS, LLAMA_SHAPES, OURS_LAYOUT, add_llama_argument, operand_bytes, quantize_pair
 
 PAIRS = {bs.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
 
@@ -30,7 +30,7 @@ def parse_extra(args):
     p.add_argument("-M", type=int, nargs="+", default=[1, 16, 64, 4096])
     p.add_argument("--n", type=int, default=8192)
     p.add_argument("--k", type=int, default=8192)
-    p.add_argument("--llama", action="store_true", help="Llama-3-70B (N, K) shapes")
+    add_llama_argument(p)
     return p.parse_args(args or [])
 
 
@@ -46,7 +46,7 @@ class Operator(BenchmarkOperator):
         # TritonBench's input_cast walks the inputs and accepts tensors and plain values
         # only, so inputs are the float tensors; the providers quantize them (untimed).
         pairs = list(PAIRS) if self.opts.pair == "all" else [self.opts.pair]
-        nks = LLAMA_70B if self.opts.llama else [(self.opts.n, self.opts.k)]
+        nks = LLAMA_SHAPES[self.opts.llama] if self.opts.llama else [(self.opts.n, self.opts.k)]
         for i, (pair_name, (n, k), m) in enumerate((p, nk, m) for p in pairs for nk in nks for m in self.opts.M):
             gen = torch.Generator(device=self.device).manual_seed(i)
             x = torch.randn(m, k, device=self.device, generator=gen)

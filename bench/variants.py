@@ -33,7 +33,7 @@ import blockscaled as bs  # noqa: E402
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
 
 from .__main__ import cold_copies, ours_bytes, precompile, time_ms  # noqa: E402
-from .providers import FORMAT_PAIRS, LLAMA_70B, cublas_bf16_fn, make_operands  # noqa: E402
+from .providers import FORMAT_PAIRS, LLAMA_SHAPES, add_llama_argument, cublas_bf16_fn, make_operands  # noqa: E402
 
 FP32_BOUND = 1e-5
 
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("-M", type=int, nargs="+", default=None, help="rows of A (default: 1 16 on GPU, 3 on CPU)")
     p.add_argument("-N", type=int, default=None, help="default: 8192 on GPU, 32 on CPU")
     p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
-    p.add_argument("--llama", action="store_true", help="the four Llama-3-70B (N, K) shapes instead of -N/-K (GPU only)")
+    add_llama_argument(p, " instead of -N/-K (GPU only)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
     p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order", "mma_m16k16"],
                    help="layout of fp4 weights (fp8 weights are always k_order)")
@@ -76,11 +76,11 @@ def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):
 
 
 def variant_shapes(args, on_gpu):
-    """The (N, K) shapes to run: the Llama-3-70B ones with --llama, else -N/-K or the defaults."""
+    """The (N, K) shapes to run: the Llama-3 ones with --llama, else -N/-K or the defaults."""
     if args.llama:
         if not on_gpu:
             raise SystemExit("--llama: the Llama shapes are for timing and need a GPU; on a CPU use small -N/-K")
-        return LLAMA_70B
+        return LLAMA_SHAPES[args.llama]
     return [(args.N or (8192 if on_gpu else 32), args.K or (8192 if on_gpu else 256))]
 
 

@@ -11,7 +11,7 @@ import torch
 import blockscaled as bs
 from bench import __main__ as cli
 from bench import tritonbench as tb_runner
-from bench.providers import FORMAT_PAIRS, LLAMA_70B, operand_bytes
+from bench.providers import FORMAT_PAIRS, LLAMA_8B, LLAMA_70B, operand_bytes
 from blockscaled.kernels.api import MMA_PAIRS, MMA_PROGRAMS_PER_SM
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the read kernels: Triton on the GPU, its interpreter on a CPU
@@ -32,7 +32,12 @@ def test_shapes_from_arguments():
     args = cli.parse_args(["--K_range", "256", "1024", "--K_step", "256", "-M", "1", "4", "-N", "512"])
     assert cli.shapes(args, on_gpu=True) == [(m, 512, k) for k in (256, 512, 768, 1024) for m in (1, 4)]
     args = cli.parse_args(["--llama", "-M", "16"])
-    assert (16, 57344, 8192) in cli.shapes(args, on_gpu=True)
+    assert cli.shapes(args, on_gpu=True) == [(16, n, k) for n, k in LLAMA_70B]
+    args = cli.parse_args(["--llama", "8b", "-M", "1", "16"])
+    assert cli.shapes(args, on_gpu=True) == [(m, n, k) for n, k in LLAMA_8B for m in (1, 16)]
+    assert (4096, 14336) in LLAMA_8B and (57344, 8192) in LLAMA_70B
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--llama", "7b"])
 
 
 def test_cli_validates_on_cpu_and_records_nothing(capsys):
@@ -196,6 +201,7 @@ def test_variants_shapes():
     from bench import variants
 
     assert variants.variant_shapes(variants.parse_args(["--llama"]), on_gpu=True) == LLAMA_70B
+    assert variants.variant_shapes(variants.parse_args(["--llama", "8b"]), on_gpu=True) == LLAMA_8B
     assert variants.variant_shapes(variants.parse_args(["-N", "64", "-K", "128"]), on_gpu=True) == [(64, 128)]
     assert variants.variant_shapes(variants.parse_args([]), on_gpu=False) == [(32, 256)]
     with pytest.raises(SystemExit, match="--llama: .* need a GPU"):
@@ -554,6 +560,18 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     fn = op.blockscaled(*inputs[0])
     fn._name = "blockscaled"  # how TritonBench names the callable it passes to metrics
     assert op.gbps(fn, inputs[0], metrics) == pytest.approx((3 * 64 * 8.25 / 8 + 32 * 64 * 4.25 / 8 + 2 * 3 * 32) / 1e6)
+
+
+def test_operator_takes_the_llama_shapes(fake_tritonbench, monkeypatch):
+    """`--llama` runs the Llama-3-70B shapes, `--llama 8b` Llama-3-8B's (small stand-ins here: the inputs are made)."""
+    module = tb_runner.load_operator_module()
+    args = types.SimpleNamespace(device="cpu")
+    assert module.LLAMA_SHAPES == {"70b": LLAMA_70B, "8b": LLAMA_8B}
+    monkeypatch.setitem(module.LLAMA_SHAPES, "70b", [(32, 64)])
+    monkeypatch.setitem(module.LLAMA_SHAPES, "8b", [(16, 128), (48, 64)])
+    for extra, shapes in ((["--llama"], [(32, 64)]), (["--llama", "8b"], [(16, 128), (48, 64)]), ([], [(24, 96)])):
+        op = module.Operator(args, ["--pair", "bf16xmxfp4", "-M", "1", "--n", "24", "--k", "96", *extra])
+        assert [op.get_x_val(x)[2:] for x in op.get_input_iter()] == shapes
 
 
 def test_operator_loader_is_patched(fake_tritonbench):
