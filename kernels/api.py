@@ -941,7 +941,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
     the options give one, its unroll;
-    split-K where it gives none, one window ahead for fp8 weights at 8 < M <= 16 from K = MMA_FP8_M16_AHEAD_K),
+    split-K where it gives none: of one row group in clusters with one window ahead where
+    `_mma_m16_one_group_split` says so, else one window ahead for fp8 weights at 8 < M <= 16 from K =
+    MMA_FP8_M16_AHEAD_K),
     else from `_mma_k_warps`. Above M = MMA_WARP_M fp4 weights take two
     windows per K-loop iteration from K = MMA_M64_UNROLL_K, unless the options give "unroll", and above M =
     MMA_TILE_128_MAX_M no split once the programs fill MMA_M64_UNSPLIT_WAVES of a wave. Where they
