@@ -903,7 +903,7 @@ def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, fp4_on_
     of programs of one row group summed in clusters, where the two-row-group split by `options` would sum in the
     workspace on less than MMA_ONE_GROUP_FILL of a wave (`MMA_PROGRAMS_PER_SM` resident) and the clusters can run
     (fp4 / fp8 activations on fp4 weights: up to MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS windows); else 0."""
-    if (_mma_column_groups(m) != 2 or options.row_groups != 2 or not options.cluster or n % 128
+    if (_mma_column_groups(m) != 2 or options.row_groups != 2 or not options.cluster  # (two row groups: N % 128 == 0)
             or (fp4_on_fp4 and windows > MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS)):
         return 0
     pairs = n // 128
