@@ -14,7 +14,8 @@ from blockscaled.qtensor import QTensor
 
 from . import configs
 from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
-                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes)
+                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
+                     staged_b_chunks)
 from .launch import DirectLaunch
 
 # (a, b) format names -> pair name used in results and configs.
@@ -930,8 +931,7 @@ def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
     steps = k // 64 // k_warps
-    return (k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and (m * steps) % 8 == 0
-            and m * steps // 8 in MMA_STAGED_B_STORE_PTX)
+    return k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and staged_b_chunks(m, steps) in MMA_STAGED_B_STORE_PTX
 
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:

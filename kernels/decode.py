@@ -381,10 +381,19 @@ def staged_b_bytes(m: int, k: int) -> int:
     return m * staged_b_row_bytes(k)
 
 
-def staged_b_chunk(lane, j: int, first, steps: int):
+def staged_b_chunks(m: int, steps: int) -> int:
+    """16-K chunks that each lane of a warp stages: the warp's M x 4 steps over its 32 lanes, rounded up."""
+    return -(-m * steps // 8)
+
+
+def staged_b_chunk(lane, j: int, first, steps: int, m: int):
     """(activation row, 16-K chunk of the row) that `lane` of a warp stages as its j-th: of the
-    warp's M x 4 steps chunks from window `first` on, lane l takes l, l + 32, ... (ints or tensors)."""
+    warp's M x 4 steps chunks from window `first` on, lane l takes l, l + 32, ... (ints or tensors);
+    where they do not fill the lanes' last round, lanes past the end start over (the same bytes,
+    stored twice)."""
     chunk = j * 32 + lane
+    if (m * steps) % 8:
+        chunk = chunk % (4 * m * steps)
     return chunk // (4 * steps), first * 4 + chunk % (4 * steps)
 
 
@@ -412,7 +421,7 @@ def _staged_b_store(chunks: int, early: int) -> str:
     return "{ .reg .b32 a, x; .reg .pred p; " + stores + f"bar.warp.sync -1; mov.b32 $0, ${base}; }}"
 
 
-# by 16-element chunks per lane (M x steps / 8: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps), waiting for
+# by 16-element chunks per lane (`staged_b_chunks`: at most 16 within MMA_STAGED_B_MAX_BYTES with 2 warps), waiting for
 # the first window's 4 weight words and its factor word (`mma_gemv.staged_b`)
 MMA_STAGED_B_STORE_PTX = {c: _staged_b_store(c, 5) for c in range(1, 17)}
 # Outputs $0 .. $7: a lane's 8 B registers of a window (step s: $2s, $2s + 1), input: their shared address

@@ -79,7 +79,7 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
-                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_offset)
+                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -269,8 +269,8 @@ def staged_b(x64, xs, lane, first, steps, threads, M, K, ACT_ELEM, ACT_SCALE, BL
     (and ignores) `early`, the first window's `a_words`, loaded before the staging."""
     buffer = shared_buffer(staged_b_bytes(M, K), threads)
     regs, offsets = [], []
-    for j in range(M * steps // 8):
-        row, k16 = staged_b_chunk(lane, j, first, steps)
+    for j in range(staged_b_chunks(M, steps)):
+        row, k16 = staged_b_chunk(lane, j, first, steps, M)
         regs += list(b_registers(b_words(x64, xs, row, k16 >> 2, k16 & 3, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT), ACT_ELEM,
                                  ACT_SCALE))
         offsets.append(staged_b_offset(row, k16, K))
