@@ -250,10 +250,10 @@ def test_mma_uneven_split(pair, m, gen):
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_mma_staged_b(pair, m, gen):
     """fp4 / fp8 activations staged in shared memory (each warp decodes its K range once): 1 to 16
-    chunks of 16 K per lane, 2 to 16 warps, one and two row groups, the largest buffer (M = 1,
+    chunks of 16 K per lane (M x steps not a multiple of 8 too: the lanes start over), 2 to 16 warps, one and two row groups, the largest buffer (M = 1,
     K = 16384), bias and bf16 / fp16 out, swizzled scales; the default at M = 1 (8192^2) stages."""
-    shapes = {1: [(2048, 8192, 16, 1), (256, 16384, 2, 2), (256, 1024, 2, 1)],
-              3: [(2048, 2048, 4, 1), (256, 4096, 2, 2)], 8: [(1024, 1024, 2, 2), (2048, 1536, 4, 1), (256, 1536, 2, 1)]}
+    shapes = {1: [(2048, 8192, 16, 1), (256, 16384, 2, 2), (256, 1024, 2, 1), (2048, 4096, 16, 1)],
+              3: [(2048, 2048, 4, 1), (256, 4096, 2, 2), (256, 2048, 8, 1)], 8: [(1024, 1024, 2, 2), (2048, 1536, 4, 1), (256, 1536, 2, 1)]}
     for n, k, k_warps, row_groups in shapes[m]:
         config = {"stage_b": True, "k_warps": k_warps, "row_groups": row_groups, "shared_b": False}
         run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
