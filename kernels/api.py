@@ -533,6 +533,14 @@ MMA_FP8_M16_AHEAD_K = 16384
 # default against 2.14-3.10x; staged once per warp they take it: `_mma_stage_b`) and M = 16 (B read
 # once per warp: 0.88-3.04x against 2.12-3.11x, h100_mma_k_warps_m16_2026-11-23.log).
 MMA_K_WARPS = (16, 8)
+# Up to K = 4096 (64 windows) 16 warps from 0.45 of a wave: at 4096^2 (256 programs, 0.48 of a wave) they
+# beat split-K (H100, M = 1, split-K / 16 warps, bench/results/h100_mma_staged_wrap_m1_llama8b_be87657_2026-11-27.log):
+# bf16 x nvfp4 6.3 / 4.5 us, bf16 x mxfp4 5.8 / 4.5, bf16 x mxfp8 9.4 / 8.4; staged (`_mma_stage_b`) nvfp4 x nvfp4
+# 6.1-6.7 / 5.5, mxfp8 x mxfp8 10.4-10.6 / 8.1. At 4096 x 14336 (0.48 too) they do not: bf16 x nvfp4 15.2 /
+# 15.3, bf16 x mxfp4 14.7 / 14.7, bf16 x mxfp8 23.6 / 24.6; staged nvfp4 x nvfp4 15.1 / 16.1, mxfp8 x mxfp4
+# 14.7 / 15.6, mxfp8 x mxfp8 23.6 / 23.4.
+MMA_K_WARPS_SHORT_WINDOWS = 64
+MMA_K_WARPS_SHORT_MIN_WAVES = 0.45
 # K slices with shared B at 8 < M <= 16 (K_WARPS slices of 4 warps, `_mma_k_slices`) for bf16
 # activations and fp8 weights: no split-K epilogue, whose atomics grow with the split (16 at
 # 57344 x 8192). H100, M = 16, x cuBLAS bf16, split-K default / 8 slices of one row group / 4
@@ -828,10 +836,12 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
 
 def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
     """K_WARPS by `MMA_K_WARPS`: the first that divides the windows and whose `programs` (64 // k_warps
-    resident per SM: <= 32 registers, `tests/test_bench.py`) fill 0.5 to 1 wave or make >= 3; else 1."""
+    resident per SM: <= 32 registers, `tests/test_bench.py`) fill 0.5 (up to MMA_K_WARPS_SHORT_WINDOWS
+    windows: MMA_K_WARPS_SHORT_MIN_WAVES) to 1 wave or make >= 3; else 1."""
+    least = MMA_K_WARPS_SHORT_MIN_WAVES if windows <= MMA_K_WARPS_SHORT_WINDOWS else 0.5
     for k_warps in MMA_K_WARPS:
         waves = programs / (64 // k_warps * _sm_count(device))
-        if windows % k_warps == 0 and (0.5 <= waves <= 1 or waves >= 3):
+        if windows % k_warps == 0 and (least <= waves <= 1 or waves >= 3):
             return k_warps
     return 1
 
@@ -929,7 +939,7 @@ def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, fp4_on_
 # 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
-    16-element chunks that the lanes of a warp share evenly (M x steps / 8 each, at most 16)."""
+    at most 16 16-element chunks a lane (`staged_b_chunks`: M x steps / 8, rounded up)."""
     steps = k // 64 // k_warps
     return k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and staged_b_chunks(m, steps) in MMA_STAGED_B_STORE_PTX
 
@@ -958,7 +968,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                                            max_split=1, programs_per_sm=0) if staged else {}))
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
-                         f"a multiple of 8 (at most 128), got M = {m}, K = {k}, k_warps {options.k_warps}")
+                         f"from 1 to 128 (a warp's 16-K chunks over 32 lanes, at most 16 each), got M = {m}, K = {k}, k_warps {options.k_warps}")
     if not options.k_warps and m > 1:  # 1 < M <= 16: K slices or split-K
         slices = _mma_k_slices(k // 64, n, b.device, _mma_column_groups(m) == 2)
         narrow = isinstance(a, QTensor)

@@ -424,17 +424,21 @@ def test_m16_one_group_split(monkeypatch):
 
 def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
-    where their programs (4 per SM, 132 SMs) fill 0.5-1 wave or make >= 3, else 8, else split-K;
+    where their programs (4 per SM, 132 SMs) fill 0.5-1 wave (up to K = 4096: 0.45-1) or make >= 3, else 8,
+    else split-K;
     given, it excludes max_split, must divide the windows and, with shared B (K slices of 4 warps),
     is at most 8."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
-    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (1024, 1984)]
-    # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61
+    shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (1024, 1984), (4096, 4096),
+              (4096, 14336), (3840, 4096), (3776, 4096)]
+    # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61;
+    # N = 4096 (256 programs, 0.48 of a wave) at K = 4096 only, 3840 (0.45) too, 3776 (0.447) not
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
-        (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1}
+        (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
+        (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
     assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True)  # shared B: 8 slices
     assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True)
     assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False)
@@ -555,15 +559,17 @@ def test_fp8_m16_ahead_options(monkeypatch):
 
 def test_stage_b_options(monkeypatch):
     """Staged B: by default for fp4 / fp8 activations at M = 1 (132 SMs) with `_mma_k_warps`'s warps,
-    one row group and no shared B, where M x (2 K + 16) <= 32 KB + 16 and the warps' K ranges split
-    evenly over their lanes (else the split-K default, as before); given, it needs fp4 / fp8
+    one row group and no shared B, where M x (2 K + 16) <= 32 KB + 16 and a lane stages at most 16
+    chunks of 16 K (else the split-K default, as before); given, it needs fp4 / fp8
     activations at M <= 8, k_warps > 1 and no shared B, and a plan it fits."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    # (N, K): (k_warps, staged); 8192 x 28672: 57 KB; 1024 x 8192: 64 programs, split-K; K = 16384: the largest
+    # (N, K): (k_warps, staged); 8192 x 28672: 57 KB; 1024 x 8192: 64 programs, split-K; K = 16384: the largest;
+    # K = 4096: 4 windows per warp, lanes 16-31 stage chunks 0-15 again; 4096 x 14336: 0.48 of a wave, split-K
     expected = {(8192, 8192): (16, True), (10240, 8192): (8, True), (57344, 8192): (16, True), (8192, 28672): (1, False),
-                (1024, 8192): (1, False), (8192, 16384): (16, True), (8192, 1024): (1, False)}  # K = 1024: 1 window per warp
+                (1024, 8192): (1, False), (8192, 16384): (16, True), (8192, 1024): (16, True), (4096, 4096): (16, True),
+                (6144, 4096): (16, True), (28672, 4096): (16, True), (4096, 14336): (1, False)}
     for (n, k), want in expected.items():
         b = bs.quantize(torch.randn(64, k), "nvfp4").with_data_layout("mma_m16k16")
         options = api._mma_options(None, 1, n, True)
