@@ -68,6 +68,7 @@ def planned_as_h100():
 
     replaced = [(configs, "arch_key", lambda device: "sm90"), (api, "_sm_count", lambda device: H100_SMS),
                 (api, "_ptx_decodes", lambda device: True), (api, "_has_wgmma", lambda device: True),
+                (api, "_has_pdl", lambda device: True),
                 (helion._compat, "_supports_maxnreg", lambda: True),
                 (spec, "_regs_per_block", lambda: H100_REGS_PER_SM)]
     with contextlib.ExitStack() as restore:

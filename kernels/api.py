@@ -294,11 +294,12 @@ def scaled_mm(
 _LAUNCHES: dict[tuple, object] = {}
 
 
-def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1):
+def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: bool = False):
     """The compiled launcher of one cache key; on CUDA it launches through `DirectLaunch`
-    after its first call (Triton's per-call argument binding skipped; in clusters of `cluster` CTAs)."""
+    after its first call (Triton's per-call argument binding skipped; in clusters of `cluster` CTAs; with `pdl`
+    as a programmatic dependent launch)."""
     launch = kernel.bind(args).compile_config(cfg)
-    return functools.partial(launch, _launcher=DirectLaunch(cluster)) if device.type == "cuda" else launch
+    return functools.partial(launch, _launcher=DirectLaunch(cluster, pdl)) if device.type == "cuda" else launch
 
 
 class SplitKPlan(NamedTuple):
@@ -357,6 +358,11 @@ def _table_entry(backend, pair, m, k, device, config):
 def _ptx_decodes(device: torch.device) -> bool:
     """Whether kernels decode with inline PTX there (NVIDIA GPUs; not the CPU interpreter, not AMD)."""
     return device.type == "cuda" and torch.version.hip is None
+
+
+def _has_pdl(device: torch.device) -> bool:
+    """Whether the device runs programmatic dependent launch (`griddepcontrol`: sm_90 and later)."""
+    return _ptx_decodes(device) and _capability(device) >= (9, 0)
 
 
 def _has_wgmma(device: torch.device) -> bool:
@@ -647,6 +653,14 @@ MMA_GEMV_CLUSTER = True
 # mxfp8 x mxfp4 and mxfp8 x mxfp8 after the B exchange's fence (sm_90 `early` 1-2 -> 0 at M = 64, 8192^2), the
 # schedule that cost mxfp8 x mxfp4 18% at 4053425 (tests/test_bench.py), and those pairs were not timed with hints.
 MMA_EVICT = True
+# Programmatic dependent launch (`launch.DirectLaunch` with `pdl`, sm_90+): the mma kernels read %tid.x after
+# `griddepcontrol.wait` and touch no memory before it, and let the next kernel launch after their K loop
+# (`mma_gemv.launch_dependents`). Launched so, a call may start its CTAs while the kernel before it in the stream (or
+# CUDA graph) finishes, as SMs come free, and waits for that kernel's results before its first load; after a kernel
+# that does not trigger early (most torch kernels) it starts when that one ends, as without. Measured: see
+# bench/DECODE_NOTES.md, "Programmatic dependent launch".
+MMA_PDL = True
+MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`)
 
 
 def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
@@ -693,6 +707,7 @@ class MmaOptions(NamedTuple):
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
+    pdl: bool  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -718,7 +733,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
-    evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`).
+    evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`) and
+    "pdl": bool (default `MMA_PDL`: programmatic dependent launch where the device has it; any M).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -728,11 +744,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist"}
+            "cluster", "evict", "hoist", "pdl"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict' and 'hoist', or None, got "
-                         f"{config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'pdl', or "
+                         f"None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -770,7 +786,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
     evict = config.get("evict", MMA_EVICT and not wide_m)
     hoist = config.get("hoist", evict is True and _mma_hoist(m, narrow, fp8_weights))
-    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist)):
+    pdl = config.get("pdl", MMA_PDL)
+    for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist),
+                        ("pdl", pdl)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
     if hoist and not evict:
@@ -798,7 +816,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1015,13 +1033,13 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # EVICT after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
+    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
     # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
     tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              2 if options.hoist else int(options.evict), _mma_column_groups(m), *tail)
+              2 if options.hoist else int(options.evict), options.pdl and _has_pdl(b.device), _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
@@ -1058,6 +1076,11 @@ def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.devi
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
     sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
     return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
+
+
+def _mma_pdl(plan: SplitKPlan) -> bool:
+    """Whether an mma plan's kernel waits for the grid before it (its PDL) and so launches with PDL."""
+    return plan.consts[MMA_PDL_CONST]
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:
@@ -1106,7 +1129,7 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     args = _mma_args(plan, operands, out)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
-                                                              _mma_cluster_size(plan)))
+                                                              _mma_cluster_size(plan), _mma_pdl(plan)))
         direct = _direct_launch(plan)
     plan.launch(*args)
     if direct is not None:

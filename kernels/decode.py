@@ -689,6 +689,15 @@ CLUSTER_ARRIVE_PTX = "barrier.cluster.arrive.relaxed.aligned; mov.u32 $0, %clust
 # The other CTAs' arrivals at `CLUSTER_ARRIVE_PTX` (where no `MMA_CLUSTER_SUM_PTX` follows); output $0: 0
 CLUSTER_WAIT_PTX = "barrier.cluster.wait.aligned; mov.u32 $0, 0;"
 
+# Programmatic dependent launch (sm_90+; `launch.DirectLaunch` with `pdl`): a kernel launched with the programmatic
+# stream serialization attribute may start while the kernel before it in the stream still runs, once every CTA of that
+# one has executed `griddepcontrol.launch_dependents` (or exited); `griddepcontrol.wait` then blocks until that
+# kernel has completed and its memory is visible. Without the attribute both are no-ops. Output $0: %tid.x read after
+# the wait, so every address made from it (every load and store of the mma kernels) comes after it.
+GRID_DEPENDENCY_WAIT_PTX = "griddepcontrol.wait; mov.u32 $0, %tid.x;"
+# Output $0 = input $1 (an accumulator, so it comes after the K loop that made it)
+LAUNCH_DEPENDENTS_PTX = "griddepcontrol.launch_dependents; mov.b32 $0, $1;"
+
 
 def cluster_sum_bytes(values: int, split: int, threads: int = 256) -> int:
     """Shared memory of `MMA_CLUSTER_SUM_PTX[values, split]`: a slot per other CTA of the values this one owns."""

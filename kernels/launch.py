@@ -32,10 +32,14 @@ class DirectLaunch:
     address is device memory: the caller's tensors must be on the GPU (`scaled_mm` checks). With
     `cluster` > 1 the direct launches run consecutive programs of the grid's first dimension (a multiple
     of `cluster`) as thread-block clusters of that many CTAs; Triton's launches run without clusters, so
-    such a kernel must be correct both ways."""
+    such a kernel must be correct both ways. With `pdl` the direct launches are programmatic dependent launches
+    (the programmatic stream serialization attribute): the kernel may start before the one ahead of it in the stream
+    has finished, so it must execute `griddepcontrol.wait` before touching memory that kernel may write (the mma
+    kernels' PDL); Triton's launches run without the attribute, where that wait returns at once."""
 
-    def __init__(self, cluster: int = 1):
+    def __init__(self, cluster: int = 1, pdl: bool = False):
         self.cluster = cluster
+        self.pdl = pdl
         self.kernel = None
         self.device = None
         self.aligned = None
@@ -59,7 +63,11 @@ class DirectLaunch:
                 self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
                 self.triton_kernel = triton_kernel
                 num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
-                self.launcher = kernel.run, kernel.function, (num_warps, self.cluster, shared)
+                run = kernel.run  # Triton's CudaLauncher: its C `launch` takes the PDL flag per call
+                if run.global_scratch_size or run.profile_scratch_size:  # scratch the direct launch would not allocate
+                    self.kernel = None
+                    return kernel
+                self.launcher = run.launch, kernel.function, (num_warps, self.cluster, shared), run.launch_cooperative_grid
             return kernel
         self._run(grid, values)
         self.last = grid, tuple(map(id, args)), values
@@ -72,9 +80,11 @@ class DirectLaunch:
                 and _no_launch_hooks() and driver.active.get_current_device() == self.device)
 
     def _run(self, grid, values):
-        run, function, metadata = self.launcher
-        run(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
-            function, metadata, None, None, None, *values)
+        launch, function, metadata, cooperative = self.launcher
+        # the C launcher's arguments: grid, stream, function, cooperative, PDL, global and profile scratch (none), packed
+        # metadata, launch metadata and hooks (none), then the kernel's
+        launch(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
+               function, cooperative, int(self.pdl), None, None, metadata, None, None, None, *values)
 
     def bind(self, tensors) -> None:
         """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the

@@ -58,6 +58,10 @@ activation's to keep theirs (`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 c
 M = 16 1.2% slower (686f17d). EVICT 2 (`api._mma_hoist`) makes those loads inline PTX whose cache policies are made
 once, before the K loop (`hinted_loads`).
 
+With PDL (`api.MMA_PDL`, sm_90+) both kernels read %tid.x after `griddepcontrol.wait` and touch no memory before it,
+and after the K loop let the next kernel of the stream launch (`launch_dependents`): launched as programmatic dependent
+launches (`launch.DirectLaunch`), consecutive calls overlap one's tail with the next one's start.
+
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
 shared. H100 (5edc44b), x cuBLAS bf16: M = 1 1.74x-1.99x, M = 16 1.53x-1.81x.
@@ -74,8 +78,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX,
-                     MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, GRID_DEPENDENCY_WAIT_PTX,
+                     LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
@@ -128,11 +132,22 @@ def program_row_warps(K_WARPS, SHARED_B):
     return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
-def thread_ids(threads=128):
-    """%tid.x of each thread, as a [threads] tensor holding one value per thread."""
+def thread_ids(threads=128, PDL=False):
+    """%tid.x of each thread, as a [threads] tensor holding one value per thread; with PDL read after
+    `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`), before which the kernel touches no memory."""
     return hl.inline_asm_elementwise(
-        "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
+        GRID_DEPENDENCY_WAIT_PTX if PDL else "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)],
+        dtype=torch.int32, is_pure=not PDL, pack=1
     )
+
+
+def launch_dependents(value, PDL):
+    """`value` after `griddepcontrol.launch_dependents` (with PDL; `decode.LAUNCH_DEPENDENTS_PTX`): called on an
+    accumulator after the K loop, it lets the next kernel of the stream launched with PDL start its CTAs as this one's
+    finish, up to its own `griddepcontrol.wait`."""
+    if not PDL:
+        return value
+    return hl.inline_asm_elementwise(LAUNCH_DEPENDENTS_PTX, "=r,r", [value], dtype=torch.float32, is_pure=False, pack=1)
 
 
 def zero_sums(threads=128, count=4):
@@ -394,6 +409,7 @@ def mma_gemv_kernel(
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
+    PDL: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     CLUSTER: hl.constexpr,
     ROW_GROUPS: hl.constexpr,
@@ -430,7 +446,7 @@ def mma_gemv_kernel(
         pid = program.begin
         tile_p = pid // SPLIT if CLUSTER else pid % rows
         part = pid % SPLIT if CLUSTER else pid // rows
-        tid = thread_ids(threads)
+        tid = thread_ids(threads, PDL)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
@@ -506,6 +522,7 @@ def mma_gemv_kernel(
                 c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
                 if COL_GROUPS == 2:
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
+        a0 = launch_dependents(a0, PDL)
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
@@ -709,6 +726,7 @@ def mma_m64_kernel(
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
+    PDL: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
@@ -746,7 +764,7 @@ def mma_m64_kernel(
         part = pid % SPLIT if CLUSTER else pid // (rows * tiles_m)
         tile = pid // SPLIT if CLUSTER else pid % (rows * tiles_m)
         tile_p, tile_m = tile % rows, tile // rows
-        tid = thread_ids(256)
+        tid = thread_ids(256, PDL)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
@@ -833,6 +851,7 @@ def mma_m64_kernel(
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9
                 u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = v0, v1, v2, v3, v4, v5, v6, v7, v8, v9
                 v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
+        s00 = launch_dependents(s00, PDL)
         scale = post[0] * x_post[0]
         first_sums = ((s00, s01, s02, s03), (s10, s11, s12, s13), (s20, s21, s22, s23), (s30, s31, s32, s33),
                       (s40, s41, s42, s43), (s50, s51, s52, s53), (s60, s61, s62, s63), (s70, s71, s72, s73))

@@ -310,6 +310,35 @@ def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
     assert (tmp_path / "w4a16_nvfp4_0.sass").read_text().count("ATOMG.E.ADD.F32") == 16
 
 
+# (format, M, N, K): default plans of each kind. M = 1: staged B (nvfp4) and K warps (bf16 activations); M = 16: K
+# slices (8192^2) and split-K in clusters with the workspace path beside them (10240 x 8192); M = 64: mma_m64_kernel,
+# split-K in the workspace (8192^2) and in clusters (10240 x 8192)
+PDL_PLANS = [("nvfp4", 1, 8192, 8192), ("w4a16-nvfp4", 1, 8192, 8192), ("mxfp8", 16, 8192, 8192),
+             ("nvfp4", 16, 10240, 8192), ("w4a16-mxfp4", 64, 8192, 8192), ("mixed", 64, 10240, 8192)]
+
+
+@pytest.mark.parametrize("fmt, m, n, k", PDL_PLANS)
+def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k):
+    """With PDL (the default) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
+    `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
+    workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
+    last mma of the K loop; with "pdl" False neither is there."""
+    from bench import sass
+
+    argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", str(n), "-K", str(k), "--variants",
+            '[{}, {"pdl": false}]', "--keep", str(tmp_path)]
+    assert sass.main(argv) == 0
+    capfd.readouterr()
+    name = fmt.replace("-", "_")
+    ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_0.sass").read_text())]
+    memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM")]
+    mma = [i for i, op in enumerate(ops) if op.startswith(("HMMA", "HGMMA"))]
+    assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, (fmt, m, n, k)
+    assert memory and ops.index("ACQBULK") < memory[0], (fmt, m, n, k, ops[:memory[0] + 1])
+    assert mma and ops.index("PREEXIT") > mma[-1], (fmt, m, n, k)
+    plain = [op for op, _ in sass.instructions((tmp_path / f"{name}_1.sass").read_text())]
+    assert "ACQBULK" not in plain and "PREEXIT" not in plain
+
 def mma_formats(narrow):
     """The bench formats the mma kernels run with fp4 / fp8 (`narrow`) or bf16 activations."""
     return [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]

@@ -325,9 +325,10 @@ def mocked_launches(monkeypatch):
     from blockscaled.kernels import launch
 
     class Compiled(CompiledKernel):
-        def __init__(self):  # what _init_handles would have loaded
+        def __init__(self):  # what _init_handles would have loaded; the CudaLauncher's C launch appends its arguments
             self.module, self.function, self.packed_metadata = "module", "function", (4, 1, 1028)
-            self._run = lambda *a: runs.append(a)
+            self._run = types.SimpleNamespace(launch=lambda *a: runs.append(a), global_scratch_size=0,
+                                              profile_scratch_size=0, launch_cooperative_grid=False)
 
     runs, jit_calls, current = [], [], {"device": 0}
     compiled = Compiled()
@@ -347,7 +348,8 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     with the same arguments (tensors as their addresses) on the current stream; another alignment,
     a launch hook, Helion launch options or another device go back to the JIT path. With `cluster` the
     direct launches ask the launcher for clusters of that many CTAs (its packed metadata's num_ctas) over
-    grid[0] / cluster."""
+    grid[0] / cluster, with `pdl` for programmatic dependent launches; a kernel with global scratch stays on the JIT
+    path."""
     import types
 
     from triton import knobs
@@ -362,7 +364,7 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     assert len(jit_calls) == 1 and runs == []
     assert direct(kernel, (4, 2), y, x, 5, num_warps=4, num_stages=1) is compiled
     # tensors as their addresses (Triton's launcher would look each one up with cuPointerGetAttribute)
-    assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", (4, 1, 1028), None, None, None, y.data_ptr(),
+    assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", False, 0, None, None, (4, 1, 1028), None, None, None, y.data_ptr(),
                                              x.data_ptr(), 5)]
     direct(kernel, (4,), x[1:], y, 3, num_warps=4, num_stages=1)  # x + 4 bytes: another specialization
     direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1, ptx_options="-v")
@@ -376,7 +378,7 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     assert len(jit_calls) == 5 and len(runs) == 1
     current["device"] = 0
     direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
-    assert len(jit_calls) == 5 and runs[-1] == (4, 1, 1, 100, "function", (4, 1, 1028), None, None, None, x.data_ptr(),
+    assert len(jit_calls) == 5 and runs[-1] == (4, 1, 1, 100, "function", False, 0, None, None, (4, 1, 1028), None, None, None, x.data_ptr(),
                                                 y.data_ptr(), 3)
     # a kernel whose launcher does not take every parameter positionally never goes direct
     other = launch.DirectLaunch()
@@ -387,8 +389,19 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     clustered = launch.DirectLaunch(cluster=4)
     for _ in range(2):
         clustered(kernel, (32,), x, y, 3, num_warps=8, num_stages=1)
-    assert len(jit_calls) == 8 and runs[-1] == (8, 1, 1, 100, "function", (4, 4, 1028), None, None, None, x.data_ptr(),
-                                                y.data_ptr(), 3)
+    assert len(jit_calls) == 8 and runs[-1] == (8, 1, 1, 100, "function", False, 0, None, None, (4, 4, 1028), None,
+                                                None, None, x.data_ptr(), y.data_ptr(), 3)
+    # with pdl: the programmatic stream serialization flag of the C launcher
+    dependent = launch.DirectLaunch(pdl=True)
+    for _ in range(2):
+        dependent(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 9 and runs[-1][5:7] == (False, 1) and runs[-1][-3:] == (x.data_ptr(), y.data_ptr(), 3)
+    # a kernel that needs global scratch (which only Triton's launcher allocates) never goes direct
+    compiled.run.global_scratch_size = 64
+    scratch = launch.DirectLaunch()
+    for _ in range(2):
+        scratch(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 11 and len(runs) == 4
 
 
 def test_direct_launch_from_addresses(monkeypatch):
@@ -425,7 +438,7 @@ def test_direct_launch_from_addresses(monkeypatch):
         assert (direct.sources is None) is (len(runs) < 3)
     assert direct.sources == (1, 0, 1) and direct.grid == (8, 3) and len(jit_calls) == 2 and len(runs) == 3
     assert direct.launch_addresses([4096, 8192, 12288])
-    assert runs[-1] == (4, 3, 1, 100, "function", (4, 2, 1028), None, None, None, 8192, 4096, 8192)
+    assert runs[-1] == (4, 3, 1, 100, "function", False, 0, None, None, (4, 2, 1028), None, None, None, 8192, 4096, 8192)
     assert not direct.launch_addresses([4096, 8200, 0])  # y's address 8-byte aligned: another specialization
     knobs.runtime.launch_enter_hook.add(print)
     try:

@@ -161,6 +161,47 @@ def test_mma_launch_from_addresses(pair, gen):
     assert_split_k_workspaces_zero()
 
 
+@pytest.mark.parametrize("pair", [("bf16", "nvfp4"), ("bf16", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_mma_pdl_chain(pair, m, gen):
+    """Programmatic dependent launches (the default on sm_90): each call of a chain reads the output of the call
+    before it (y <- y @ W^T, N = K), which that call writes after letting the next one launch. Eagerly and replayed
+    from a CUDA graph, with every output poisoned (NaN) first, each step matches the reference on its own input; the
+    plan's launcher runs with PDL. (Each step scales the values by about 2^8: bf16 holds four.)"""
+    from blockscaled.kernels import api
+
+    n = k = 4096
+    x, b = make_operands(pair, m, n, k, "cuda", gen, "rowmajor", "mma_m16k16")
+    ys = [x] + [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for _ in range(4)]
+
+    def chain():
+        for i in range(4):
+            bs.scaled_mm(ys[i], b, out_dtype=torch.bfloat16, out=ys[i + 1])
+
+    def check(how):
+        for i in range(4):
+            err = max_rel_err(ys[i + 1], ref_scaled_mm(ys[i], b))
+            assert err <= TOLERANCE[torch.bfloat16], f"{pair} M={m} {how} step {i}: max_rel_err {err:.3g}"
+
+    for y in ys[1:]:
+        y.fill_(float("nan"))
+    chain()  # Triton's launch, then direct ones
+    check("first")
+    for y in ys[1:]:
+        y.fill_(float("nan"))
+    chain()  # launched from addresses
+    check("eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for y in ys[1:]:
+        y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check("graph")
+    (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", bs.SUPPORTED_PAIRS[pair], m, n, k)]
+    assert api._mma_pdl(plan) and plan.launch.keywords["_launcher"].pdl
+
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_k_warps(pair, m, gen):
