@@ -660,7 +660,10 @@ MMA_EVICT = True
 # that does not trigger early (most torch kernels) it starts when that one ends, as without. Measured: see
 # bench/DECODE_NOTES.md, "Programmatic dependent launch".
 MMA_PDL = True
-MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`)
+MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
+MMA_PDL_PREFETCH = 0
+# config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
+LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
 
 def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
@@ -708,6 +711,7 @@ class MmaOptions(NamedTuple):
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
     pdl: bool  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`)
+    pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -734,7 +738,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
     evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`) and
-    "pdl": bool (default `MMA_PDL`: programmatic dependent launch where the device has it; any M).
+    "pdl": bool (default `MMA_PDL`: programmatic dependent launch where the device has it; any M) and "pdl_prefetch":
+    0 .. 4 (with pdl at M <= 16: windows of weights each warp asks L2 for before its grid wait; default
+    `MMA_PDL_PREFETCH`).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -744,11 +750,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist' and 'pdl', or "
-                         f"None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl' and "
+                         f"'pdl_prefetch', or None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -791,6 +797,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                         ("pdl", pdl)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
+    pdl_prefetch = config.get("pdl_prefetch", MMA_PDL_PREFETCH if pdl and not wide_m else 0)
+    if type(pdl_prefetch) is not int or not 0 <= pdl_prefetch <= 4 or (pdl_prefetch and (not pdl or wide_m)):
+        raise ValueError(f"config: pdl_prefetch is an int in 0 .. 4, with pdl at M <= {MMA_WARP_M}, got {config!r} at M = {m}")
     if hoist and not evict:
         raise ValueError(f"config: hoist applies to the eviction hints, which evict False turns off, got {config!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
@@ -800,7 +809,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"{'' if wide_m or shared_b else ' without shared_b'}, got {ahead!r}")
     if shared_b and k_warps > 8:  # (above MMA_WARP_M k_warps > 1 was refused)
         raise ValueError(f"config: k_warps with shared_b is at most 8 (slices of 4 warps, 32 in all), got {config!r}")
-    stage_b = config.get("stage_b", None if m == 1 and narrow and not config else False)
+    stage_b = config.get("stage_b", None if m == 1 and narrow and not set(config) - LAUNCH_ONLY_KEYS else False)
     if stage_b is not None and not isinstance(stage_b, bool):
         raise ValueError(f"config: stage_b must be a bool, got {stage_b!r}")
     if stage_b and not (narrow and not wide_m and _mma_column_groups(m) == 1 and k_warps > 1 and not shared_b):
@@ -816,7 +825,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1039,7 +1048,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              2 if options.hoist else int(options.evict), options.pdl and _has_pdl(b.device), _mma_column_groups(m), *tail)
+              2 if options.hoist else int(options.evict), 1 + options.pdl_prefetch if options.pdl and _has_pdl(b.device) else 0,
+              _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
         workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
@@ -1080,7 +1090,7 @@ def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.devi
 
 def _mma_pdl(plan: SplitKPlan) -> bool:
     """Whether an mma plan's kernel waits for the grid before it (its PDL) and so launches with PDL."""
-    return plan.consts[MMA_PDL_CONST]
+    return plan.consts[MMA_PDL_CONST] > 0
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

@@ -132,13 +132,55 @@ def program_row_warps(K_WARPS, SHARED_B):
     return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
-def thread_ids(threads=128, PDL=False):
+def thread_ids(threads=128, PDL=0):
     """%tid.x of each thread, as a [threads] tensor holding one value per thread; with PDL read after
     `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`), before which the kernel touches no memory."""
     return hl.inline_asm_elementwise(
         GRID_DEPENDENCY_WAIT_PTX if PDL else "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)],
         dtype=torch.int32, is_pure=not PDL, pack=1
     )
+
+
+def grid_wait(tid):
+    """`tid` after `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`'s wait): what the kernel makes from it comes
+    after the wait; what came before it (`prefetch_l2`'s tokens, added to `tid`) before."""
+    return hl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [tid], dtype=torch.int32,
+                                     is_pure=False, pack=1)
+
+
+def prefetch_l2(ptr, index, like):
+    """Ask L2 for the line of `ptr[index]` (`prefetch.global.L2`: nothing is returned, so it may run before
+    `grid_wait`: the data is read after the wait, through L2, which every write reaches); returns a zero token to add
+    into `grid_wait`'s input (Helion drops an asm whose output is unused)."""
+    return hl.inline_triton("tl.inline_asm_elementwise('prefetch.global.L2 [$1]; mov.u32 $0, 0;', '=r,l', [{0} + {1}], "
+                            "dtype=tl.int32, is_pure=False, pack=1)", args=(ptr, index), output_like=like)
+
+
+def warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS):
+    """(the warp's first row group, its first window) in `mma_gemv_kernel`'s program (tile_p, part)."""
+    if K_WARPS == 1:  # the program's row groups, and its first window
+        return (tile_p * 4 + (tid >> 5)) * ROW_GROUPS, part * windows // SPLIT if uneven else part * steps
+    if SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
+        return (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS, (part * K_WARPS + (tid >> 7)) * steps
+    # one row group (pair) per program; warp w from window w * steps, a per-thread value, so only here (for K_WARPS 1
+    # too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and bf16 x mxfp4 a second load round trip:
+    # tests/test_bench.py)
+    return tile_p * ROW_GROUPS, (part * K_WARPS + (tid >> 5)) * steps
+
+
+def prefetched_thread_ids(w, f, tile_p, part, windows, steps, uneven, blocks, threads, SPLIT, K_WARPS, SHARED_B,
+                          ROW_GROUPS, PDL):
+    """`thread_ids` with PDL > 1: first the warp's first PDL - 1 windows of weight words and factors prefetched into
+    L2 (`prefetch_l2`, one line request per lane and row group window), then `grid_wait`, so their DRAM round trip
+    overlaps the wait for the kernel before."""
+    tid = thread_ids(threads)
+    gr, first = warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS)
+    lane = tid & 31
+    for j in range(PDL - 1):
+        for r in range(ROW_GROUPS):
+            window = (gr + r) * windows + (first + j) % windows
+            tid = tid + prefetch_l2(w, window * 128 + 4 * lane, tid) + prefetch_l2(f, window * blocks * 8, tid)
+    return grid_wait(tid)
 
 
 def launch_dependents(value, PDL):
@@ -446,21 +488,15 @@ def mma_gemv_kernel(
         pid = program.begin
         tile_p = pid // SPLIT if CLUSTER else pid % rows
         part = pid % SPLIT if CLUSTER else pid // rows
-        tid = thread_ids(threads, PDL)
+        if PDL > 1:
+            tid = prefetched_thread_ids(w, f, tile_p, part, windows, steps, uneven, blocks, threads, SPLIT, K_WARPS,
+                                        SHARED_B, ROW_GROUPS, PDL)
+        else:
+            tid = thread_ids(threads, PDL)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        if K_WARPS == 1:  # the warp's first row group, and the program's first window
-            gr = (tile_p * 4 + (tid >> 5)) * ROW_GROUPS
-            first = part * windows // SPLIT if uneven else part * steps
-        elif SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
-            gr = (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS
-            first = (part * K_WARPS + (tid >> 7)) * steps
-        else:  # one row group (pair) per program; warp w from window w * steps, a per-thread value,
-            # so only here (for K_WARPS 1 too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and
-            # bf16 x mxfp4 a second load round trip: tests/test_bench.py)
-            gr = tile_p * ROW_GROUPS
-            first = (part * K_WARPS + (tid >> 5)) * steps
+        gr, first = warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS)
         # B column g of column group c is activation row 8c + g (the last row past M)
         row_0 = torch.where(g < M, g, M - 1)
         row_1 = torch.where(g + 8 < M, g + 8, M - 1)

@@ -322,22 +322,29 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     """With PDL (the default) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
-    last mma of the K loop; with "pdl" False neither is there."""
+    last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16) the L2 prefetches of the
+    first windows' weights (CCTL.E.PF2: nothing returned) come before the wait and the loads still after it."""
     from bench import sass
 
+    variants = [{}, {"pdl": False}] + ([{"pdl_prefetch": 2}] if m <= 16 else [])
     argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", str(n), "-K", str(k), "--variants",
-            '[{}, {"pdl": false}]', "--keep", str(tmp_path)]
+            json.dumps(variants), "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
     capfd.readouterr()
     name = fmt.replace("-", "_")
-    ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_0.sass").read_text())]
-    memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM")]
-    mma = [i for i, op in enumerate(ops) if op.startswith(("HMMA", "HGMMA"))]
-    assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, (fmt, m, n, k)
-    assert memory and ops.index("ACQBULK") < memory[0], (fmt, m, n, k, ops[:memory[0] + 1])
-    assert mma and ops.index("PREEXIT") > mma[-1], (fmt, m, n, k)
-    plain = [op for op, _ in sass.instructions((tmp_path / f"{name}_1.sass").read_text())]
-    assert "ACQBULK" not in plain and "PREEXIT" not in plain
+    for i, variant in enumerate(variants):
+        ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_{i}.sass").read_text())]
+        if variant.get("pdl") is False:
+            assert "ACQBULK" not in ops and "PREEXIT" not in ops and "CCTL.E.PF2" not in ops
+            continue
+        memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM")]
+        mma = [i for i, op in enumerate(ops) if op.startswith(("HMMA", "HGMMA"))]
+        prefetches = [i for i, op in enumerate(ops) if op == "CCTL.E.PF2"]
+        assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, (fmt, m, n, k, variant)
+        assert memory and ops.index("ACQBULK") < memory[0], (fmt, m, n, k, variant, ops[:memory[0] + 1])
+        assert mma and ops.index("PREEXIT") > mma[-1], (fmt, m, n, k, variant)
+        assert bool(prefetches) == ("pdl_prefetch" in variant), (fmt, m, n, k, variant)
+        assert all(i < ops.index("ACQBULK") for i in prefetches), (fmt, m, n, k, variant)
 
 def mma_formats(narrow):
     """The bench formats the mma kernels run with fp4 / fp8 (`narrow`) or bf16 activations."""
