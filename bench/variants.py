@@ -7,7 +7,8 @@ laid over the default entry of its backend ("backend": "block_dot", the default,
 mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
 "max_split": n, "split": n, "row_groups": r, "shared_b": b, "ahead": a, "k_warps": w, "stage_b": s, "unroll": u, "cluster": c,
 "evict": e, "hoist": h}; above M = 16
-"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e, "hoist": h. For
+"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e, "hoist": h; at any M "pdl": p and at
+M <= 16 "pdl_prefetch": n. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
 bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
@@ -52,6 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
     p.add_argument("--log", type=Path, default=None, help="append every line to this file too")
     p.add_argument("--jobs", type=int, default=1, help="GPU: compile every cell and variant in this many processes first")
+    p.add_argument("--between", action="store_true",
+                   help="GPU: a one-element torch kernel before every call (ours and cuBLAS's), as a model's elementwise "
+                        "op before a linear layer: such a kernel does not let the next one start early, so it bounds "
+                        "what programmatic dependent launch ('pdl') saves outside back-to-back calls")
     return p.parse_args(argv)
 
 
@@ -104,12 +109,14 @@ def main(argv=None):
         precompile(compile_variant, [(FORMAT_PAIRS[fmt], m, n, k, args.data_layout, v) for (n, k), m in cells
                                      for fmt in formats for v in args.variants], args.jobs)
     failed = 0
+    scratch = torch.zeros(1, device=device)
+    between = (lambda: scratch.add_(1.0)) if args.between else (lambda: None)
     for (n, k), m in cells:
         bf16_ms = None
         if on_gpu:
             fns = [cublas_bf16_fn(torch.randn(m, k, device=device), torch.randn(n, k, device=device), torch.bfloat16)
                    for _ in range(2)]
-            bf16_ms = time_ms(lambda fns=fns: [f() for f in fns], True) / 2
+            bf16_ms = time_ms(lambda fns=fns: [(between(), f()) for f in fns], True) / 2
             say(f"M={m} N={n} K={k} cublas_bf16 {bf16_ms * 1e3:.1f} us")
             del fns
         for fmt in formats:
@@ -140,6 +147,7 @@ def main(argv=None):
 
                 def run_all(outs=outs, backend=backend, fields=fields, a=a, b=b):
                     for ai, bi, oi in zip(a, b, outs, strict=True):
+                        between()
                         bs.scaled_mm(ai, bi, out=oi, backend=backend, config=fields)
 
                 run_all()  # compile the bf16-output specialization outside the graph capture

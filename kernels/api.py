@@ -661,7 +661,7 @@ MMA_EVICT = True
 # bench/DECODE_NOTES.md, "Programmatic dependent launch".
 MMA_PDL = True
 MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
-MMA_PDL_PREFETCH = 0
+MMA_PDL_PREFETCH = 2
 # config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
 LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 

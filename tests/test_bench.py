@@ -322,11 +322,13 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     """With PDL (the default) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
-    last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16) the L2 prefetches of the
-    first windows' weights (CCTL.E.PF2: nothing returned) come before the wait and the loads still after it."""
+    last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there) the L2
+    prefetches of the first windows' weights (CCTL.E.PF2: nothing returned) come before the wait and the loads still
+    after it."""
     from bench import sass
+    from blockscaled.kernels import api
 
-    variants = [{}, {"pdl": False}] + ([{"pdl_prefetch": 2}] if m <= 16 else [])
+    variants = [{}, {"pdl": False}] + ([{"pdl_prefetch": 0}] if m <= 16 else [])
     argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", str(n), "-K", str(k), "--variants",
             json.dumps(variants), "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
@@ -343,7 +345,8 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
         assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, (fmt, m, n, k, variant)
         assert memory and ops.index("ACQBULK") < memory[0], (fmt, m, n, k, variant, ops[:memory[0] + 1])
         assert mma and ops.index("PREEXIT") > mma[-1], (fmt, m, n, k, variant)
-        assert bool(prefetches) == ("pdl_prefetch" in variant), (fmt, m, n, k, variant)
+        assert bool(prefetches) == (variant.get("pdl_prefetch", api.MMA_PDL_PREFETCH if m <= 16 else 0) > 0), (
+            fmt, m, n, k, variant)
         assert all(i < ops.index("ACQBULK") for i in prefetches), (fmt, m, n, k, variant)
 
 def mma_formats(narrow):
