@@ -659,7 +659,7 @@ MMA_EVICT = True
 # CUDA graph) finishes, as SMs come free, and waits for that kernel's results before its first load; after a kernel
 # that does not trigger early (most torch kernels) it starts when that one ends, as without. Measured: see
 # bench/DECODE_NOTES.md, "Programmatic dependent launch".
-MMA_PDL = True
+MMA_PDL = True  # at M <= MMA_WARP_M; above it off by default (mma_m64_kernel, M = 64, 8192^2: 34.9 -> 41.5 us)
 MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
 MMA_PDL_PREFETCH = 2
 # config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
@@ -738,7 +738,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
     evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`) and
-    "pdl": bool (default `MMA_PDL`: programmatic dependent launch where the device has it; any M) and "pdl_prefetch":
+    "pdl": bool (default `MMA_PDL` up to M = 16, False above: programmatic dependent launch where the device has it;
+    any M) and "pdl_prefetch":
     0 .. 4 (with pdl at M <= 16: windows of weights each warp asks L2 for before its grid wait; default
     `MMA_PDL_PREFETCH`).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
@@ -792,7 +793,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     wgmma, cluster = config.get("wgmma", wide_m), config.get("cluster", wide_m or MMA_GEMV_CLUSTER)
     evict = config.get("evict", MMA_EVICT and not wide_m)
     hoist = config.get("hoist", evict is True and _mma_hoist(m, narrow, fp8_weights))
-    pdl = config.get("pdl", MMA_PDL)
+    pdl = config.get("pdl", MMA_PDL and not wide_m)
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist),
                         ("pdl", pdl)):
         if not isinstance(value, bool):

@@ -319,7 +319,7 @@ PDL_PLANS = [("nvfp4", 1, 8192, 8192), ("w4a16-nvfp4", 1, 8192, 8192), ("mxfp8",
 
 @pytest.mark.parametrize("fmt, m, n, k", PDL_PLANS)
 def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k):
-    """With PDL (the default) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
+    """With PDL (the default up to M = 16) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
     last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there) the L2
@@ -328,7 +328,7 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     from bench import sass
     from blockscaled.kernels import api
 
-    variants = [{}, {"pdl": False}] + ([{"pdl_prefetch": 0}] if m <= 16 else [])
+    variants = [{}, {"pdl": False}, {"pdl_prefetch": 0}] if m <= 16 else [{"pdl": True}, {}]
     argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", str(n), "-K", str(k), "--variants",
             json.dumps(variants), "--keep", str(tmp_path)]
     assert sass.main(argv) == 0
@@ -336,7 +336,7 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     name = fmt.replace("-", "_")
     for i, variant in enumerate(variants):
         ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_{i}.sass").read_text())]
-        if variant.get("pdl") is False:
+        if variant.get("pdl", m <= 16) is False:
             assert "ACQBULK" not in ops and "PREEXIT" not in ops and "CCTL.E.PF2" not in ops
             continue
         memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LDGSTS", "ATOM")]

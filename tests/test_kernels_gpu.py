@@ -164,7 +164,7 @@ def test_mma_launch_from_addresses(pair, gen):
 @pytest.mark.parametrize("pair", [("bf16", "nvfp4"), ("bf16", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_mma_pdl_chain(pair, m, gen):
-    """Programmatic dependent launches (the default on sm_90): each call of a chain reads the output of the call
+    """Programmatic dependent launches (the default on sm_90 up to M = 16; asked for here at every M): each call of a chain reads the output of the call
     before it (y <- y @ W^T, N = K), which that call writes after letting the next one launch. Eagerly and replayed
     from a CUDA graph, with every output poisoned (NaN) first, each step matches the reference on its own input; the
     plan's launcher runs with PDL. (Each step scales the values by about 2^8: bf16 holds four.)"""
@@ -176,7 +176,7 @@ def test_mma_pdl_chain(pair, m, gen):
 
     def chain():
         for i in range(4):
-            bs.scaled_mm(ys[i], b, out_dtype=torch.bfloat16, out=ys[i + 1])
+            bs.scaled_mm(ys[i], b, out_dtype=torch.bfloat16, out=ys[i + 1], config={"pdl": True})
 
     def check(how):
         for i in range(4):

@@ -326,8 +326,10 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"evict": False, "hoist": True}, 16, 8192, True)
     with pytest.raises(ValueError, match="hoist must be a bool"):
         api._mma_options({"hoist": 1}, 16, 8192, True)
-    # programmatic dependent launch: on by default at every M, prefetch only with it and at M <= 16
-    assert [api._mma_options(None, m, 8192, True)[-2:] for m in (1, 16, 64)] == [(True, 2), (True, 2), (True, 0)]
+    # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
+    # with it and at M <= 16
+    assert [api._mma_options(None, m, 8192, True)[-2:] for m in (1, 16, 64)] == [(True, 2), (True, 2), (False, 0)]
+    assert api._mma_options({"pdl": True}, 64, 8192, True)[-2:] == (True, 0)
     assert api._mma_options({"pdl": False}, 16, 8192, True)[-2:] == (False, 0)
     assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-2:] == (True, 2)
     for bad, message in (({"pdl": 1}, "pdl must be a bool"), ({"pdl": False, "pdl_prefetch": 1}, "pdl_prefetch is"),
@@ -339,8 +341,8 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, True, 2)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, True, 0)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, True, 0)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -1233,7 +1235,7 @@ def test_cluster_sum_adds_every_cta(values, split, threads, gen):
 def test_launch_only_configs_keep_the_default_plan(monkeypatch):
     """"pdl" and "pdl_prefetch" change how a plan launches, not the plan: a config of only them plans as no config does
     (staged B at M = 1 for fp4 activations, K warps, K slices, split-K in clusters, mma_m64_kernel) but for the
-    kernel's PDL constant (0 off, 1 + the prefetched windows on)."""
+    kernel's PDL constant (0 off, 1 + the prefetched windows on; off by default above M = 16)."""
     from blockscaled.kernels import api
 
     for name, value in (("_sm_count", lambda device: 132), ("_has_wgmma", lambda device: True),
@@ -1249,8 +1251,8 @@ def test_launch_only_configs_keep_the_default_plan(monkeypatch):
     for x, m, n, k in ((nvfp4, 1, 8192, 8192), (bf16, 1, 8192, 8192), (bf16, 16, 8192, 8192), (nvfp4, 16, 10240, 8192),
                        (bf16, 64, 8192, 8192)):
         default, off = plan(x, m, n, k), plan(x, m, n, k, {"pdl": False})
-        variants = [(off, 0)] + ([(plan(x, m, n, k, {"pdl_prefetch": 0}), 1)] if m <= 16 else [])
-        assert default.consts[api.MMA_PDL_CONST] == (1 + api.MMA_PDL_PREFETCH if m <= 16 else 1)
+        variants = [(off, 0), (plan(x, m, n, k, {"pdl_prefetch": 0}), 1) if m <= 16 else (plan(x, m, n, k, {"pdl": True}), 1)]
+        assert default.consts[api.MMA_PDL_CONST] == (1 + api.MMA_PDL_PREFETCH if m <= 16 else 0)
         for other, pdl in variants:
             assert other.consts[api.MMA_PDL_CONST] == pdl
             assert [c for i, c in enumerate(other.consts) if i != api.MMA_PDL_CONST] == [
