@@ -188,7 +188,8 @@ def test_variants_check_every_variant_on_cpu(capsys, tmp_path):
     from bench import variants
 
     log = tmp_path / "v.log"
-    argv = ["--format", "mixed", "w4a16-nvfp4", "--variants", '[{}, {"fold": true, "spans": 2}]', "--log", str(log)]
+    argv = ["--format", "mixed", "w4a16-nvfp4", "--variants", '[{}, {"fold": true, "spans": 2}]', "--log", str(log),
+            "--between"]  # (--between: a kernel before each timed call, on a GPU)
     assert variants.main(argv) == 0
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("M=3")]
     assert len(lines) == 4 and all(ln.endswith(" ok") for ln in lines), lines
