@@ -692,9 +692,9 @@ CLUSTER_WAIT_PTX = "barrier.cluster.wait.aligned; mov.u32 $0, 0;"
 # Programmatic dependent launch (sm_90+; `launch.DirectLaunch` with `pdl`): a kernel launched with the programmatic
 # stream serialization attribute may start while the kernel before it in the stream still runs, once every CTA of that
 # one has executed `griddepcontrol.launch_dependents` (or exited); `griddepcontrol.wait` then blocks until that
-# kernel has completed and its memory is visible. Without the attribute both are no-ops. Output $0: %tid.x read after
-# the wait, so every address made from it (every load and store of the mma kernels) comes after it.
-GRID_DEPENDENCY_WAIT_PTX = "griddepcontrol.wait; mov.u32 $0, %tid.x;"
+# kernel has completed and its memory is visible. Without the attribute both are no-ops. Output $0 = input $1 (the
+# thread's id: every address made from it, every load and store of the mma kernels, comes after the wait).
+GRID_DEPENDENCY_WAIT_PTX = "griddepcontrol.wait; mov.b32 $0, $1;"
 # Output $0 = input $1 (an accumulator, so it comes after the K loop that made it)
 LAUNCH_DEPENDENTS_PTX = "griddepcontrol.launch_dependents; mov.b32 $0, $1;"
 

@@ -58,9 +58,11 @@ activation's to keep theirs (`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 c
 M = 16 1.2% slower (686f17d). EVICT 2 (`api._mma_hoist`) makes those loads inline PTX whose cache policies are made
 once, before the K loop (`hinted_loads`).
 
-With PDL (`api.MMA_PDL`, sm_90+) both kernels read %tid.x after `griddepcontrol.wait` and touch no memory before it,
-and after the K loop let the next kernel of the stream launch (`launch_dependents`): launched as programmatic dependent
-launches (`launch.DirectLaunch`), consecutive calls overlap one's tail with the next one's start.
+With PDL (`api.MMA_PDL`, sm_90+) both kernels make every address from a thread id passed through
+`griddepcontrol.wait` (`grid_wait`), so they touch no memory before it, and after the K loop let the next kernel of
+the stream launch (`launch_dependents`); with PDL > 1 (M <= 16) each lane first asks L2 for its first PDL - 1 windows
+of weights (`prefetch_first_windows`). Launched as programmatic dependent launches (`launch.DirectLaunch`), a call
+overlaps its start with the end of the kernel before it (bench/DECODE_NOTES.md, "Programmatic dependent launch").
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
@@ -132,20 +134,17 @@ def program_row_warps(K_WARPS, SHARED_B):
     return 4 if K_WARPS == 1 or SHARED_B else 1
 
 
-def thread_ids(threads=128, PDL=0):
-    """%tid.x of each thread, as a [threads] tensor holding one value per thread; with PDL read after
-    `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`), before which the kernel touches no memory."""
+def thread_ids(threads=128):
+    """%tid.x of each thread, as a [threads] tensor holding one value per thread."""
     return hl.inline_asm_elementwise(
-        GRID_DEPENDENCY_WAIT_PTX if PDL else "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)],
-        dtype=torch.int32, is_pure=not PDL, pack=1
+        "mov.u32 $0, %tid.x;", "=r,r", [hl.zeros([threads], dtype=torch.int32)], dtype=torch.int32, is_pure=True, pack=1
     )
 
 
 def grid_wait(tid):
-    """`tid` after `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`'s wait): what the kernel makes from it comes
-    after the wait; what came before it (`prefetch_l2`'s tokens, added to `tid`) before."""
-    return hl.inline_asm_elementwise("griddepcontrol.wait; mov.b32 $0, $1;", "=r,r", [tid], dtype=torch.int32,
-                                     is_pure=False, pack=1)
+    """`tid` after `griddepcontrol.wait` (`decode.GRID_DEPENDENCY_WAIT_PTX`): the kernel makes every address from it, so
+    it touches no memory before the wait; what it passes in (`prefetch_first_windows`' tokens) comes before."""
+    return hl.inline_asm_elementwise(GRID_DEPENDENCY_WAIT_PTX, "=r,r", [tid], dtype=torch.int32, is_pure=False, pack=1)
 
 
 def prefetch_l2(ptr, index, like):
@@ -168,19 +167,18 @@ def warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED
     return tile_p * ROW_GROUPS, (part * K_WARPS + (tid >> 5)) * steps
 
 
-def prefetched_thread_ids(w, f, tile_p, part, windows, steps, uneven, blocks, threads, SPLIT, K_WARPS, SHARED_B,
-                          ROW_GROUPS, PDL):
-    """`thread_ids` with PDL > 1: first the warp's first PDL - 1 windows of weight words and factors prefetched into
-    L2 (`prefetch_l2`, one line request per lane and row group window), then `grid_wait`, so their DRAM round trip
+def prefetch_first_windows(w, f, tid, tile_p, part, windows, steps, uneven, blocks, SPLIT, K_WARPS, SHARED_B,
+                           ROW_GROUPS, PDL):
+    """`tid` plus the zero tokens of the warp's first PDL - 1 windows of weight words and factors prefetched into L2
+    (`prefetch_l2`, one line request per lane and row group window): given to `grid_wait`, their DRAM round trip
     overlaps the wait for the kernel before."""
-    tid = thread_ids(threads)
     gr, first = warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS)
     lane = tid & 31
     for j in range(PDL - 1):
         for r in range(ROW_GROUPS):
             window = (gr + r) * windows + (first + j) % windows
             tid = tid + prefetch_l2(w, window * 128 + 4 * lane, tid) + prefetch_l2(f, window * blocks * 8, tid)
-    return grid_wait(tid)
+    return tid
 
 
 def launch_dependents(value, PDL):
@@ -488,11 +486,12 @@ def mma_gemv_kernel(
         pid = program.begin
         tile_p = pid // SPLIT if CLUSTER else pid % rows
         part = pid % SPLIT if CLUSTER else pid // rows
+        tid = thread_ids(threads)
         if PDL > 1:
-            tid = prefetched_thread_ids(w, f, tile_p, part, windows, steps, uneven, blocks, threads, SPLIT, K_WARPS,
-                                        SHARED_B, ROW_GROUPS, PDL)
-        else:
-            tid = thread_ids(threads, PDL)
+            tid = prefetch_first_windows(w, f, tid, tile_p, part, windows, steps, uneven, blocks, SPLIT, K_WARPS,
+                                         SHARED_B, ROW_GROUPS, PDL)
+        if PDL:
+            tid = grid_wait(tid)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
@@ -800,7 +799,9 @@ def mma_m64_kernel(
         part = pid % SPLIT if CLUSTER else pid // (rows * tiles_m)
         tile = pid // SPLIT if CLUSTER else pid % (rows * tiles_m)
         tile_p, tile_m = tile % rows, tile // rows
-        tid = thread_ids(256, PDL)
+        tid = thread_ids(256)
+        if PDL:
+            tid = grid_wait(tid)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
