@@ -43,7 +43,7 @@ class DirectLaunch:
         self.kernel = None
         self.device = None
         self.aligned = None
-        self.launcher = None  # (the kernel's launcher, its function handle, its packed metadata)
+        self.launcher = None  # (the C launch function, the function handle, cooperative, PDL flag, packed metadata)
         self.triton_kernel = None
         self.last = None  # (grid, the arguments' ids, their values) of the call just made if direct, for `bind`
         self.grid = None
@@ -60,14 +60,13 @@ class DirectLaunch:
             if (self.kernel is None and not kwargs and isinstance(kernel, CompiledKernel)
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
                 kernel._init_handles()
-                self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
-                self.triton_kernel = triton_kernel
-                num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
                 run = kernel.run  # Triton's CudaLauncher: its C `launch` takes the PDL flag per call
-                if run.global_scratch_size or run.profile_scratch_size:  # scratch the direct launch would not allocate
-                    self.kernel = None
-                    return kernel
-                self.launcher = run.launch, kernel.function, (num_warps, self.cluster, shared), run.launch_cooperative_grid
+                if not (run.global_scratch_size or run.profile_scratch_size):  # scratch only Triton's call allocates
+                    self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
+                    self.triton_kernel = triton_kernel
+                    num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
+                    self.launcher = (run.launch, kernel.function, run.launch_cooperative_grid, int(self.pdl),
+                                     (num_warps, self.cluster, shared))
             return kernel
         self._run(grid, values)
         self.last = grid, tuple(map(id, args)), values
@@ -80,11 +79,11 @@ class DirectLaunch:
                 and _no_launch_hooks() and driver.active.get_current_device() == self.device)
 
     def _run(self, grid, values):
-        launch, function, metadata, cooperative = self.launcher
+        launch, function, cooperative, pdl, metadata = self.launcher
         # the C launcher's arguments: grid, stream, function, cooperative, PDL, global and profile scratch (none), packed
         # metadata, launch metadata and hooks (none), then the kernel's
         launch(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
-               function, cooperative, int(self.pdl), None, None, metadata, None, None, None, *values)
+               function, cooperative, pdl, None, None, metadata, None, None, None, *values)
 
     def bind(self, tensors) -> None:
         """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the
