@@ -109,9 +109,7 @@ def captured_launch(call):
         api._mma_run, launch.DirectLaunch.__call__ = run_mma, direct_call
     direct, grid, args = seen["direct"]
     stream = torch.cuda.current_stream().cuda_stream
-    # DirectLaunch's own prefix, spelled out here so that older trees (an A / B) run too
-    prefix = (grid[0] // direct.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, *direct.launcher[1:], None, None,
-              None)
+    prefix = direct.prefix(grid, stream)
     return seen["plan"], seen["args"], seen.get("addresses"), direct, prefix, args
 
 
@@ -138,7 +136,7 @@ def host_row(fmt: str, m: int, n: int, k: int, calls: int, repeats: int, profile
     for _ in range(3):  # compile; DirectLaunch's first (Triton) launch, its first direct one (and its binding)
         call()
     plan, args, addresses, direct, prefix, run_args = captured_launch(call)
-    run = direct.launcher[0]
+    run = direct.launcher.launch
     pointers = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else t for t in run_args)
     # the wrapper's time without `_mma_run`, less the no-op's own patching
     patching = per_call_us(without_launch(lambda: None), calls, repeats, wait=False)

@@ -9,6 +9,8 @@ thread-block clusters (which Triton launches only for kernels compiled for sever
 
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 import torch
 from triton import knobs
 from triton.compiler.compiler import CompiledKernel
@@ -21,6 +23,15 @@ def _no_launch_hooks() -> bool:
     """Whether no launch hook is set (Triton 3.6 keeps them as empty HookChains)."""
     return all(hook is None or getattr(hook, "calls", None) == []
                for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+class Launcher(NamedTuple):
+    """What a direct launch passes Triton's C launcher besides the grid, the stream and the kernel's arguments."""
+    launch: Callable  # Triton's C `launch`
+    function: Any  # the CUfunction handle
+    cooperative: bool
+    pdl: int  # the programmatic stream serialization flag
+    metadata: tuple  # (num_warps, CTAs per cluster, shared memory bytes)
 
 
 class DirectLaunch:
@@ -43,7 +54,7 @@ class DirectLaunch:
         self.kernel = None
         self.device = None
         self.aligned = None
-        self.launcher = None  # (the C launch function, the function handle, cooperative, PDL flag, packed metadata)
+        self.launcher: Launcher | None = None
         self.triton_kernel = None
         self.last = None  # (grid, the arguments' ids, their values) of the call just made if direct, for `bind`
         self.grid = None
@@ -65,8 +76,8 @@ class DirectLaunch:
                     self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
                     self.triton_kernel = triton_kernel
                     num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
-                    self.launcher = (run.launch, kernel.function, run.launch_cooperative_grid, int(self.pdl),
-                                     (num_warps, self.cluster, shared))
+                    self.launcher = Launcher(run.launch, kernel.function, run.launch_cooperative_grid, int(self.pdl),
+                                             (num_warps, self.cluster, shared))
             return kernel
         self._run(grid, values)
         self.last = grid, tuple(map(id, args)), values
@@ -78,12 +89,15 @@ class DirectLaunch:
         return (self.kernel is not None and aligned == self.aligned and not getattr(triton_kernel, "pre_run_hooks", None)
                 and _no_launch_hooks() and driver.active.get_current_device() == self.device)
 
+    def prefix(self, grid, stream) -> tuple:
+        """The C launcher's arguments before the kernel's: grid (in clusters), stream, function, cooperative, PDL, global
+        and profile scratch (none), packed metadata, launch metadata and hooks (none)."""
+        _, function, cooperative, pdl, metadata = self.launcher
+        return (grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, function, cooperative, pdl, None,
+                None, metadata, None, None, None)
+
     def _run(self, grid, values):
-        launch, function, cooperative, pdl, metadata = self.launcher
-        # the C launcher's arguments: grid, stream, function, cooperative, PDL, global and profile scratch (none), packed
-        # metadata, launch metadata and hooks (none), then the kernel's
-        launch(grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), driver.active.get_current_stream(self.device),
-               function, cooperative, pdl, None, None, metadata, None, None, None, *values)
+        self.launcher.launch(*self.prefix(grid, driver.active.get_current_stream(self.device)), *values)
 
     def bind(self, tensors) -> None:
         """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the

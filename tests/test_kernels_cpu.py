@@ -366,6 +366,7 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     # tensors as their addresses (Triton's launcher would look each one up with cuPointerGetAttribute)
     assert len(jit_calls) == 1 and runs == [(4, 2, 1, 100, "function", False, 0, None, None, (4, 1, 1028), None, None, None, y.data_ptr(),
                                              x.data_ptr(), 5)]
+    assert runs[-1][:-3] == direct.prefix((4, 2), 100)  # the prefix `bench.host` launches with
     direct(kernel, (4,), x[1:], y, 3, num_warps=4, num_stages=1)  # x + 4 bytes: another specialization
     direct(kernel, (4,), x, y, 3, num_warps=4, num_stages=1, ptx_options="-v")
     knobs.runtime.launch_enter_hook.add(print)  # a profiler's hook

@@ -382,7 +382,7 @@ def test_mma_m64_cluster_sums(pair, m, gen):
         clustered = (plan.split > 1 and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
         assert plan.consts[-1] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
-        assert launcher.kernel is not None and launcher.launcher[2][1] == launcher.cluster  # the direct launch's
+        assert launcher.kernel is not None and launcher.launcher.metadata[1] == launcher.cluster  # the direct launch's
         clustered_splits |= {plan.split} if clustered else set()
     assert {2, 4} <= clustered_splits and (m != 64 or 8 in clustered_splits)
     assert_split_k_workspaces_zero()
@@ -409,7 +409,7 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     for n, k, config, bias in cases:
         options, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         clustered = plan.consts[-7]
-        assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher[2][1] == launcher.cluster
+        assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher.metadata[1] == launcher.cluster
         values = 4 * options.row_groups * -(-m // 8)
         assert clustered is (options.cluster and 1 < plan.split <= 8 and values % plan.split == 0)
         clustered_splits |= {plan.split} if clustered else set()
