@@ -660,6 +660,13 @@ MMA_EVICT = True
 # that does not trigger early (most torch kernels) it starts when that one ends, as without. Measured: see
 # bench/DECODE_NOTES.md, "Programmatic dependent launch".
 MMA_PDL = True  # at M <= MMA_WARP_M; above it off by default (mma_m64_kernel, M = 64, 8192^2: 34.9 -> 41.5 us)
+# but not for E8M0-scaled (mx) fp4 / fp8 activations on fp4 weights at 1 < M <= 16 where a program's K loop runs more
+# than this many windows. H100, M = 16, back to back, us, PDL on / off (twice each, one process per shape,
+# bench/results/h100_mma_pdl_*ab_m16_*_a2b8dee_2026-11-27.log), mxfp4 x mxfp4 and mxfp8 x mxfp4: 8192 x 28672 (split
+# 16, 28 windows a program) 54.6-55.6 / 52.9-53.8; 57344 x 8192 (split 2, 64 windows) 101.4-106.0 / 100.6-102.7;
+# but 10240 x 8192 (split 8, 16 windows) 23.4-23.8 / 23.6-24.3 and 8192^2 (8 K slices, 16 windows a warp) 16.7-17.1 /
+# 17.0-17.5. nvfp4 x nvfp4 (E4M3 scales) lost nothing there (53.5-53.7 / 54.2-54.3 at 8192 x 28672).
+MMA_PDL_MX_ACT_MAX_WINDOWS = 16
 MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
 MMA_PDL_PREFETCH = 2
 # config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
@@ -710,7 +717,7 @@ class MmaOptions(NamedTuple):
     split: int  # split-K factor as given (any 1 .. K / 64 at M <= MMA_WARP_M without ahead); 0: by max_split and the rule
     evict: bool  # L2 eviction hints: weights evict_first, activation evict_last (EVICT)
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
-    pdl: bool  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`)
+    pdl: bool | None  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`); None: by the plan
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
 
 
@@ -738,10 +745,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
     evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`) and
-    "pdl": bool (default `MMA_PDL` up to M = 16, False above: programmatic dependent launch where the device has it;
-    any M) and "pdl_prefetch":
-    0 .. 4 (with pdl at M <= 16: windows of weights each warp asks L2 for before its grid wait; default
-    `MMA_PDL_PREFETCH`).
+    "pdl": bool (default `MMA_PDL` up to M = 16 where `_mma_pdl_by_plan` allows it, False above: programmatic
+    dependent launch where the device has it; any M) and "pdl_prefetch":
+    0 .. 4 (with pdl at M <= 16, which it turns on: windows of weights each warp asks L2 for before its grid wait;
+    default `MMA_PDL_PREFETCH`).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -801,6 +808,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     pdl_prefetch = config.get("pdl_prefetch", MMA_PDL_PREFETCH if pdl and not wide_m else 0)
     if type(pdl_prefetch) is not int or not 0 <= pdl_prefetch <= 4 or (pdl_prefetch and (not pdl or wide_m)):
         raise ValueError(f"config: pdl_prefetch is an int in 0 .. 4, with pdl at M <= {MMA_WARP_M}, got {config!r} at M = {m}")
+    if pdl and not {"pdl", "pdl_prefetch"} & set(config):
+        pdl = None  # by the plan (`_mma_pdl_by_plan`)
     if hoist and not evict:
         raise ValueError(f"config: hoist applies to the eviction hints, which evict False turns off, got {config!r}")
     ahead = config.get("ahead", MMA_M64_AHEAD if wide_m else MMA_AHEAD)
@@ -1049,7 +1058,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              2 if options.hoist else int(options.evict), 1 + options.pdl_prefetch if options.pdl and _has_pdl(b.device) else 0,
+              2 if options.hoist else int(options.evict),
+              1 + options.pdl_prefetch if _mma_pdl_by_plan(options.pdl, a, b, m, k // 64 // (split * options.k_warps))
+              and _has_pdl(b.device) else 0,
               _mma_column_groups(m), *tail)
     workspace = None
     if split > 1:
@@ -1087,6 +1098,16 @@ def _mma_gemv_cluster(split: int, values: int, programs: int, device: torch.devi
     """Whether mma_gemv_kernel's SPLIT parts of a row of programs sum in a thread-block cluster (`MMA_GEMV_CLUSTER`):
     sm_90 and `_cluster_sum_runs` with its `values` accumulators on 128 threads."""
     return _has_wgmma(device) and _cluster_sum_runs(split, values, 128, programs, device)
+
+
+def _mma_pdl_by_plan(pdl: bool | None, a, b: QTensor, m: int, windows: int) -> bool:
+    """PDL as the options give it, or where they leave it to the plan (None) on, but off for E8M0-scaled fp4 / fp8
+    activations on fp4 weights at 1 < M <= MMA_WARP_M whose programs run more than MMA_PDL_MX_ACT_MAX_WINDOWS
+    windows each."""
+    if pdl is not None:
+        return pdl
+    mx_act = isinstance(a, QTensor) and a.fmt.scale_encoding == "e8m0" and b.fmt.is_packed
+    return not (mx_act and 1 < m <= MMA_WARP_M and windows > MMA_PDL_MX_ACT_MAX_WINDOWS)
 
 
 def _mma_pdl(plan: SplitKPlan) -> bool:

@@ -320,7 +320,7 @@ PDL_PLANS = [("nvfp4", 1, 8192, 8192), ("w4a16-nvfp4", 1, 8192, 8192), ("mxfp8",
 
 @pytest.mark.parametrize("fmt, m, n, k", PDL_PLANS)
 def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k):
-    """With PDL (the default up to M = 16) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
+    """With PDL (the default up to M = 16, `api._mma_pdl_by_plan`) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
     last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there) the L2

@@ -303,17 +303,17 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints, hoisted policies)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, True, 2)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, True, 2)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, True, 2)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, True, 2)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, True, 2)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2)
         # fp8 weights: split up to 8, no wave rule; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, True, 2)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, True, 2)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
@@ -328,7 +328,7 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"hoist": 1}, 16, 8192, True)
     # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
     # with it and at M <= 16
-    assert [api._mma_options(None, m, 8192, True)[-2:] for m in (1, 16, 64)] == [(True, 2), (True, 2), (False, 0)]
+    assert [api._mma_options(None, m, 8192, True)[-2:] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
     assert api._mma_options({"pdl": True}, 64, 8192, True)[-2:] == (True, 0)
     assert api._mma_options({"pdl": False}, 16, 8192, True)[-2:] == (False, 0)
     assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-2:] == (True, 2)
@@ -338,7 +338,7 @@ def test_split_fills_the_last_wave(monkeypatch):
             api._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
         api._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, True, 2)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
     assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0)
@@ -451,10 +451,10 @@ def test_k_warps_options(monkeypatch):
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, True, 2)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, True, 2)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, True, 2)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, True, 2)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -598,7 +598,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(3, 2048, 4) and api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
     assert api._mma_stage_b(1, 1024, 16) and not api._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, True, 2)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -1230,6 +1230,42 @@ def test_cluster_sum_adds_every_cta(values, split, threads, gen):
                 total = f32(total + inputs[other][t][j])
             expected.append(total)
         assert outputs[r][t] == expected, (r, t)
+
+
+def test_pdl_by_plan(monkeypatch):
+    """Left to the plan, PDL is on at M <= 16 but off for E8M0-scaled fp4 / fp8 activations on fp4 weights at
+    1 < M <= 16 where a program runs more than `MMA_PDL_MX_ACT_MAX_WINDOWS` windows (split 16 at 8192 x 28672: 28,
+    split 2 at 57344 x 8192: 64, measured slower with PDL); on where they run 16 (10240 x 8192 split 8, the 8 K slices
+    at 8192^2), at M = 1, for nvfp4 and bf16 activations and for fp8 weights; "pdl" or "pdl_prefetch" given decide."""
+    from blockscaled.kernels import api
+
+    for name, value in (("_sm_count", lambda device: 132), ("_has_wgmma", lambda device: True),
+                        ("_has_pdl", lambda device: True)):
+        monkeypatch.setattr(api, name, value)
+    x = torch.randn(16, 256)
+    acts = {fmt: bs.quantize(x, fmt).with_data_layout("k_order") for fmt in ("mxfp4", "mxfp8", "nvfp4")}
+    acts["bf16"] = x.to(torch.bfloat16)
+    weights = {fmt: bs.quantize(torch.randn(64, 256), fmt).with_data_layout("mma_m16k16") for fmt in ("mxfp4", "mxfp8")}
+
+    def pdl(act, weight, m, n, k, config=None):
+        a, b = acts[act], weights[weight]
+        plan = api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
+        windows = k // 64 // (plan.split * plan.consts[-2])  # a program's (K_WARPS: a warp's) windows
+        return plan.consts[api.MMA_PDL_CONST], windows
+
+    on = 1 + api.MMA_PDL_PREFETCH
+    for act in ("mxfp4", "mxfp8"):
+        assert pdl(act, "mxfp4", 16, 8192, 28672) == (0, 28)
+        assert pdl(act, "mxfp4", 16, 57344, 8192) == (0, 64)
+        assert pdl(act, "mxfp4", 16, 10240, 8192) == (on, 16)
+        assert pdl(act, "mxfp4", 16, 8192, 8192) == (on, 16)
+        assert pdl(act, "mxfp4", 1, 8192, 28672)[0] == on
+        assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl": True})[0] == on
+        assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl_prefetch": 1})[0] == 2
+        assert pdl(act, "mxfp4", 16, 8192, 28672, {"evict": True})[0] == 0  # a config without them: by the plan
+    assert pdl("mxfp8", "mxfp8", 16, 8192, 28672)[0] == on
+    for act in ("nvfp4", "bf16"):
+        assert pdl(act, "mxfp4", 16, 8192, 28672)[0] == on
 
 
 def test_launch_only_configs_keep_the_default_plan(monkeypatch):
