@@ -668,14 +668,17 @@ MMA_PDL = True  # at M <= MMA_WARP_M; above it off by default (mma_m64_kernel, M
 # 17.0-17.5. nvfp4 x nvfp4 (E4M3 scales) lost nothing there (53.5-53.7 / 54.2-54.3 at 8192 x 28672).
 MMA_PDL_MX_ACT_MAX_WINDOWS = 16
 MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
-# Windows of weights each warp asks L2 for before its grid wait, by whether the weights are fp8: H100, back to back,
-# one process per shape, A / B / A / B (bench/results/h100_mma_pdl_prefetch_depth_m16_*_57e57c7_2026-11-27.log,
-# h100_mma_pdl_prefetch4_fp8w_*_57e57c7_2026-11-27.log), us. fp4 weights, M = 16, prefetch 2 / 3 / 4 / 2: every pair
-# slower with 3 or 4 at 8192^2 and 10240 x 8192 (nvfp4 x nvfp4 17.3 / 17.4 / 17.4 / 17.2 and 24.0 / 24.2 / 24.9 /
-# 23.9). fp8 weights, prefetch 2 / 4 / 2 / 4: mxfp8 x mxfp8 at M = 16, 8192^2 25.1 / 24.2 / 25.1 / 24.1, 8192 x 28672
-# 85.1 / 84.4 / 85.0 / 84.3; bf16 x mxfp8 8192^2 M = 1 22.5 / 22.0 / 22.5 / 22.0, M = 16 26.5 / 26.2 / 26.3 / 26.1;
-# M = 16 at 10240 x 8192 and 57344 x 8192 0.3-0.7 us faster with 4, mxfp8 x mxfp8 at M = 1, 8192^2 0.1: no cell slower.
-MMA_PDL_PREFETCH = {False: 2, True: 4}
+# Windows of weights each warp asks L2 for before its grid wait (config "pdl_prefetch"), by (fp8 weights, activation
+# column groups): 4 only for fp8 weights at 8 < M <= 16. H100, back to back, one process per shape, A / B / A / B, us
+# (bench/results/h100_mma_pdl_prefetch_*_{57e57c7,2e21ad0}_2026-11-27.log):
+# - fp4 weights, M = 16, prefetch 2 / 3 / 4 / 2: every pair slower with 3 or 4 at 8192^2 and 10240 x 8192 (nvfp4 x
+#   nvfp4 17.3 / 17.4 / 17.4 / 17.2 and 24.0 / 24.2 / 24.9 / 23.9).
+# - fp8 weights, M = 16, 2 / 4 / 2 / 4: mxfp8 x mxfp8 at 8192^2 25.1 / 24.2 / 25.1 / 24.1, at 8192 x 28672 85.1 / 84.4 /
+#   85.0 / 84.3, bf16 x mxfp8 at 8192^2 26.5 / 26.2 / 26.3 / 26.1; 10240 x 8192 and 57344 x 8192 0.3-0.7 faster with 4.
+# - fp8 weights, M = 1 and 8 (other plans), 2 / 4 / 2 / 4 at 8192 x 28672: mxfp8 x mxfp8 79.4 / 85.8 / 79.3 / 85.7 (M = 1)
+#   and 83.9 / 89.1 / 84.1 / 89.2 (M = 8), bf16 x mxfp8 80.4 / 80.9 / 80.2 / 80.9 and 83.5 / 83.6 / 83.4 / 83.6;
+#   at 8192^2, M = 1 bf16 x mxfp8 22.5 / 22.0 / 22.5 / 22.0.
+MMA_PDL_PREFETCH = {(False, 1): 2, (False, 2): 2, (True, 1): 2, (True, 2): 4}
 # config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
 LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
@@ -755,8 +758,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "pdl": bool (default `MMA_PDL` up to M = 16 where `_mma_pdl_by_plan` allows it, False above: programmatic
     dependent launch where the device has it; any M) and "pdl_prefetch":
     0 .. 4 (with pdl at M <= 16, which it turns on: windows of weights each warp asks L2 for before its grid wait;
-    default `MMA_PDL_PREFETCH` by
-    the weights: 2 for fp4, 4 for fp8).
+    default `MMA_PDL_PREFETCH`:
+    2, and 4 for fp8 weights at 8 < M <= 16).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
@@ -813,7 +816,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                         ("pdl", pdl)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
-    pdl_prefetch = config.get("pdl_prefetch", MMA_PDL_PREFETCH[fp8_weights] if pdl and not wide_m else 0)
+    pdl_prefetch = config.get("pdl_prefetch",
+                              MMA_PDL_PREFETCH[fp8_weights, _mma_column_groups(m)] if pdl and not wide_m else 0)
     if type(pdl_prefetch) is not int or not 0 <= pdl_prefetch <= 4 or (pdl_prefetch and (not pdl or wide_m)):
         raise ValueError(f"config: pdl_prefetch is an int in 0 .. 4, with pdl at M <= {MMA_WARP_M}, got {config!r} at M = {m}")
     if pdl and not {"pdl", "pdl_prefetch"} & set(config):

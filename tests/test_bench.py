@@ -323,8 +323,8 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     """With PDL (the default up to M = 16, `api._mma_pdl_by_plan`) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
-    last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there, 4
-    windows for fp8 weights, 2 for fp4) the L2 prefetches of the first windows' weights (CCTL.E.PF2: nothing returned)
+    last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there, 2
+    windows, 4 for fp8 weights at 8 < M <= 16) the L2 prefetches of the first windows' weights (CCTL.E.PF2: nothing returned)
     come before the wait and the loads still after it."""
     from bench import sass
     from blockscaled.kernels import api
@@ -335,7 +335,7 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     assert sass.main(argv) == 0
     capfd.readouterr()
     name = fmt.replace("-", "_")
-    default_prefetch = api.MMA_PDL_PREFETCH[FORMAT_PAIRS[fmt][1] == "mxfp8"]
+    default_prefetch = api.MMA_PDL_PREFETCH[FORMAT_PAIRS[fmt][1] == "mxfp8", api._mma_column_groups(m)] if m <= 16 else 0
     for i, variant in enumerate(variants):
         ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_{i}.sass").read_text())]
         if variant.get("pdl", m <= 16) is False:
@@ -347,7 +347,7 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
         assert ops.count("ACQBULK") == 1 and ops.count("PREEXIT") == 1, (fmt, m, n, k, variant)
         assert memory and ops.index("ACQBULK") < memory[0], (fmt, m, n, k, variant, ops[:memory[0] + 1])
         assert mma and ops.index("PREEXIT") > mma[-1], (fmt, m, n, k, variant)
-        windows = variant.get("pdl_prefetch", default_prefetch if m <= 16 else 0)  # one weight and one factor line each
+        windows = variant.get("pdl_prefetch", default_prefetch)  # one weight and one factor line each
         assert len(prefetches) in (2 * windows, 4 * windows), (fmt, m, n, k, variant, len(prefetches))  # 1 or 2 row groups
         assert all(i < ops.index("ACQBULK") for i in prefetches), (fmt, m, n, k, variant)
 

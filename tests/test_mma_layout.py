@@ -1253,17 +1253,18 @@ def test_pdl_by_plan(monkeypatch):
         windows = k // 64 // (plan.split * plan.consts[-2])  # a program's (K_WARPS: a warp's) windows
         return plan.consts[api.MMA_PDL_CONST], windows
 
-    on = 1 + api.MMA_PDL_PREFETCH[False]
+    on = 1 + api.MMA_PDL_PREFETCH[False, 2]
     for act in ("mxfp4", "mxfp8"):
         assert pdl(act, "mxfp4", 16, 8192, 28672) == (0, 28)
         assert pdl(act, "mxfp4", 16, 57344, 8192) == (0, 64)
         assert pdl(act, "mxfp4", 16, 10240, 8192) == (on, 16)
         assert pdl(act, "mxfp4", 16, 8192, 8192) == (on, 16)
-        assert pdl(act, "mxfp4", 1, 8192, 28672)[0] == on
+        assert pdl(act, "mxfp4", 1, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[False, 1]
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl": True})[0] == on
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl_prefetch": 1})[0] == 2
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"evict": True})[0] == 0  # a config without them: by the plan
-    assert pdl("mxfp8", "mxfp8", 16, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[True]  # fp8 weights
+    assert pdl("mxfp8", "mxfp8", 16, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[True, 2]  # fp8 weights
+    assert pdl("mxfp8", "mxfp8", 1, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[True, 1]
     for act in ("nvfp4", "bf16"):
         assert pdl(act, "mxfp4", 16, 8192, 28672)[0] == on
 
@@ -1288,7 +1289,7 @@ def test_launch_only_configs_keep_the_default_plan(monkeypatch):
                        (bf16, 64, 8192, 8192)):
         default, off = plan(x, m, n, k), plan(x, m, n, k, {"pdl": False})
         variants = [(off, 0), (plan(x, m, n, k, {"pdl_prefetch": 0}), 1) if m <= 16 else (plan(x, m, n, k, {"pdl": True}), 1)]
-        assert default.consts[api.MMA_PDL_CONST] == (1 + api.MMA_PDL_PREFETCH[False] if m <= 16 else 0)
+        assert default.consts[api.MMA_PDL_CONST] == (1 + api.MMA_PDL_PREFETCH[False, api._mma_column_groups(m)] if m <= 16 else 0)
         for other, pdl in variants:
             assert other.consts[api.MMA_PDL_CONST] == pdl
             assert [c for i, c in enumerate(other.consts) if i != api.MMA_PDL_CONST] == [
