@@ -670,11 +670,11 @@ MMA_PDL_MX_ACT_MAX_WINDOWS = 16
 MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
 # Windows of weights each warp asks L2 for before its grid wait (config "pdl_prefetch"), by (fp8 weights, activation
 # column groups): 4 only for fp8 weights at 8 < M <= 16. H100, back to back, one process per shape, A / B / A / B, us
-# (bench/results/h100_mma_pdl_prefetch_*_{57e57c7,2e21ad0}_2026-11-27.log):
+# (bench/results/h100_mma_pdl_prefetch*_{57e57c7,2e21ad0}_2026-11-27.log):
 # - fp4 weights, M = 16, prefetch 2 / 3 / 4 / 2: every pair slower with 3 or 4 at 8192^2 and 10240 x 8192 (nvfp4 x
 #   nvfp4 17.3 / 17.4 / 17.4 / 17.2 and 24.0 / 24.2 / 24.9 / 23.9).
 # - fp8 weights, M = 16, 2 / 4 / 2 / 4: mxfp8 x mxfp8 at 8192^2 25.1 / 24.2 / 25.1 / 24.1, at 8192 x 28672 85.1 / 84.4 /
-#   85.0 / 84.3, bf16 x mxfp8 at 8192^2 26.5 / 26.2 / 26.3 / 26.1; 10240 x 8192 and 57344 x 8192 0.3-0.7 faster with 4.
+#   85.0 / 84.3, bf16 x mxfp8 at 8192^2 26.5 / 26.2 / 26.3 / 26.1; 10240 x 8192 and 57344 x 8192 0.3-0.7 us faster with 4.
 # - fp8 weights, M = 1 and 8 (other plans), 2 / 4 / 2 / 4 at 8192 x 28672: mxfp8 x mxfp8 79.4 / 85.8 / 79.3 / 85.7 (M = 1)
 #   and 83.9 / 89.1 / 84.1 / 89.2 (M = 8), bf16 x mxfp8 80.4 / 80.9 / 80.2 / 80.9 and 83.5 / 83.6 / 83.4 / 83.6;
 #   at 8192^2, M = 1 bf16 x mxfp8 22.5 / 22.0 / 22.5 / 22.0.
@@ -758,8 +758,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "pdl": bool (default `MMA_PDL` up to M = 16 where `_mma_pdl_by_plan` allows it, False above: programmatic
     dependent launch where the device has it; any M) and "pdl_prefetch":
     0 .. 4 (with pdl at M <= 16, which it turns on: windows of weights each warp asks L2 for before its grid wait;
-    default `MMA_PDL_PREFETCH`:
-    2, and 4 for fp8 weights at 8 < M <= 16).
+    default `MMA_PDL_PREFETCH`: 2, and 4 for fp8 weights at 8 < M <= 16).
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
