@@ -122,7 +122,8 @@ def expected_out(n: int, split: int) -> torch.Tensor:
     base = ((t * 32 + c * 4 + i) % 61).float() * 0.125
     total = base * split + sum(range(split))
     out = torch.empty(64 * n)
-    out[(col * n + row).reshape(-1)] = total.expand(col.shape[0], THREADS, GROUPS, 4).reshape(-1)
+    index = col * n + row
+    out[index.reshape(-1)] = total.expand(index.shape).reshape(-1)
     return out.to(torch.bfloat16)
 
 
