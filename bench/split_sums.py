@@ -88,21 +88,25 @@ def split_sums(workspace, tickets, out, N: tl.constexpr, SPLIT: tl.constexpr, MO
         tl.debug_barrier()
         ticket = tl.atomic_add(tickets + tile, 1, sem="acq_rel")
         if ticket == SPLIT - 1:
+            # every read first, as `mma_gemv.store_sums` (a read after a store waits for the round trips before it)
             zeros = tl.zeros([256], tl.float32)
-            for c in tl.static_range(8):
-                if MODE == 2:
-                    base = workspace + ((tile * 8 + c) * 256 + t) * 4
-                    s0, s1, s2, s3 = _ld_cg_v4(base)
-                    tl.store(out + _output_index(t, tile, c, 0, N), s0.to(tl.bfloat16))
-                    tl.store(out + _output_index(t, tile, c, 1, N), s1.to(tl.bfloat16))
-                    tl.store(out + _output_index(t, tile, c, 2, N), s2.to(tl.bfloat16))
-                    tl.store(out + _output_index(t, tile, c, 3, N), s3.to(tl.bfloat16))
-                    _st_zero_v4(base)
-                else:
+            if MODE == 2:
+                totals = ()
+                for c in tl.static_range(8):
+                    totals = totals + (_ld_cg_v4(workspace + ((tile * 8 + c) * 256 + t) * 4),)
+                for c in tl.static_range(8):
+                    for i in tl.static_range(4):
+                        tl.store(out + _output_index(t, tile, c, i, N), totals[c][i].to(tl.bfloat16))
+                    _st_zero_v4(workspace + ((tile * 8 + c) * 256 + t) * 4)
+            else:
+                totals = ()
+                for c in tl.static_range(8):
+                    for i in tl.static_range(4):
+                        totals = totals + (tl.atomic_add(workspace + _output_index(t, tile, c, i, N), zeros),)
+                for c in tl.static_range(8):
                     for i in tl.static_range(4):
                         index = _output_index(t, tile, c, i, N)
-                        total = tl.atomic_add(workspace + index, zeros)
-                        tl.store(out + index, total.to(tl.bfloat16))
+                        tl.store(out + index, totals[4 * c + i].to(tl.bfloat16))
                         tl.store(workspace + index, zeros)
             tl.store(tickets + tile, 0)
 
