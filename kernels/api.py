@@ -495,6 +495,12 @@ MMA_M64_TILE_128_PROGRAMS_PER_SM = 2
 # 0.42 / 0.45x (10240 x 8192). Below half a wave the split still wins: M = 192, 8192^2 (192 programs, 0.48 of a
 # wave; split 2) 0.71 / 0.61x and 0.64 / 0.56x.
 MMA_M64_UNSPLIT_WAVES = 0.5
+# mma_m64_kernel's split-K sums in the workspace (where they do not sum in clusters: 8192^2 and 8192 x 28672 at M = 64,
+# and every first call) in fragment order, one `red.global.add.v4.f32` per thread and column group instead of four
+# scalar adds at the outputs' positions (`mma_gemv.add_fragments`). H100, the epilogue alone on the M = 64 grid of
+# N = 8192, split 4 (256 programs of 256 threads, 8.4 MB of sums; bench/results/h100_split_sums_7a33b07_2026-11-27.log):
+# the adds 5.80 -> 4.00 us, with the ticket and the last part's read-back 13.21 -> 8.20 us (launch alone 1.13).
+MMA_M64_FRAGMENT_SUMS = True
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -729,6 +735,7 @@ class MmaOptions(NamedTuple):
     hoist: bool  # with evict: hinted loads in inline PTX, their policies made once before the K loop (EVICT 2)
     pdl: bool | None  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`); None: by the plan
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
+    fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -762,17 +769,19 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
-    output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics) and, above
+    output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics),
+    "fragment_sums": bool (default `MMA_M64_FRAGMENT_SUMS`: the workspace in fragment order, one vector reduction per
+    4 sums; False: scalar atomic adds at the outputs' positions) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
     for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
-                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl' and "
-                         f"'pdl_prefetch', or None, got {config!r}")
+                         f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
+                         f"'pdl_prefetch' and 'fragment_sums', or None, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
         raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
@@ -811,10 +820,13 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     evict = config.get("evict", MMA_EVICT and not wide_m)
     hoist = config.get("hoist", evict is True and _mma_hoist(m, narrow, fp8_weights))
     pdl = config.get("pdl", MMA_PDL and not wide_m)
+    fragment_sums = config.get("fragment_sums", wide_m and MMA_M64_FRAGMENT_SUMS)
     for name, value in (("shared_b", shared_b), ("wgmma", wgmma), ("cluster", cluster), ("evict", evict), ("hoist", hoist),
-                        ("pdl", pdl)):
+                        ("pdl", pdl), ("fragment_sums", fragment_sums)):
         if not isinstance(value, bool):
             raise ValueError(f"config: {name} must be a bool, got {value!r}")
+    if fragment_sums and not wide_m:
+        raise ValueError(f"config: fragment_sums applies above M = {MMA_WARP_M}, got {config!r} at M = {m}")
     pdl_prefetch = config.get("pdl_prefetch",
                               MMA_PDL_PREFETCH[fp8_weights, _mma_column_groups(m)] if pdl and not wide_m else 0)
     if type(pdl_prefetch) is not int or not 0 <= pdl_prefetch <= 4 or (pdl_prefetch and (not pdl or wide_m)):
@@ -846,7 +858,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
+                      fragment_sums)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1063,9 +1076,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER;
-    # mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m, cluster) if wide_m
+    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER,
+    # FRAGMENT_SUMS; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -1074,8 +1087,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
               and _has_pdl(b.device) else 0,
               _mma_column_groups(m), *tail)
     workspace = None
-    if split > 1:
-        workspace = (torch.zeros(m * n, dtype=torch.float32, device=b.device),
+    if split > 1:  # in fragment order: every thread's 4 sums of each column group of every output tile
+        sums = (row_programs * MMA_M64_PROGRAM_ROWS * 8 * _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS
+                if wide_m and options.fragment_sums else m * n)
+        workspace = (torch.zeros(sums, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,

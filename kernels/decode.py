@@ -698,6 +698,16 @@ GRID_DEPENDENCY_WAIT_PTX = "griddepcontrol.wait; mov.b32 $0, $1;"
 # Output $0 = input $1 (an accumulator, so it comes after the K loop that made it)
 LAUNCH_DEPENDENTS_PTX = "griddepcontrol.launch_dependents; mov.b32 $0, $1;"
 
+# Split-K sums of `mma_m64_kernel` in a workspace in fragment order (`mma_gemv.add_fragments`): a thread's 4
+# accumulators of a column group at 16 contiguous bytes, so one vector reduction adds them (sm_90). $1 the address,
+# $2-$5 the sums, $6 nonzero where the adds run (the CTA was launched without clusters); output $0: 0.
+FRAGMENT_ADD_PTX = ("{ .reg .pred p; setp.ne.b32 p, $6, 0; @p red.relaxed.gpu.global.add.v4.f32 [$1], {$2, $3, $4, $5}; "
+                    "mov.u32 $0, 0; }")
+# The last part's read of a column group's totals at L2 (after the ticket's acquire): outputs $0-$3, address $4
+FRAGMENT_LOAD_PTX = "ld.relaxed.gpu.global.v4.f32 {$0, $1, $2, $3}, [$4];"
+# Zeros back over them for the next call: address $1; output $0: 0
+FRAGMENT_ZERO_PTX = "st.global.v4.f32 [$1], {0f00000000, 0f00000000, 0f00000000, 0f00000000}; mov.u32 $0, 0;"
+
 
 def cluster_sum_bytes(values: int, split: int, threads: int = 256) -> int:
     """Shared memory of `MMA_CLUSTER_SUM_PTX[values, split]`: a slot per other CTA of the values this one owns."""

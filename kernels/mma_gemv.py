@@ -80,7 +80,8 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, GRID_DEPENDENCY_WAIT_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX,
+                     FRAGMENT_ZERO_PTX, GRID_DEPENDENCY_WAIT_PTX,
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
@@ -423,6 +424,45 @@ def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS
     for (index, valid), total in zip(slots, totals, strict=True):
         store_out(out, bias, index, valid, total * scale, N, HAS_BIAS)
         hl.store(workspace, [index], zeros, extra_mask=valid)
+
+
+def triton_asm(ptx, constraints, args, dtype):
+    """`hl.inline_triton` source of a `tl.inline_asm_elementwise` of `ptx` (its braces escaped for the template) on
+    `args` (template fields: "{0} + {1}", ...), not pure."""
+    ptx = ptx.replace("{", "{{").replace("}", "}}")
+    return f"tl.inline_asm_elementwise('{ptx}', '{constraints}', [{args}], dtype={dtype}, is_pure=False, pack=1)"
+
+
+def fragment_index(tile, tid, c, groups):
+    """Where thread `tid`'s 4 sums of column group c of output tile `tile` sit in a workspace in fragment order
+    (`add_fragments`): 16 contiguous bytes, a warp's 512, a column group's 4 KB."""
+    return ((tile * groups + c) * 256 + tid) * 4
+
+
+def add_fragments(workspace, sums, tile, tid, groups, keep):
+    """mma_m64_kernel's SPLIT > 1 without clusters: the thread's sums (`m64_sums`) added into the workspace in fragment
+    order, one `red.global.add.v4.f32` per column group (`decode.FRAGMENT_ADD_PTX`; none where `keep` is false: the
+    CTA sums in its cluster) instead of `add_groups`' four scalar adds at the outputs' positions. H100, the epilogue alone on the M = 64
+    grid of N = 8192, split 4 (`python -m bench.split_sums`): 13.2 -> 8.2 us with the ticket and read-back."""
+    keep = torch.zeros_like(tid) + keep.to(torch.int32)
+    for c in range(groups):
+        hl.inline_triton(triton_asm(FRAGMENT_ADD_PTX, "=r,l,f,f,f,f,r", "({0} + {1}).to(tl.int64), {2}, {3}, {4}, {5}, {6}",
+                                    "tl.int32"),
+                         args=(workspace, fragment_index(tile, tid, c, groups), *sums[0][c], keep), output_like=None)
+
+
+def store_fragments(out, bias, workspace, tile, tid, q, g, gr, scale, M, N, HAS_BIAS, groups, col0=0):
+    """The last part of an output tile (`add_fragments`): every column group's totals read at L2 first, then stored into
+    `out` and zeros written back."""
+    totals = [hl.inline_triton(triton_asm(FRAGMENT_LOAD_PTX, "=f,=f,=f,=f,l", "{0} + {1}", "(tl.float32,) * 4"),
+                               args=(workspace, fragment_index(tile, tid, c, groups)),
+                               output_like=(torch.zeros_like(tid, dtype=torch.float32),) * 4) for c in range(groups)]
+    for c in range(groups):
+        for i in range(4):
+            index, valid = out_index(c, q, g, gr, i, M, N, col0)
+            store_out(out, bias, index, valid, totals[c][i] * scale, N, HAS_BIAS)
+        hl.inline_triton(triton_asm(FRAGMENT_ZERO_PTX, "=r,l", "{0} + {1}", "tl.int32"),
+                         args=(workspace, fragment_index(tile, tid, c, groups)), output_like=None)
 
 
 @helion.kernel(**KERNEL_SETTINGS)
@@ -768,6 +808,7 @@ def mma_m64_kernel(
     AHEAD: hl.constexpr,
     TILE_M: hl.constexpr,
     CLUSTER: hl.constexpr,
+    FRAGMENT_SUMS: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
@@ -781,7 +822,8 @@ def mma_m64_kernel(
     With SPLIT > 1 the parts of an output tile add their fp32 sums into a workspace (the last by ticket stores), or
     with CLUSTER, launched as one thread-block cluster of SPLIT CTAs (`launch.DirectLaunch`), through distributed
     shared memory (`cluster_store`); Triton's own launch (a shape's first call) runs without clusters, and the
-    kernel takes the workspace path when %cluster_nctarank says so. H100, M = 64, clusters / workspace: 10240 x 8192
+    kernel takes the workspace path when %cluster_nctarank says so. With FRAGMENT_SUMS that workspace is in fragment
+    order (`add_fragments`, `store_fragments`: one vector reduction per column group), else at the outputs' positions. H100, M = 64, clusters / workspace: 10240 x 8192
     1.37x-1.65x / 1.12x-1.36x, 57344 x 8192 1.49x-1.83x / 1.29x-1.62x (b085d76, 93dd6fb).
     H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16: 1.14x-1.95x (9b4b358; 67784e5: 1.18x-1.73x,
     mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x); N = K = 8192, M = 128 to 4096: 0.43x-0.82x,
@@ -907,12 +949,18 @@ def mma_m64_kernel(
                 cluster_store(out, bias, (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32,
                                           s33, s40, s41, s42, s43, s50, s51, s52, s53, s60, s61, s62, s63, s70, s71,
                                           s72, s73), q, g, gr, scale, M, N, HAS_BIAS, groups, col0, SPLIT, CLUSTER)
-            add_groups(workspace, sums, gr, q, g, M, N, 1, groups, col0, ctas != SPLIT)
+            if FRAGMENT_SUMS:
+                add_fragments(workspace, sums, tile, tid, groups, ctas != SPLIT)
+            else:
+                add_groups(workspace, sums, gr, q, g, M, N, 1, groups, col0, ctas != SPLIT)
             if ctas != SPLIT:
                 cluster_wait(q, CLUSTER)
                 hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
                 ticket = hl.atomic_add(tickets, [tile], 1, sem="acq_rel")  # the output tile's
                 if ticket == SPLIT - 1:
-                    store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
+                    if FRAGMENT_SUMS:
+                        store_fragments(out, bias, workspace, tile, tid, q, g, gr, scale, M, N, HAS_BIAS, groups, col0)
+                    else:
+                        store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, 1, groups, col0)
                     hl.store(tickets, [tile], 0)
     return out

@@ -381,7 +381,7 @@ def test_mma_m64_cluster_sums(pair, m, gen):
         programs = n // 128 * plan.split
         clustered = (plan.split > 1 and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
-        assert plan.consts[-1] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
+        assert plan.consts[-2] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
         assert launcher.kernel is not None and launcher.launcher.metadata[1] == launcher.cluster  # the direct launch's
         clustered_splits |= {plan.split} if clustered else set()
     assert {2, 4} <= clustered_splits and (m != 64 or 8 in clustered_splits)
