@@ -1141,9 +1141,13 @@ def _mma_pdl(plan: SplitKPlan) -> bool:
     return plan.consts[MMA_PDL_CONST] > 0
 
 
+# CLUSTER's place among the constexprs of the two mma kernels (the tails of `_mma_plan`)
+MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -2, -7
+
+
 def _mma_cluster_size(plan: SplitKPlan) -> int:
     """CTAs per thread-block cluster of an mma plan's launch: its split where it sums in clusters, else 1."""
-    return plan.split if plan.consts[-1 if plan.m_pad > MMA_WARP_M else -7] else 1
+    return plan.split if plan.consts[MMA_M64_CLUSTER_CONST if plan.m_pad > MMA_WARP_M else MMA_GEMV_CLUSTER_CONST] else 1
 
 
 def mma_kernel(m: int):

@@ -390,12 +390,14 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     x = torch.randn(m, 2048).to(torch.bfloat16)
     b = bs.quantize(torch.randn(1024, 2048), "mxfp4").with_data_layout("mma_m16k16")
     for fragment_sums, sums in ((True, 1024 // 128 * -(-m // 64) * groups * 1024), (False, m * 1024)):
         config = {"max_split": 4, "fragment_sums": fragment_sums}
         plan = api._mma_plan(x, b, False, m, 1024, 2048, api.mma_options_for(config, x, b, m, 1024))
         assert (plan.split, plan.consts[-1], plan.workspace[0].numel()) == (4, fragment_sums, sums), config
+        assert plan.consts[api.MMA_M64_CLUSTER_CONST] is False and api._mma_cluster_size(plan) == 1  # 32 programs
 
 
 def test_uneven_split(monkeypatch):
