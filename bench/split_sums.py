@@ -8,9 +8,11 @@ holding 32 sums as `mma_m64_kernel`'s accumulators (8 column groups x 4):
 
 - `scalar`: 32 relaxed fp32 atomic adds per thread at the output's positions (`mma_gemv.add_groups`);
 - `vector`: 8 `red.global.add.v4.f32` per thread, the workspace in fragment order (a thread's 4 sums of a column group
-  at 16 contiguous bytes, a warp's 512 contiguous);
+  at 16 contiguous bytes, a warp's 512 contiguous: `mma_gemv.add_fragments`, with its PTX);
+- `none`: no adds (the launch alone);
 - each with `ticket`: then the CTA barrier, the tile's ticket (acq_rel), and the last part reading the totals back
-  (at L2: relaxed atomic adds of zero / `ld.global.cg.v4`), zeroing them and storing the bf16 outputs, as the kernel does.
+  at L2 (relaxed atomic adds of zero, or `ld.relaxed.gpu.global.v4`; for `none` the scalar path's), zeroing them and
+  storing the bf16 outputs, as the kernel does (`store_sums`, `store_fragments`).
 
 Before timing, one call of each ticket variant is checked against the sum of the parts' values computed on the host
 (the outputs poisoned first), so both address maps are exercised. CUDA-graph replay, one process; cuBLAS bf16 at
@@ -24,6 +26,11 @@ import argparse
 import torch
 import triton
 import triton.language as tl
+
+from blockscaled.kernels.decode import FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX, FRAGMENT_ZERO_PTX
+
+# the kernel's PTX (Triton reads module globals in a jit function only as constexprs)
+ADD_PTX, LOAD_PTX, ZERO_PTX = (tl.constexpr(ptx) for ptx in (FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX, FRAGMENT_ZERO_PTX))
 
 THREADS = 256  # a program of mma_m64_kernel: 8 warps of one 16-row group, 128 weight rows
 GROUPS = 8  # column groups of 8 activation rows at M = 64
@@ -48,20 +55,19 @@ def _output_index(t, tile, c: tl.constexpr, i: tl.constexpr, N: tl.constexpr):
 
 @triton.jit
 def _red_v4(ptr, a, b, c, d):
-    return tl.inline_asm_elementwise("red.global.add.v4.f32 [$1], {$2, $3, $4, $5}; mov.u32 $0, 0;",
-                                     "=r,l,f,f,f,f", [ptr.to(tl.int64), a, b, c, d], dtype=tl.int32, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(ADD_PTX, "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, a.to(tl.int32) * 0 + 1],
+                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
-def _ld_cg_v4(ptr):
-    return tl.inline_asm_elementwise("ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l", [ptr],
+def _ld_v4(ptr):
+    return tl.inline_asm_elementwise(LOAD_PTX, "=f,=f,=f,=f,l", [ptr],
                                      dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=False, pack=1)
 
 
 @triton.jit
 def _st_zero_v4(ptr):
-    return tl.inline_asm_elementwise("st.global.cg.v4.f32 [$1], {0f00000000, 0f00000000, 0f00000000, 0f00000000}; "
-                                     "mov.u32 $0, 0;", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(ZERO_PTX, "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -93,7 +99,7 @@ def split_sums(workspace, tickets, out, N: tl.constexpr, SPLIT: tl.constexpr, MO
             if MODE == 2:
                 totals = ()
                 for c in tl.static_range(8):
-                    totals = totals + (_ld_cg_v4(workspace + ((tile * 8 + c) * 256 + t) * 4),)
+                    totals = totals + (_ld_v4(workspace + ((tile * 8 + c) * 256 + t) * 4),)
                 for c in tl.static_range(8):
                     for i in tl.static_range(4):
                         tl.store(out + _output_index(t, tile, c, i, N), totals[c][i].to(tl.bfloat16))
@@ -102,7 +108,8 @@ def split_sums(workspace, tickets, out, N: tl.constexpr, SPLIT: tl.constexpr, MO
                 totals = ()
                 for c in tl.static_range(8):
                     for i in tl.static_range(4):
-                        totals = totals + (tl.atomic_add(workspace + _output_index(t, tile, c, i, N), zeros, sem="relaxed"),)
+                        index = _output_index(t, tile, c, i, N)
+                        totals = totals + (tl.atomic_add(workspace + index, zeros, sem="relaxed"),)
                 for c in tl.static_range(8):
                     for i in tl.static_range(4):
                         index = _output_index(t, tile, c, i, N)
@@ -175,7 +182,8 @@ def main(argv=None):
             for mode in ("scalar", "vector"):
                 check(n, split, mode)
             print(f"\nN = {n}, M = 64, split {split}: {split * n // 128} programs of {THREADS} threads, "
-                  f"{split * 64 * n * 4 / 1e6:.1f} MB of sums; cuBLAS bf16 (K = 8192) {cublas * 1e3:.1f} us", flush=True)
+                  f"{split * 64 * n * 4 / 1e6:.1f} MB of sums; cuBLAS bf16 (K = 8192) {cublas * 1e3:.1f} us",
+                  flush=True)
             for ticket in (False, True):
                 for mode in MODES:
                     fn, _ = call(n, split, mode, ticket)

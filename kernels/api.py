@@ -499,7 +499,11 @@ MMA_M64_UNSPLIT_WAVES = 0.5
 # and every first call) in fragment order, one `red.global.add.v4.f32` per thread and column group instead of four
 # scalar adds at the outputs' positions (`mma_gemv.add_fragments`). H100, the epilogue alone on the M = 64 grid of
 # N = 8192, split 4 (256 programs of 256 threads, 8.4 MB of sums; bench/results/h100_split_sums_7a33b07_2026-11-27.log):
-# the adds 5.80 -> 4.00 us, with the ticket and the last part's read-back 13.21 -> 8.20 us (launch alone 1.13).
+# the adds 5.80 -> 4.00 us, with the ticket and the last part's read-back 13.21 -> 8.20 us (launch alone 1.13). The
+# kernel at M = 64, x cuBLAS bf16, scalar / fragment order, A / B / A / B in one process per shape, every cell checked
+# in fp32 (bench/results/h100_mma_m64_fragment_sums_ab_n8192_k{8192,28672}_e79d0d2_2026-11-27.log): 8192^2 faster for
+# all 7 pairs by 2.3-3.5 us (nvfp4 x nvfp4 1.41 -> 1.50-1.54x, bf16 x mxfp4 1.45 -> 1.57x, bf16 x mxfp8 1.17 -> 1.28x);
+# 8192 x 28672 by 3.1-5.3 us (nvfp4 x nvfp4 1.76 -> 1.85x, bf16 x mxfp4 1.90 -> 1.96x, mxfp8 x mxfp8 1.40 -> 1.46x).
 MMA_M64_FRAGMENT_SUMS = True
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.

@@ -442,8 +442,9 @@ def fragment_index(tile, tid, c, groups):
 def add_fragments(workspace, sums, tile, tid, groups, keep):
     """mma_m64_kernel's SPLIT > 1 without clusters: the thread's sums (`m64_sums`) added into the workspace in fragment
     order, one `red.global.add.v4.f32` per column group (`decode.FRAGMENT_ADD_PTX`; none where `keep` is false: the
-    CTA sums in its cluster) instead of `add_groups`' four scalar adds at the outputs' positions. H100, the epilogue alone on the M = 64
-    grid of N = 8192, split 4 (`python -m bench.split_sums`): 13.2 -> 8.2 us with the ticket and read-back."""
+    CTA sums in its cluster) instead of `add_groups`' four scalar adds at the outputs' positions. H100, M = 64, N = 8192
+    (split 4): the epilogue alone 13.2 -> 8.2 us (`python -m bench.split_sums`), the kernel 2.3-5.3 us faster
+    (`api.MMA_M64_FRAGMENT_SUMS`)."""
     keep = torch.zeros_like(tid) + keep.to(torch.int32)
     for c in range(groups):
         hl.inline_triton(triton_asm(FRAGMENT_ADD_PTX, "=r,l,f,f,f,f,r", "({0} + {1}).to(tl.int64), {2}, {3}, {4}, {5}, {6}",
