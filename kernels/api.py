@@ -1091,7 +1091,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
               and _has_pdl(b.device) else 0,
               _mma_column_groups(m), *tail)
     workspace = None
-    if split > 1:  # in fragment order: every thread's 4 sums of each column group of every output tile
+    if split > 1:  # mma_m64_kernel's fragment order: 256 threads x 4 sums per column group of every output tile
         sums = (row_programs * MMA_M64_PROGRAM_ROWS * 8 * _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS
                 if wide_m and options.fragment_sums else m * n)
         workspace = (torch.zeros(sums, dtype=torch.float32, device=b.device),

@@ -447,9 +447,9 @@ def add_fragments(workspace, sums, tile, tid, groups, keep):
     (`api.MMA_M64_FRAGMENT_SUMS`)."""
     keep = torch.zeros_like(tid) + keep.to(torch.int32)
     for c in range(groups):
-        hl.inline_triton(triton_asm(FRAGMENT_ADD_PTX, "=r,l,f,f,f,f,r", "({0} + {1}).to(tl.int64), {2}, {3}, {4}, {5}, {6}",
-                                    "tl.int32"),
-                         args=(workspace, fragment_index(tile, tid, c, groups), *sums[0][c], keep), output_like=None)
+        # the address as an integer: tl.inline_asm_elementwise does not take a pointer beside floats
+        asm = triton_asm(FRAGMENT_ADD_PTX, "=r,l,f,f,f,f,r", "({0} + {1}).to(tl.int64), {2}, {3}, {4}, {5}, {6}", "tl.int32")
+        hl.inline_triton(asm, args=(workspace, fragment_index(tile, tid, c, groups), *sums[0][c], keep), output_like=None)
 
 
 def store_fragments(out, bias, workspace, tile, tid, q, g, gr, scale, M, N, HAS_BIAS, groups, col0=0):
@@ -824,8 +824,9 @@ def mma_m64_kernel(
     with CLUSTER, launched as one thread-block cluster of SPLIT CTAs (`launch.DirectLaunch`), through distributed
     shared memory (`cluster_store`); Triton's own launch (a shape's first call) runs without clusters, and the
     kernel takes the workspace path when %cluster_nctarank says so. With FRAGMENT_SUMS that workspace is in fragment
-    order (`add_fragments`, `store_fragments`: one vector reduction per column group), else at the outputs' positions. H100, M = 64, clusters / workspace: 10240 x 8192
-    1.37x-1.65x / 1.12x-1.36x, 57344 x 8192 1.49x-1.83x / 1.29x-1.62x (b085d76, 93dd6fb).
+    order (`add_fragments`, `store_fragments`: one vector reduction per column group), else at the outputs'
+    positions. H100, M = 64, clusters / workspace: 10240 x 8192 1.37x-1.65x / 1.12x-1.36x, 57344 x 8192 1.49x-1.83x /
+    1.29x-1.62x (b085d76, 93dd6fb).
     H100, M = 64, the four Llama-3-70B shapes, x cuBLAS bf16: 1.14x-1.95x (9b4b358; 67784e5: 1.18x-1.73x,
     mma.sync 1.07x-1.14x at 8192^2 where wgmma gave 1.33x-1.42x); N = K = 8192, M = 128 to 4096: 0.43x-0.82x,
     1.1x-7.5x faster in each of the 28 cells than the other kernels on the k_order copy (5aee332)."""

@@ -472,9 +472,12 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
         issue_bound = narrow and not pair.endswith("mxfp8")
         for kernel, counts in ((True, wgmma), (False, mma_sync)):
             assert_programs_fit(pair, counts, MMA_M64_PROGRAMS_PER_SM[kernel, issue_bound], warps=8)
-        if pair.startswith("mxfp8"):
+        if pair == "mxfp8xmxfp4":
             # with the post-scales read before the loop (4053425) ptxas issued none of these loads ahead of the B
-            # exchange's fence: M = 64, 8192^2 mxfp8 x mxfp4 36.0 -> 42.4 us, mxfp8 x mxfp8 41.1 -> 43.2 us (H100)
+            # exchange's fence: M = 64, 8192^2 mxfp8 x mxfp4 36.0 -> 42.4 us (H100). mxfp8 x mxfp8 lost 41.1 -> 43.2 us
+            # that way then, but its build with the fragment-order split-K sums issues none early either and ran 38.2
+            # against 40.8-41.0 us with the scalar sums and one early load
+            # (bench/results/h100_mma_m64_fragment_sums_ab_n8192_k8192_e79d0d2_2026-11-27.log): not a rule for it
             assert wgmma["early"] >= 1, pair
 
 
