@@ -54,6 +54,12 @@ def _output_index(t, tile, c: tl.constexpr, i: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def _fragment_index(t, tile, c: tl.constexpr):
+    """`mma_gemv.fragment_index` of thread t's 4 sums of column group c of the tile."""
+    return ((tile * 8 + c) * 256 + t) * 4
+
+
+@triton.jit
 def _red_v4(ptr, a, b, c, d):
     return tl.inline_asm_elementwise(ADD_PTX, "=r,l,f,f,f,f,r", [ptr.to(tl.int64), a, b, c, d, a.to(tl.int32) * 0 + 1],
                                      dtype=tl.int32, is_pure=False, pack=1)
@@ -83,7 +89,7 @@ def split_sums(workspace, tickets, out, N: tl.constexpr, SPLIT: tl.constexpr, MO
     t = tl.arange(0, 256)
     for c in tl.static_range(8):
         if MODE == 2:
-            _red_v4(workspace + ((tile * 8 + c) * 256 + t) * 4, _value(t, part, c, 0), _value(t, part, c, 1),
+            _red_v4(workspace + _fragment_index(t, tile, c), _value(t, part, c, 0), _value(t, part, c, 1),
                     _value(t, part, c, 2), _value(t, part, c, 3))
         elif MODE == 1:
             for i in tl.static_range(4):
@@ -99,11 +105,11 @@ def split_sums(workspace, tickets, out, N: tl.constexpr, SPLIT: tl.constexpr, MO
             if MODE == 2:
                 totals = ()
                 for c in tl.static_range(8):
-                    totals = totals + (_ld_v4(workspace + ((tile * 8 + c) * 256 + t) * 4),)
+                    totals = totals + (_ld_v4(workspace + _fragment_index(t, tile, c)),)
                 for c in tl.static_range(8):
                     for i in tl.static_range(4):
                         tl.store(out + _output_index(t, tile, c, i, N), totals[c][i].to(tl.bfloat16))
-                    _st_zero_v4(workspace + ((tile * 8 + c) * 256 + t) * 4)
+                    _st_zero_v4(workspace + _fragment_index(t, tile, c))
             else:
                 totals = ()
                 for c in tl.static_range(8):

@@ -1057,7 +1057,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
     if (k // 64) % options.k_warps:
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
-    from .mma_gemv import program_row_warps  # per cache key, not per call
+    from .mma_gemv import fragment_workspace_sums, program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
     if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
@@ -1091,8 +1091,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
               and _has_pdl(b.device) else 0,
               _mma_column_groups(m), *tail)
     workspace = None
-    if split > 1:  # mma_m64_kernel's fragment order: 256 threads x 4 sums per column group of every output tile
-        sums = (row_programs * MMA_M64_PROGRAM_ROWS * 8 * _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS
+    if split > 1:  # mma_m64_kernel's fragment order: its column groups (COL_GROUPS x TILE_M / 64) of every output tile
+        sums = (fragment_workspace_sums(row_programs, _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS)
                 if wide_m and options.fragment_sums else m * n)
         workspace = (torch.zeros(sums, dtype=torch.float32, device=b.device),
                      torch.zeros(row_programs, dtype=torch.int32, device=b.device))

@@ -148,12 +148,19 @@ def grid_wait(tid):
     return hl.inline_asm_elementwise(GRID_DEPENDENCY_WAIT_PTX, "=r,r", [tid], dtype=torch.int32, is_pure=False, pack=1)
 
 
+def triton_asm(ptx, constraints, args, dtype):
+    """`hl.inline_triton` source of a `tl.inline_asm_elementwise` of `ptx` (its braces escaped for the template) on
+    `args` (template fields: "{0} + {1}", ...), not pure."""
+    ptx = ptx.replace("{", "{{").replace("}", "}}")
+    return f"tl.inline_asm_elementwise('{ptx}', '{constraints}', [{args}], dtype={dtype}, is_pure=False, pack=1)"
+
+
 def prefetch_l2(ptr, index, like):
     """Ask L2 for the line of `ptr[index]` (`prefetch.global.L2`: nothing is returned, so it may run before
     `grid_wait`: the data is read after the wait, through L2, which every write reaches); returns a zero token to add
     into `grid_wait`'s input (Helion drops an asm whose output is unused)."""
-    return hl.inline_triton("tl.inline_asm_elementwise('prefetch.global.L2 [$1]; mov.u32 $0, 0;', '=r,l', [{0} + {1}], "
-                            "dtype=tl.int32, is_pure=False, pack=1)", args=(ptr, index), output_like=like)
+    return hl.inline_triton(triton_asm("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", "{0} + {1}", "tl.int32"),
+                            args=(ptr, index), output_like=like)
 
 
 def warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS):
@@ -426,17 +433,16 @@ def store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS
         hl.store(workspace, [index], zeros, extra_mask=valid)
 
 
-def triton_asm(ptx, constraints, args, dtype):
-    """`hl.inline_triton` source of a `tl.inline_asm_elementwise` of `ptx` (its braces escaped for the template) on
-    `args` (template fields: "{0} + {1}", ...), not pure."""
-    ptx = ptx.replace("{", "{{").replace("}", "}}")
-    return f"tl.inline_asm_elementwise('{ptx}', '{constraints}', [{args}], dtype={dtype}, is_pure=False, pack=1)"
-
-
 def fragment_index(tile, tid, c, groups):
     """Where thread `tid`'s 4 sums of column group c of output tile `tile` sit in a workspace in fragment order
     (`add_fragments`): 16 contiguous bytes, a warp's 512, a column group's 4 KB."""
     return ((tile * groups + c) * 256 + tid) * 4
+
+
+def fragment_workspace_sums(tiles, groups):
+    """The fp32 sums a workspace in fragment order holds for `tiles` output tiles of `groups` column groups: where
+    `fragment_index` would place tile `tiles`."""
+    return fragment_index(tiles, 0, 0, groups)
 
 
 def add_fragments(workspace, sums, tile, tid, groups, keep):
