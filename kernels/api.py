@@ -760,8 +760,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     decodes its K range of the activation once, into shared memory; default at M = 1 for them where
     the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
     "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
-    the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule; one that
-    does not divide the K / 64 windows only without "ahead", in parts of W / n or W / n + 1 windows) and
+    the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule, in parts of W / n or
+    W / n + 1 of the K / 64 windows W; at M <= MMA_WARP_M one that does not divide W only without "ahead") and
     "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
     `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
     False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
@@ -770,7 +770,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     dependent launch where the device has it; any M) and "pdl_prefetch":
     0 .. 4 (with pdl at M <= 16, which it turns on: windows of weights each warp asks L2 for before its grid wait;
     default `MMA_PDL_PREFETCH`: 2, and 4 for fp8 weights at 8 < M <= 16).
-    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split", "wgmma": bool (default True:
+    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split" or "split", "wgmma": bool (default True:
     wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
     output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics),
@@ -787,8 +787,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
                          f"'pdl_prefetch' and 'fragment_sums', or None, got {config!r}")
     split = config.get("split", 0)
-    if "split" in config and (type(split) is not int or split < 1 or "max_split" in config or m > MMA_WARP_M):
-        raise ValueError(f"config: split is an int >= 1 at M <= {MMA_WARP_M}, without 'max_split', got {config!r} at M = {m}")
+    if "split" in config and (type(split) is not int or split < 1 or "max_split" in config):
+        raise ValueError(f"config: split is an int >= 1, without 'max_split', got {config!r} at M = {m}")
     wide_m = m > MMA_WARP_M
     auto = (m == 1 and not narrow and not set(config) & {"max_split", "split", "shared_b", "ahead"}) or (
         1 < m <= MMA_WARP_M and not set(config) & {"max_split", "split", "shared_b", "ahead", "row_groups"})
@@ -1069,9 +1069,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
     row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
-    if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead)):
+    if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead and not wide_m)):
         raise ValueError(f"config: split {options.split} must be at most the K / 64 = {k // 64} windows and, with "
-                         f"ahead {options.ahead}, divide them")
+                         f"ahead {options.ahead} at M <= {MMA_WARP_M}, divide them")
     split = options.split or (1 if options.k_warps > 1 else _mma_split(
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
         MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0))

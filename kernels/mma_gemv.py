@@ -643,6 +643,15 @@ def b_word_count(ACT_ELEM):
     return 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 2 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 3
 
 
+def ahead_window(first, i, steps, windows, uneven):
+    """The window `mma_m64_kernel` loads i windows into a K part that starts at `first`; past the part's end in bounds
+    and unused: wrapped into its `steps` windows, or with an uneven split (parts of steps or steps + 1) the last
+    window of K at most (one scalar minimum per load instead of a remainder by a value known only at run time)."""
+    if uneven:  # (a tensor: Python's min of two symbolic ints is decided when Helion traces the kernel)
+        return torch.clamp(hl.zeros([], dtype=torch.int32) + (first + i), max=windows - 1)
+    return first + i % steps
+
+
 def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
@@ -838,6 +847,8 @@ def mma_m64_kernel(
     1.1x-7.5x faster in each of the 28 cells than the other kernels on the k_order copy (5aee332)."""
     windows = K // 64
     steps = windows // SPLIT
+    # SPLIT that does not divide the windows (config "split"): part p runs windows p W / SPLIT .. (p + 1) W / SPLIT
+    uneven = windows % SPLIT != 0
     blocks = 64 // BLOCK
     rows, tiles_m = N // 128, (M + TILE_M - 1) // TILE_M
     for program in hl.tile(SPLIT * rows * tiles_m, block_size=1):
@@ -871,7 +882,7 @@ def mma_m64_kernel(
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
-        first = part * steps
+        first = part * windows // SPLIT if uneven else part * steps
         # (a constant operand: with the post-scales loaded here for it, ptxas scheduled the K loop's loads later and
         # mxfp8 x mxfp4 at M = 64, 8192^2 took 42.4 instead of 36.0 us; the scales are read after the loop)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
@@ -882,19 +893,19 @@ def mma_m64_kernel(
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
-            u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, first + 1 % steps, lane, q, g,
+            u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if AHEAD > 2:
-            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, first + 2 % steps, lane, q, g,
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g,
                                                                   windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
-        for it in hl.tile(steps, block_size=1):
+        for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
-                x64, xs, w, f, row, gr, first + (it.begin + AHEAD) % steps, lane, q, g, windows, blocks, K, ACT_ELEM,
+                x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g, windows, blocks, K, ACT_ELEM,
                 BLOCK_A, A_LAYOUT, EVICT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
-                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, first + (it.begin + 1) % steps, q, K, ACT_ELEM,
+                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows, uneven), q, K, ACT_ELEM,
                                                        BLOCK_A, A_LAYOUT, EVICT))
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
                 address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),

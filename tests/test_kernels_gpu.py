@@ -287,6 +287,22 @@ def test_mma_uneven_split(pair, m, gen):
     assert backend_used(pair, m) == "mma"
 
 
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_m64_uneven_split(pair, gen):
+    """mma_m64_kernel with split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1
+    windows, loads past a part's end clamped to the last window): parts of 1 or 2 windows (30 of 31), 6 parts of 21 or
+    22 windows 3 ahead with two windows per iteration (an odd count), 7 parts 2 ahead with scalar workspace adds, 3
+    parts on mma.sync, bias and bf16 out, 128-row tiles (M = 128); M = 17, 40, 64, 128; the workspace zero after."""
+    for m, n, k, config in [(64, 1024, 1984, {"split": 30}), (64, 256, 8192, {"split": 6, "ahead": 3, "unroll": 2}),
+                            (17, 256, 1536, {"split": 7, "ahead": 2, "fragment_sums": False}),
+                            (40, 512, 4096, {"split": 3, "wgmma": False}), (128, 256, 1984, {"split": 6})]:
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
+    run_and_check(pair, 64, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"split": 7})
+    assert_split_k_workspaces_zero()
+    assert backend_used(pair, 64) == "mma"
+
+
 @pytest.mark.parametrize("pair", MMA_PAIRS[2:5] + MMA_PAIRS[6:], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_mma_staged_b(pair, m, gen):

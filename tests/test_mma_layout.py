@@ -401,9 +401,10 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
 
 
 def test_uneven_split(monkeypatch):
-    """"split" gives the split-K factor itself (M <= 16); one that does not divide the windows runs parts of
-    W / split or W / split + 1 windows, never with windows loaded ahead or above M = 16. The wave rule takes
-    powers of two only (M = 16, 10240 x 8192: 8, `api._mma_split`; 12 and 13 were timed and did not pay)."""
+    """"split" gives the split-K factor itself; one that does not divide the windows runs parts of W / split or
+    W / split + 1 windows, at M <= 16 never with windows loaded ahead (mma_m64_kernel, which always loads ahead, clamps
+    its loads past a part's end to the last window instead: `mma_gemv.ahead_window`). The wave rule takes powers of two
+    only (M = 16, 10240 x 8192: 8, `api._mma_split`; 12 and 13 were timed and did not pay)."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
@@ -417,13 +418,19 @@ def test_uneven_split(monkeypatch):
     assert plan({"split": 13}).consts[-6:] == (2, 13, True, 0, 1, False) and plan({"split": 13}).split == 13
     assert plan({"split": 7, "row_groups": 1, "shared_b": False}).consts[-6:] == (1, 7, False, 0, 1, False)
     assert plan({"split": 8, "ahead": 1}).consts[-6:] == (2, 8, True, 1, 1, False)  # divides: ahead may load
-    for bad, match in [({"split": 7, "ahead": 1}, "with ahead 1, divide them"), ({"split": 129}, "at most the K / 64 = 128"),
+    for bad, match in [({"split": 7, "ahead": 1}, "with ahead 1 at M <= 16, divide them"),
+                       ({"split": 129}, "at most the K / 64 = 128"),
                        ({"split": 0}, "split is an int >= 1"), ({"split": 4, "max_split": 4}, "without 'max_split'"),
                        ({"split": 2.0}, "split is an int"), ({"split": 4, "k_warps": 2}, "without 'max_split' or 'split'")]:
         with pytest.raises(ValueError, match=match):
             plan(bad)
-    with pytest.raises(ValueError, match="at M <= 16"):
-        api._mma_options({"split": 4}, 64, 8192, False)
+    x64 = torch.randn(64, 8192).to(torch.bfloat16)
+    for config, split in (({"split": 6}, 6), ({"split": 6, "ahead": 2}, 6), ({"split": 128}, 128), (None, 4)):
+        m64 = api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for(config, x64, b, 64, 8192))
+        # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
+        assert m64.split == split and m64.consts[-6] == split and m64.consts[-2] is False, config
+    with pytest.raises(ValueError, match="at most the K / 64 = 128"):
+        api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for({"split": 129}, x64, b, 64, 8192))
 
 
 def test_m16_one_group_split(monkeypatch):
