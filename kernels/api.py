@@ -505,6 +505,17 @@ MMA_M64_UNSPLIT_WAVES = 0.5
 # all 7 pairs by 2.3-3.5 us (nvfp4 x nvfp4 1.41 -> 1.50-1.54x, bf16 x mxfp4 1.45 -> 1.57x, bf16 x mxfp8 1.17 -> 1.28x);
 # 8192 x 28672 by 3.1-5.3 us (nvfp4 x nvfp4 1.76 -> 1.85x, bf16 x mxfp4 1.90 -> 1.96x, mxfp8 x mxfp8 1.40 -> 1.46x).
 MMA_M64_FRAGMENT_SUMS = True
+# mma_m64_kernel's wave rule may take a split-K factor that does not divide the K windows (`_mma_split`'s `uneven`):
+# where the power of two leaves one wave of programs under 90% full, the largest factor that still fits one wave.
+# At M = 64, 8192^2 and 8192 x 28672 (64 row programs) that is 6 instead of 4 (384 programs for 396 places) for the
+# pairs counted 3 per SM (bf16 activations, mxfp8 x mxfp8); split 5 (320) was slower than 4 for all 7 pairs. H100,
+# x cuBLAS bf16, split 4 / 6 / 4 / 6 in one process per shape, every cell checked in fp32
+# (bench/results/h100_mma_m64_uneven_split_n8192_k{8192,28672}_e7a1b85_2026-11-27.log), us: 8192^2 bf16 x nvfp4
+# 31.8 / 30.0 / 31.7 / 30.0, bf16 x mxfp4 30.8 / 29.2 / 30.7 / 29.2, bf16 x mxfp8 38.3 / 37.1 / 38.3 / 37.1, mxfp8 x
+# mxfp8 38.4 / 36.3 / 38.2 / 36.3; 8192 x 28672 90.0 / 84.0 / 89.6 / 84.1, 87.5 / 83.3 / 87.6 / 82.6, 106.6 / 99.2 /
+# 106.9 / 98.9, 118.2 / 103.8 / 118.4 / 105.2. The pairs counted 2 keep 4 (256 programs fill 0.97 of 264): with 6,
+# nvfp4 x nvfp4 was as fast at 8192^2 and 3% slower at 8192 x 28672, mxfp4 x mxfp4 5% faster and 6% slower.
+MMA_M64_UNEVEN_SPLIT = True
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
 MMA_M64_AHEAD = 1
@@ -881,10 +892,12 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> Mma
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
-               unsplit_waves: float = 0) -> int:
+               unsplit_waves: float = 0, uneven: bool = False) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
     with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
-    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave."""
+    (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave.
+    With `uneven` (mma_m64_kernel), where that split leaves one wave under 90% full, the largest factor
+    <= max_split whose programs still fit one wave if they fill 90% of it (`MMA_M64_UNEVEN_SPLIT`)."""
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
     if not programs_per_sm:
         return splits[-1]
@@ -896,7 +909,11 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
         waves = row_programs * s / resident
         return waves / -(-waves // 1)
 
-    return next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
+    split = next((s for s in splits if fill(s) >= 0.9), max(splits, key=fill))
+    one_wave = min(max_split, windows, resident // row_programs)
+    if uneven and row_programs * split < 0.9 * resident <= row_programs * one_wave:
+        return one_wave
+    return split
 
 
 def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
@@ -1074,7 +1091,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                          f"ahead {options.ahead} at M <= {MMA_WARP_M}, divide them")
     split = options.split or (1 if options.k_warps > 1 else _mma_split(
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
-        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0))
+        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, wide_m and MMA_M64_UNEVEN_SPLIT))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m

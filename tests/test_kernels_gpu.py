@@ -384,8 +384,8 @@ def test_mma_m64_cluster_sums(pair, m, gen):
     """Split-K parts summed in thread-block clusters (`decode.MMA_CLUSTER_SUM_PTX`): a shape's first call runs
     through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
     SPLIT CTAs where the plan takes them (more than MMA_CLUSTER_PROGRAMS_PER_SM programs per SM, the accumulators
-    divisible by SPLIT); every call matches the reference (poisoned output): the decode shapes (8192^2: 256
-    programs, no clusters), split 2, 4 and 8 on grids that take them, with bias and bf16 out; the workspace stays
+    divisible by SPLIT, which is 2, 4 or 8); every call matches the reference (poisoned output): the decode shapes
+    (8192^2: 256 programs of split 4, or 384 of split 6 where 3 per SM are counted; no clusters), split 2, 4 and 8 on grids that take them, with bias and bf16 out; the workspace stays
     zero."""
     from blockscaled.kernels import api
 
@@ -395,7 +395,7 @@ def test_mma_m64_cluster_sums(pair, m, gen):
                                (8576, 2048, {"max_split": 4}, False), (4352, 2048, {"max_split": 8}, False)):
         _, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         programs = n // 128 * plan.split
-        clustered = (plan.split > 1 and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
+        clustered = (plan.split in (2, 4, 8) and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
         assert plan.consts[-2] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
         assert launcher.kernel is not None and launcher.launcher.metadata[1] == launcher.cluster  # the direct launch's

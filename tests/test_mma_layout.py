@@ -371,6 +371,13 @@ def test_split_fills_the_last_wave(monkeypatch):
     # 3 (wgmma, 80 registers): 10240 x 8192 takes 4 (320 programs, 0.81 of 396; 8 ties and comes later)
     m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 3, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
+    # uneven (mma_m64_kernel): where the power of two leaves one wave under 90% full, the largest factor that fits
+    # one wave if it fills 90%: 64 row programs x 6 = 384 of 396; 80 x 4 = 320 stays (x 5 = 400 is a second wave);
+    # 2 per SM: 64 x 4 already fills 0.97 of 264, 48 x 5 = 240 fills 0.91 where 48 x 4 filled 0.73
+    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 3, cpu, uneven=True) for n, k in shapes}
+    assert m64 == {(8192, 8192): 6, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 6, (1024, 1984): 1}
+    assert [api._mma_split(64, 48, 8, per_sm, cpu, uneven=True) for per_sm in (2, 3)] == [5, 8]
+    assert api._mma_split(128, 64, 8, 2, cpu, uneven=True) == 4 and api._mma_split(128, 64, 4, 3, cpu, uneven=True) == 4
     # the plan: 3 with wgmma but for fp4 / fp8 activations on fp4 weights, 2 with mma.sync
     bf16, nvfp4 = torch.randn(64, 8192).to(torch.bfloat16), bs.quantize(torch.randn(64, 8192), "nvfp4").with_data_layout("k_order")
     mxfp8 = bs.quantize(torch.randn(64, 8192), "mxfp8").with_data_layout("k_order")
@@ -380,6 +387,13 @@ def test_split_fills_the_last_wave(monkeypatch):
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
         assert (plan.split, plan.consts[-5]) == (split, has_wgmma), (has_wgmma, w)
+    # 8192^2: split 6 (uneven, in the workspace) where 3 per SM are counted, else 4
+    for has_wgmma, (x, w), split in [(True, (bf16, "mxfp4"), 6), (True, (mxfp8, "mxfp8"), 6), (True, (nvfp4, "nvfp4"), 4),
+                                     (True, (mxfp8, "mxfp4"), 4), (False, (bf16, "mxfp4"), 4)]:
+        monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
+        b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
+        plan = api._mma_plan(x, b, False, 64, 8192, 8192, api.mma_options_for(None, x, b, 64, 8192))
+        assert (plan.split, plan.consts[-6], api._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
 
 
 @pytest.mark.parametrize("m, groups", [(40, 5), (130, 8)])
@@ -710,7 +724,7 @@ def test_cluster_options(monkeypatch):
     """mma_m64_kernel sums its split-K parts in a thread-block cluster (CLUSTER, its last constexpr) with wgmma,
     more than 2 programs per SM, split 2 .. 8 dividing the 4 x column groups accumulators, 64 activation rows per
     program; not without split, with "cluster": False, mma.sync, 128 rows, split 16 or at most 2 programs per SM
-    (N = 8192, split 4: 256 programs on 132 SMs); "cluster" is refused when not a bool. mma_gemv_kernel (M <= 16,
+    (N = 8192, split 4: 256 programs on 132 SMs) or 6 parts (the default there: no cluster sum of 6); "cluster" is refused when not a bool. mma_gemv_kernel (M <= 16,
     CLUSTER its 7th constexpr from the end) by the same rule with its 4 x row groups x column groups accumulators:
     M = 16, 10240 x 8192 (split 8, 640 programs), fp8 weights at 8192 x 28672 (split 8, 512) and M <= 8 with 4 or 8
     accumulators in clusters of as many (one per CTA); not the K-slice plans (no split), split 16 (fp4 weights at
@@ -721,7 +735,8 @@ def test_cluster_options(monkeypatch):
     monkeypatch.setattr(api, "_sm_count", lambda device: 132)
     assert api.MMA_CLUSTER_PROGRAMS_PER_SM == 2
     for m, n, config, split, cluster in ((64, 10240, {}, 4, True), (64, 10240, {"max_split": 8}, 8, True),
-                                         (64, 57344, {"max_split": 2}, 2, True), (64, 8192, {}, 4, False),
+                                         (64, 57344, {"max_split": 2}, 2, True), (64, 8192, {"max_split": 4}, 4, False),
+                                         (64, 8192, {}, 6, False),
                                          (64, 8192, {"max_split": 8}, 8, True), (64, 10240, {"cluster": False}, 4, False),
                                          (64, 10240, {"max_split": 1}, 1, False),
                                          (64, 10240, {"max_split": 4, "wgmma": False}, 4, False),
