@@ -835,7 +835,9 @@ def mma_m64_kernel(
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
     w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
-    With SPLIT > 1 the parts of an output tile add their fp32 sums into a workspace (the last by ticket stores), or
+    With SPLIT > 1 (parts of W / SPLIT or W / SPLIT + 1 of the K / 64 windows W where SPLIT does not divide them: a
+    part's loads past its end then read the last window of K, unused) the parts of an output tile add their fp32 sums
+    into a workspace (the last by ticket stores), or
     with CLUSTER, launched as one thread-block cluster of SPLIT CTAs (`launch.DirectLaunch`), through distributed
     shared memory (`cluster_store`); Triton's own launch (a shape's first call) runs without clusters, and the
     kernel takes the workspace path when %cluster_nctarank says so. With FRAGMENT_SUMS that workspace is in fragment
@@ -893,20 +895,23 @@ def mma_m64_kernel(
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
-            u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+            u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(
+                x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g, windows, blocks, K,
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if AHEAD > 2:
-            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g,
-                                                                  windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+            v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(
+                x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g, windows, blocks, K,
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
-                x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g, windows, blocks, K, ACT_ELEM,
-                BLOCK_A, A_LAYOUT, EVICT)
+                x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
+                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
-                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows, uneven), q, K, ACT_ELEM,
-                                                       BLOCK_A, A_LAYOUT, EVICT))
+                m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
+                                                                                    uneven), q, K, ACT_ELEM, BLOCK_A,
+                                                       A_LAYOUT, EVICT))
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
                 address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
