@@ -514,7 +514,10 @@ MMA_M64_FRAGMENT_SUMS = True
 # 31.8 / 30.0 / 31.7 / 30.0, bf16 x mxfp4 30.8 / 29.2 / 30.7 / 29.2, bf16 x mxfp8 38.3 / 37.1 / 38.3 / 37.1, mxfp8 x
 # mxfp8 38.4 / 36.3 / 38.2 / 36.3; 8192 x 28672 90.0 / 84.0 / 89.6 / 84.1, 87.5 / 83.3 / 87.6 / 82.6, 106.6 / 99.2 /
 # 106.9 / 98.9, 118.2 / 103.8 / 118.4 / 105.2. The pairs counted 2 keep 4 (256 programs fill 0.97 of 264): with 6,
-# nvfp4 x nvfp4 was as fast at 8192^2 and 3% slower at 8192 x 28672, mxfp4 x mxfp4 5% faster and 6% slower.
+# nvfp4 x nvfp4 was as fast at 8192^2 and 3% slower at 8192 x 28672, mxfp4 x mxfp4 5% faster and 6% slower. The
+# rule also takes 5 instead of 4 at 6144 x 4096 (48 row programs) for those pairs at M = 17 .. 64 and every pair at
+# M = 65 .. 128: faster in every cell timed (h100_mma_m{64,128}_uneven_split*_n6144_k4096_{db9f1d9,361f87a}_*.log;
+# M = 64 nvfp4 x nvfp4 17.1 / 18.3 us, M = 128 bf16 x mxfp8 29.4 / 31.7 us).
 MMA_M64_UNEVEN_SPLIT = True
 # Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
 # mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
