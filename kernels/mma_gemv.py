@@ -163,10 +163,19 @@ def prefetch_l2(ptr, index, like):
                             args=(ptr, index), output_like=like)
 
 
+def part_windows(part, windows, steps, SPLIT, uneven):
+    """(first window, windows) of split-K part `part` of SPLIT: `steps` each, or where SPLIT does not divide the K / 64
+    windows (`uneven`) windows part W / SPLIT .. (part + 1) W / SPLIT, steps or steps + 1 of them."""
+    if uneven:
+        first = part * windows // SPLIT
+        return first, (part + 1) * windows // SPLIT - first
+    return part * steps, steps
+
+
 def warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED_B, ROW_GROUPS):
     """(the warp's first row group, its first window) in `mma_gemv_kernel`'s program (tile_p, part)."""
     if K_WARPS == 1:  # the program's row groups, and its first window
-        return (tile_p * 4 + (tid >> 5)) * ROW_GROUPS, part * windows // SPLIT if uneven else part * steps
+        return (tile_p * 4 + (tid >> 5)) * ROW_GROUPS, part_windows(part, windows, steps, SPLIT, uneven)[0]
     if SHARED_B:  # K slice tid >> 7 of 4 warps on the program's 4 row groups (pairs)
         return (tile_p * 4 + ((tid >> 5) & 3)) * ROW_GROUPS, (part * K_WARPS + (tid >> 7)) * steps
     # one row group (pair) per program; warp w from window w * steps, a per-thread value, so only here (for K_WARPS 1
@@ -565,7 +574,7 @@ def mma_gemv_kernel(
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS, EVICT)
-        for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
+        for it in hl.tile(part_windows(part, windows, steps, SPLIT, uneven)[1], block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
@@ -884,7 +893,7 @@ def mma_m64_kernel(
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
-        first = part * windows // SPLIT if uneven else part * steps
+        first, count = part_windows(part, windows, steps, SPLIT, uneven)
         # (a constant operand: with the post-scales loaded here for it, ptxas scheduled the K loop's loads later and
         # mxfp8 x mxfp4 at M = 64, 8192^2 took 42.4 instead of 36.0 us; the scales are read after the loop)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
@@ -902,7 +911,7 @@ def mma_m64_kernel(
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g, windows, blocks, K,
                 ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
-        for it in hl.tile((part + 1) * windows // SPLIT - first if uneven else steps, block_size=1):
+        for it in hl.tile(count, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
