@@ -20,7 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import triton
@@ -86,10 +91,6 @@ def launcher(x: torch.Tensor, b, v: dict):
 
 def sass_counts(v: dict, k: int = 8192, n: int = 8192) -> dict:
     """Compile variant `v` for sm_90 (no GPU needed) and count the K loop's SASS (`bench.sass.loop_counts`)."""
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -111,10 +112,8 @@ def sass_counts(v: dict, k: int = 8192, n: int = 8192) -> dict:
         nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
         sass = subprocess.check_output([str(nvdisasm), "-c", str(cubin)], text=True)
         usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(cubin)], text=True)
-    import re
-
-    regs = int(re.search(r"\bREG:(\d+)", usage).group(1))
-    return {**loop_counts(sass), "regs": regs, "smem": kernel.metadata.shared}
+    regs, local = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
+    return {**loop_counts(sass), "regs": regs, "spill": local, "smem": kernel.metadata.shared}
 
 
 def parse_args(argv=None):
@@ -131,9 +130,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.sass and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the interpreter's jit cannot compile
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.call([sys.executable, "-m", "bench.tma_m64", *(sys.argv[1:] if argv is None else argv)],
+                               env=env, cwd=Path(__file__).parent.parent)
     if args.sass:
         for v in args.variants:
-            print(json.dumps(v), sass_counts(v, args.K, args.N), flush=True)
+            print(json.dumps({"variant": v, **sass_counts(v, args.K, args.N)}), flush=True)
         return 0
     import blockscaled as bs
     from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm

@@ -743,3 +743,15 @@ def test_gpu_tests_classify_reads_the_summary_line():
     assert runner.classify(1, "F\n1 failed in 0.10s\n") == "FAIL"
     assert runner.classify(5, "no tests ran in 0.01s\n") == "FAIL"  # an id that no longer exists
     assert runner.classify(0, "") == "SKIP"  # nothing passed
+
+
+def test_tma_m64_probe_feeds_wgmma_without_a_layout_conversion(capfd):
+    """bench.tma_m64 compiles for sm_90 here: the weights' bytes go from TMA's shared memory straight into wgmma's
+    register-A layout (shared-memory loads, no stores: no conversion through shared memory in the K loop)."""
+    from bench import tma_m64
+
+    assert tma_m64.main(["--sass"]) == 0
+    (counts,) = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    assert counts["variant"] == tma_m64.DEFAULT_VARIANTS[0]
+    # one 64-K window of 128 rows per iteration: 2 dots of K = 32 on two warpgroups, 16 bytes of weights per thread
+    assert counts["HGMMA"] == 4 and counts["STS"] == 0 and counts["LDS"] > 0 and counts["spill"] == 0
