@@ -752,3 +752,79 @@ def _cluster_sum(values: int, split: int, threads: int = 256) -> str:
 # mma_gemv_kernel 4 x row groups x column groups (4, 8 or 16) on 128
 MMA_CLUSTER_SUM_PTX = {(4 * g, s, t): _cluster_sum(4 * g, s, t) for t, groups in ((256, MMA_M64_B_ROWS // 8), (128, 4))
                        for g in range(1, groups + 1) for s in (2, 4, 8) if 4 * g % s == 0}
+
+
+# Weight ring of bulk copies (`mma_m64_kernel` with RING = S > 0): each warp streams its row group's windows (words,
+# then factor words) through S slots of shared memory, lane 0 requesting window i + S with two `cp.async.bulk` copies
+# into slot i % S (one mbarrier per warp and slot, its transaction count the slot's bytes) once the warp has read
+# window i from it; every lane waits for its window's phase with `mbarrier.try_wait.parity`. No registers hold the
+# windows in flight, and the copies are one lane's few instructions per window and warp, where the cp.async ring of
+# 2487450 (16 bytes per lane and copy, its addresses made from %tid.x in every copy and read) added 21-33 sm_90
+# instructions per window and lost 4-7% at M = 64 (bench/DECODE_NOTES.md, 2026-11-26).
+def ring_slot_bytes(wide: bool, blocks: int) -> int:
+    """Shared memory of one warp's window in the ring: its words (128 int32, or int64 for fp8 weights), then its factor
+    words (8 int16 per scale block of the window; `blocks` blocks)."""
+    return 128 * (8 if wide else 4) + 16 * blocks
+
+
+def ring_bytes(stages: int, warps: int, wide: bool, blocks: int) -> int:
+    """Shared memory of a ring of `stages` windows for `warps` warps: the slots, then one 8-byte mbarrier per slot."""
+    return stages * warps * (ring_slot_bytes(wide, blocks) + 8)
+
+
+def _ring_copy(slot: str, bar: str, words: str, factors: str, pred: str, wide: bool, blocks: int) -> str:
+    """PTX: under `pred`, one window of a warp (words at `words`, factor words at `factors`, global addresses) copied
+    into the slot at shared address `slot` behind the mbarrier at `bar`."""
+    word_bytes, factor_bytes = 128 * (8 if wide else 4), 16 * blocks
+    return (f"@{pred} mbarrier.arrive.expect_tx.shared::cta.b64 st, [{bar}], {word_bytes + factor_bytes}; "
+            f"@{pred} cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{slot}], [{words}], "
+            f"{word_bytes}, [{bar}]; "
+            f"@{pred} cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{slot}+{word_bytes}], "
+            f"[{factors}], {factor_bytes}, [{bar}]; ")
+
+
+def ring_start_ptx(stages: int, wide: bool, blocks: int, warps: int = 8) -> str:
+    """Output $0: a token (zero); inputs: $1 the ring (`ring_bytes`), $2 the part's windows, $3 / $4 the global
+    addresses (int64) of the warp's first window's words and factor words. Lane 0 initializes the warp's mbarriers
+    and requests its first min(stages, $2) windows. One output: Helion writes an asm once per output."""
+    slot = ring_slot_bytes(wide, blocks)
+    word_bytes, factor_bytes = 128 * (8 if wide else 4), 16 * blocks
+    inits = "".join(f"@p mbarrier.init.shared::cta.b64 [b+{8 * s}], 1; " for s in range(stages))
+    copies = "".join(
+        f"setp.gt.and.u32 c, $2, {s}, p; add.u64 g, $3, {s * word_bytes}; add.u64 h, $4, {s * factor_bytes}; "
+        + _ring_copy(f"a+{s * slot}", f"b+{8 * s}", "g", "h", "c", wide, blocks) for s in range(stages))
+    return ("{ .reg .pred p, c; .reg .b32 t, l, w, a, b; .reg .b64 g, h, st; "
+            "mov.u32 t, %tid.x; and.b32 l, t, 31; shr.u32 w, t, 5; setp.eq.u32 p, l, 0; "
+            f"mad.lo.u32 a, w, {stages * slot}, $1; mad.lo.u32 b, w, {stages * 8}, $1; "
+            f"add.u32 b, b, {warps * stages * slot}; " + inits
+            + "fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; bar.warp.sync -1; " + copies
+            + "mov.u32 $0, 0; }")
+
+
+def ring_read_ptx(stages: int, wide: bool, blocks: int) -> str:
+    """Outputs $0 .. $3: the lane's 4 words of window $8 of the part (int32, or int64 if `wide`; the lane's word of
+    step s at (lane + 32 s)), $4 its rows' factor word; inputs: $5 / $6 the lane's word and factor word in the warp's
+    slot 0, $7 the slot's mbarrier (`mma_gemv.ring_start`), $8 the window's index in the part, $9 a token (the last
+    copy's: the reads follow it). Waits for the window's phase of its slot (`stages` a power of two). Pure, so that
+    LLVM merges the copies Helion writes per output into one."""
+    size = 8 if wide else 4
+    reads = "".join(f"ld.shared.b{8 * size} ${s}, [a+{32 * size * s}]; " for s in range(4))
+    return ("{ .reg .pred d; .reg .b32 s, ph, a, b, o; "
+            f"and.b32 s, $8, {stages - 1}; shr.b32 ph, $8, {stages.bit_length() - 1}; and.b32 ph, ph, 1; "
+            f"mad.lo.u32 b, s, 8, $7; mul.lo.u32 o, s, {ring_slot_bytes(wide, blocks)}; add.u32 a, $5, o; "
+            "RING_WAIT: mbarrier.try_wait.parity.shared::cta.b64 d, [b], ph; @!d bra RING_WAIT; "
+            + reads + "add.u32 o, $6, o; ld.shared.u16 $4, [o]; }")
+
+
+def ring_copy_ptx(stages: int, wide: bool, blocks: int) -> str:
+    """Output $0: a token; inputs: $1 the warp's slot 0, $2 its mbarrier, $3 the index in the part of the window just
+    read, $4 the part's windows, $5 / $6 the global addresses (int64) of the part's first window's words and factor
+    words, $7 a value the warp's reads of the window returned (the copy follows them). Lane 0 requests window $3 +
+    stages into the slot that window $3 held, if the part has it."""
+    word_bytes, factor_bytes = 128 * (8 if wide else 4), 16 * blocks
+    return ("{ .reg .pred p; .reg .b32 t, l, j, s, a, b; .reg .b64 g, h, o, st; "
+            "mov.u32 t, %tid.x; and.b32 l, t, 31; "
+            f"add.u32 j, $3, {stages}; setp.lt.u32 p, j, $4; setp.eq.and.u32 p, l, 0, p; "
+            f"and.b32 s, $3, {stages - 1}; mad.lo.u32 b, s, 8, $2; mad.lo.u32 a, s, {ring_slot_bytes(wide, blocks)}, $1; "
+            f"mul.wide.u32 o, j, {word_bytes}; add.u64 g, $5, o; mul.wide.u32 o, j, {factor_bytes}; add.u64 h, $6, o; "
+            "bar.warp.sync -1; " + _ring_copy("a", "b", "g", "h", "p", wide, blocks) + "mov.u32 $0, $7; }")
