@@ -690,7 +690,7 @@ def ring_start(w, f, tid, gr, first, count, windows, blocks, W_ELEM, RING):
                                       is_pure=False, pack=1)
     lane, warp = tid & 31, tid >> 5
     slot = ring + warp * (RING * ring_slot_bytes(wide, blocks))
-    bar = ring + RING * (8 * ring_slot_bytes(wide, blocks) + 8 * warp)  # after the 8 warps' slots (`decode.ring_bytes`)
+    bar = ring + 8 * RING * (8 * ring_slot_bytes(wide, blocks) + warp)
     # the lane's factor word: int16 8 ((q blocks) / 4) + g of the window (`a_words`)
     factor = slot + 128 * (8 if wide else 4) + 2 * (8 * (((lane & 3) * blocks) >> 2) + (lane >> 2))
     return token, slot + lane * (8 if wide else 4), factor, slot, bar, words, factors
