@@ -14,7 +14,7 @@ from blockscaled.qtensor import QTensor
 
 from . import configs
 from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
-                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, ring_bytes, staged_b_bytes,
+                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
                      staged_b_chunks)
 from .launch import DirectLaunch
 
@@ -505,10 +505,6 @@ MMA_M64_UNSPLIT_WAVES = 0.5
 # all 7 pairs by 2.3-3.5 us (nvfp4 x nvfp4 1.41 -> 1.50-1.54x, bf16 x mxfp4 1.45 -> 1.57x, bf16 x mxfp8 1.17 -> 1.28x);
 # 8192 x 28672 by 3.1-5.3 us (nvfp4 x nvfp4 1.76 -> 1.85x, bf16 x mxfp4 1.90 -> 1.96x, mxfp8 x mxfp8 1.40 -> 1.46x).
 MMA_M64_FRAGMENT_SUMS = True
-# Most slots of mma_m64_kernel's weight ring (config "ring", `decode.ring_start_ptx`): 4 windows of fp8 weights for 8
-# warps are 34 KB of static shared memory beside the 16 KB of wgmma's B windows (48 KB in all at most), so fp8 weights
-# take up to 3 (`_mma_plan` checks).
-MMA_RING_MAX = 4
 # mma_m64_kernel's wave rule may take a split-K factor that does not divide the K windows (`_mma_split`'s `uneven`):
 # where the power of two leaves one wave of programs under 90% full, the largest factor that still fits one wave.
 # At M = 64, 8192^2 and 8192 x 28672 (64 row programs) that is 6 instead of 4 (384 programs for 396 places) for the
@@ -758,7 +754,6 @@ class MmaOptions(NamedTuple):
     pdl: bool | None  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`); None: by the plan
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
-    ring: int = 0  # M > MMA_WARP_M: windows of weights each warp has in flight in a shared-memory ring of bulk copies (RING)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -796,13 +791,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     "fragment_sums": bool (default `MMA_M64_FRAGMENT_SUMS`: the workspace in fragment order, one vector reduction per
     4 sums; False: scalar atomic adds at the outputs' positions) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
-    for two wgmma) and "ring": 0, 2 or MMA_RING_MAX (with tile_m 64: each warp's next windows of weights on their way
-    into a shared-memory ring of that many slots by bulk copies, no registers holding them, `ahead` then loading the
-    activation only; no cluster sums; default 0) may be given: one row group per warp, B shared."""
+    for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "ring"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
@@ -882,15 +875,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
-    ring = config.get("ring", 0)
-    if "ring" in config and (type(ring) is not int or ring not in (0, 2, MMA_RING_MAX) or not wide_m
-                             or tile_m != MMA_M64_B_ROWS or config.get("cluster") is True):
-        raise ValueError(f"config: ring is 0, 2 or {MMA_RING_MAX} above M = {MMA_WARP_M}, with tile_m "
-                         f"{MMA_M64_B_ROWS} and without 'cluster' True (its slots take the cluster sums' shared memory), "
-                         f"got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
-                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster and not ring, split, evict, hoist, pdl,
-                      pdl_prefetch, fragment_sums, ring)
+                      wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
+                      fragment_sums)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1113,14 +1100,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    if options.ring:
-        ring = ring_bytes(options.ring, 8, not b.fmt.is_packed, MMA_M64_B_ROWS // b.fmt.block_size)
-        if ring + m64_exchange_buffer(wgmma)[0] > STATIC_SHARED_BYTES:
-            raise ValueError(f"config: a ring of {options.ring} windows of {b.fmt.name} weights takes {ring} bytes of shared "
-                             f"memory, and with the B windows more than the {STATIC_SHARED_BYTES} a program has")
     # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER,
-    # FRAGMENT_SUMS, RING; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums, options.ring) if wide_m
+    # FRAGMENT_SUMS; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -1184,7 +1166,7 @@ def _mma_pdl(plan: SplitKPlan) -> bool:
 
 
 # CLUSTER's place among the constexprs of the two mma kernels (the tails of `_mma_plan`)
-MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -3, -7
+MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -2, -7
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

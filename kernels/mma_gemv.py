@@ -85,8 +85,8 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGME
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, ring_bytes, ring_copy_ptx,
-                     ring_read_ptx, ring_slot_bytes, ring_start_ptx, shared_b_bytes, shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
+                     shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
 # K_WARPS > 1 K_WARPS warps on 16 or 32 rows, or with shared B K_WARPS K slices of those 4 warps
@@ -661,59 +661,11 @@ def ahead_window(first, i, steps, windows, uneven):
     return first + i % steps
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT,
-                 RING=0):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
-    and its A words (`a_words`; with RING they come from the weight ring instead, and the B share pads these five too)."""
-    b = pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
-    return (*b, *(b if RING else a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)))
-
-
-def ring_sources(w, f, gr, first, windows, blocks, like):
-    """The global addresses (int64, shaped as `like`) of the words and factor words of row group `gr`'s window
-    `first`: a warp's windows follow one another in both (`layouts.mma`)."""
-    window = gr * windows + first
-    return tuple(hl.inline_triton("({0} + {1}).to(tl.int64)", args=(ptr, index), output_like=like)
-                 for ptr, index in ((w, window * 128), (f, window * (8 * blocks))))
-
-
-def ring_start(w, f, tid, gr, first, count, windows, blocks, W_ELEM, RING):
-    """A weight ring of RING windows for the 8 warps of an `mma_m64_kernel` program (`decode.ring_bytes`), the part's
-    first min(RING, count) windows requested (`decode.ring_start_ptx`): (a token, the lane's word and factor word in
-    the warp's slot 0 and the slot's mbarrier (shared addresses), the addresses of the part's first window
-    (`ring_sources`))."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    ring = shared_buffer(ring_bytes(RING, 8, wide, blocks), 256)
-    words, factors = ring_sources(w, f, gr, first, windows, blocks, torch.zeros_like(ring, dtype=torch.int64))
-    token = hl.inline_asm_elementwise(ring_start_ptx(RING, wide, blocks), "=r,r,r,l,l",
-                                      [ring, torch.zeros_like(ring) + count, words, factors], dtype=torch.int32,
-                                      is_pure=False, pack=1)
-    lane, warp = tid & 31, tid >> 5
-    slot = ring + warp * (RING * ring_slot_bytes(wide, blocks))
-    bar = ring + 8 * RING * (8 * ring_slot_bytes(wide, blocks) + warp)
-    # the lane's factor word: int16 8 ((q blocks) / 4) + g of the window (`a_words`)
-    factor = slot + 128 * (8 if wide else 4) + 2 * (8 * (((lane & 3) * blocks) >> 2) + (lane >> 2))
-    return token, slot + lane * (8 if wide else 4), factor, slot, bar, words, factors
-
-
-def ring_read(word, factor, bar, i, token, blocks, W_ELEM, RING):
-    """The warp's `a_words` of the part's window i, read from its ring slot once the copy is in
-    (`decode.ring_read_ptx`), after the copy that returned `token`."""
-    wide = W_ELEM != ELEMENT_CODES["e2m1"]
-    kind = torch.int64 if wide else torch.int32
-    return list(hl.inline_asm_elementwise(
-        ring_read_ptx(RING, wide, blocks), ",".join(["=l" if wide else "=r"] * 4 + ["=r"] + ["r"] * 5),
-        [word, factor, bar, torch.zeros_like(bar) + i, token], dtype=(kind,) * 4 + (torch.int32,), is_pure=True,
-        pack=1))
-
-
-def ring_copy(slot, bar, i, count, words, factors, token, blocks, W_ELEM, RING):
-    """Window i + RING of the part into the slot window i held (`decode.ring_copy_ptx`), after the reads that
-    returned `token`; returns a token."""
-    like = torch.zeros_like(slot)
-    return hl.inline_asm_elementwise(
-        ring_copy_ptx(RING, W_ELEM != ELEMENT_CODES["e2m1"], blocks), "=r,r,r,r,r,l,l,r",
-        [slot, bar, like + i, like + count, words, factors, token], dtype=torch.int32, is_pure=False, pack=1)
+    and its A words (`a_words`)."""
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)),
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
@@ -882,7 +834,6 @@ def mma_m64_kernel(
     TILE_M: hl.constexpr,
     CLUSTER: hl.constexpr,
     FRAGMENT_SUMS: hl.constexpr,
-    RING: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
@@ -892,9 +843,7 @@ def mma_m64_kernel(
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
-    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md). With RING > 0 the weights come
-    from a ring of RING windows per warp in shared memory instead, filled by bulk copies (`ring_start`, `ring_read`,
-    `ring_copy`: window w + RING is requested once window w is read), and AHEAD loads only the B shares.
+    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
     With SPLIT > 1 (parts of W / SPLIT or W / SPLIT + 1 of the K / 64 windows W where SPLIT does not divide them: a
     part's loads past its end then read the last window of K, unused) the parts of an output tile add their fp32 sums
     into a workspace (the last by ticket stores), or
@@ -950,31 +899,24 @@ def mma_m64_kernel(
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
-        if RING:  # the part's first RING windows of weights on their way into shared memory
-            token, ring_word, ring_factor, ring_slot, ring_bar, ring_words, ring_factors = ring_start(
-                w, f, tid, gr, first, count, windows, blocks, W_ELEM, RING)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
         for it in hl.tile(count, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
-                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, RING)
+                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
-            if RING:  # this window's weights from the ring, then window w + RING's copy into the slot they held
-                loaded_a = ring_read(ring_word, ring_factor, ring_bar, it.begin, token, blocks, W_ELEM, RING)
-                token = ring_copy(ring_slot, ring_bar, it.begin, count, ring_words, ring_factors, loaded_a[4], blocks,
-                                  W_ELEM, RING)
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
                                                                                     uneven), q, K, ACT_ELEM, BLOCK_A,
@@ -984,10 +926,7 @@ def mma_m64_kernel(
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
             else:
                 address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
-            if RING:
-                frags = a_fragments(loaded_a, W_ELEM, ENCODING)
-            else:
-                frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
+            frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
             if WGMMA:
                 (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (

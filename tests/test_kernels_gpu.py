@@ -303,27 +303,6 @@ def test_mma_m64_uneven_split(pair, gen):
     assert backend_used(pair, 64) == "mma"
 
 
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-def test_mma_m64_ring(pair, gen):
-    """mma_m64_kernel with the weight ring (config "ring": each warp's windows of words and factor words requested by
-    bulk copies RING windows ahead into shared memory): split-K and not, wgmma and mma.sync, fewer windows than the
-    ring (copies past the part skipped), two windows per iteration, an uneven split, 3 windows ahead of the B shares,
-    bias and bf16 out, narrow activations' scales in another layout; M = 17 and 64; the workspace stays zero."""
-    big = 2 if pair[1] == "mxfp8" else 4  # 4 windows of fp8 weights do not fit beside the B windows
-    for m in (17, 64):
-        for config in ({"ring": 2, "max_split": 4}, {"ring": big, "max_split": 1, "wgmma": False},
-                       {"ring": big, "max_split": 2, "unroll": 2}, {"ring": 2, "split": 5, "ahead": 3}):
-            run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16", config=config)
-        run_and_check(pair, m, 256, 128, "cuda", gen, data_layout="mma_m16k16", config={"ring": big, "max_split": 1})
-    run_and_check(pair, 64, 8192, 8192, "cuda", gen, data_layout="mma_m16k16", config={"ring": big})
-    run_and_check(pair, 64, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  config={"ring": 2})
-    if pair[0] != "bf16":
-        run_and_check(pair, 40, 1024, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout="mma_m16k16",
-                      config={"ring": 2})
-    assert_split_k_workspaces_zero()
-
-
 @pytest.mark.parametrize("pair", MMA_PAIRS[2:5] + MMA_PAIRS[6:], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_mma_staged_b(pair, m, gen):
