@@ -754,6 +754,7 @@ class MmaOptions(NamedTuple):
     pdl: bool | None  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`); None: by the plan
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
+    wide_b: bool = False  # M > MMA_WARP_M, bf16 activations: a thread's B share in two 16-byte loads (WIDE_B)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
@@ -795,7 +796,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
@@ -875,9 +876,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
+    wide_b = config.get("wide_b", False)
+    if "wide_b" in config and (type(wide_b) is not bool or not wide_m):
+        raise ValueError(f"config: wide_b is a bool above M = {MMA_WARP_M}, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums)
+                      fragment_sums, wide_b)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1102,7 +1106,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                b.device))
     # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER,
     # FRAGMENT_SUMS; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums) if wide_m
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums, options.wide_b) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -1166,7 +1170,7 @@ def _mma_pdl(plan: SplitKPlan) -> bool:
 
 
 # CLUSTER's place among the constexprs of the two mma kernels (the tails of `_mma_plan`)
-MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -2, -7
+MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -3, -7
 
 
 def _mma_cluster_size(plan: SplitKPlan) -> int:

@@ -236,12 +236,25 @@ def a_fragments(loaded, W_ELEM, ENCODING):
     )
 
 
-def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
+def wide_words(x64, index):
+    """The 4 int64 words at `index` .. `index` + 3 (32 bytes, 16-byte aligned) with two 16-byte loads (pure: Helion
+    writes the asm once per output and LLVM merges them)."""
+    like = torch.zeros_like(index, dtype=torch.int64)
+    return list(hl.inline_triton(
+        "tl.inline_asm_elementwise('ld.global.v2.b64 {{$0, $1}}, [$4]; ld.global.v2.b64 {{$2, $3}}, [$4+16];', "
+        "'=l,=l,=l,=l,l', [({0} + {1}).to(tl.int64)], dtype=(tl.int64,) * 4, is_pure=True, pack=1)",
+        args=(x64, index), output_like=(like,) * 4))
+
+
+def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B=0):
     """B of one column group's window, as loaded: activation row `row` at the lane's 16 K
-    (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code."""
+    (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code. With WIDE_B bf16's 32
+    bytes come in two 16-byte loads (`wide_words`) instead of four of 8."""
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
     # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
     index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
+    if WIDE_B and ACT_ELEM == ELEMENT_CODES["bf16"]:
+        return wide_words(x64, index)
     words = hinted_loads(x64, index, "x", EVICT, 16 // per_word)
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         return words
@@ -661,10 +674,11 @@ def ahead_window(first, i, steps, windows, uneven):
     return first + i % steps
 
 
-def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT):
+def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT,
+                 WIDE_B=0):
     """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
     and its A words (`a_words`)."""
-    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)),
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)),
             *a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT))
 
 
@@ -834,6 +848,7 @@ def mma_m64_kernel(
     TILE_M: hl.constexpr,
     CLUSTER: hl.constexpr,
     FRAGMENT_SUMS: hl.constexpr,
+    WIDE_B: hl.constexpr,
 ) -> torch.Tensor:
     """As `mma_gemv_kernel` for M > 16 (COL_GROUPS = ceil(min(M, 64) / 8) groups of 8 activation
     rows): a program is 8 warps (256 threads) of one 16-row group each, 128 weight rows, and TILE_M (64, or
@@ -900,22 +915,22 @@ def mma_m64_kernel(
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
         b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         for it in hl.tile(count, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
-                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
