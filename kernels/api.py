@@ -505,6 +505,14 @@ MMA_M64_UNSPLIT_WAVES = 0.5
 # all 7 pairs by 2.3-3.5 us (nvfp4 x nvfp4 1.41 -> 1.50-1.54x, bf16 x mxfp4 1.45 -> 1.57x, bf16 x mxfp8 1.17 -> 1.28x);
 # 8192 x 28672 by 3.1-5.3 us (nvfp4 x nvfp4 1.76 -> 1.85x, bf16 x mxfp4 1.90 -> 1.96x, mxfp8 x mxfp8 1.40 -> 1.46x).
 MMA_M64_FRAGMENT_SUMS = True
+# mma_m64_kernel loads a thread's 32 bytes of bf16 activation per window with two 16-byte loads (WIDE_B, config
+# "wide_b"; `mma_gemv.wide_words`) where the activation's data is 16-byte aligned, instead of four of 8: half the
+# load instructions and L1 tag lookups of a stream that ncu had at 82% of L1's throughput (bf16 x mxfp4, M = 64,
+# 8192^2: bench/results/h100_ncu_mma_m64_bf16xmxfp4_47a1124_2026-11-27.txt). H100, M = 64, default / wide_b twice in
+# one process, every cell checked in fp32 (bench/results/h100_mma_m64_wide_b_ab_n8192_k{8192,28672}_84f8d4c_...), us:
+# 8192^2 bf16 x nvfp4 29.9 -> 28.3, bf16 x mxfp4 29.2 -> 28.0, bf16 x mxfp8 37.4 -> 37.2; 8192 x 28672 bf16 x nvfp4
+# 84.8 / 86.9 -> 78.4 / 79.2, bf16 x mxfp4 83.0 / 83.3 -> 76.4 / 76.5, bf16 x mxfp8 100.2 -> 100.1.
+MMA_M64_WIDE_B = True
 # mma_m64_kernel's wave rule may take a split-K factor that does not divide the K windows (`_mma_split`'s `uneven`):
 # where the power of two leaves one wave of programs under 90% full, the largest factor that still fits one wave.
 # At M = 64, 8192^2 and 8192 x 28672 (64 row programs) that is 6 instead of 4 (384 programs for 396 places) for the
@@ -757,7 +765,7 @@ class MmaOptions(NamedTuple):
     wide_b: bool = False  # M > MMA_WARP_M, bf16 activations: a thread's B share in two 16-byte loads (WIDE_B)
 
 
-def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False) -> MmaOptions:
+def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = True) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
@@ -790,11 +798,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
     output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics),
     "fragment_sums": bool (default `MMA_M64_FRAGMENT_SUMS`: the workspace in fragment order, one vector reduction per
-    4 sums; False: scalar atomic adds at the outputs' positions) and, above
+    4 sums; False: scalar atomic adds at the outputs' positions), "wide_b": bool (default `MMA_M64_WIDE_B` for bf16
+    activations whose data is 16-byte aligned (`aligned`): two 16-byte loads of a thread's B share) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
     for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
-        return _default_mma_options(m, n, narrow, fp8_weights)
+        return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
             "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b"}
     if not isinstance(config, dict) or not set(config) <= keys:
@@ -876,9 +885,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
-    wide_b = config.get("wide_b", False)
-    if "wide_b" in config and (type(wide_b) is not bool or not wide_m):
-        raise ValueError(f"config: wide_b is a bool above M = {MMA_WARP_M}, got {config!r} at M = {m}")
+    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and not narrow and aligned)
+    if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or narrow or not aligned))):
+        raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 activations whose data "
+                         f"is 16-byte aligned, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
                       fragment_sums, wide_b)
@@ -886,16 +896,18 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
     """`_mma_options` for activation `a` [m, K] and "mma_m16k16" weights `b` [n, K] (what
-    `scaled_mm` runs)."""
-    return _mma_options(config, m, n, isinstance(a, QTensor), not b.fmt.is_packed)
+    `scaled_mm` runs); bf16 activations above M = 16 are checked for 16-byte alignment (`MMA_M64_WIDE_B`)."""
+    narrow = isinstance(a, QTensor)
+    aligned = narrow or m <= MMA_WARP_M or a.data_ptr() % 16 == 0
+    return _mma_options(config, m, n, narrow, not b.fmt.is_packed, aligned)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool) -> MmaOptions:
+def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligned: bool = True) -> MmaOptions:
     """`_mma_options` without a config, once per shape: it runs on every call. With this and
     the flat `kernel_words`, the mma path of `scaled_mm` without the launch went from 146,837
     to 94,340 x86 instructions per call (callgrind, bf16 x nvfp4, M = 1, 2-core CPU machine)."""
-    return _mma_options({}, m, n, narrow, fp8_weights)
+    return _mma_options({}, m, n, narrow, fp8_weights, aligned)
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,

@@ -303,17 +303,17 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False)
         # fp8 weights: split up to 8, no wave rule, four windows prefetched; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
@@ -328,21 +328,21 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"hoist": 1}, 16, 8192, True)
     # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
     # with it and at M <= 16
-    assert [api._mma_options(None, m, 8192, True)[-3:-1] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
-    assert api._mma_options({"pdl": True}, 64, 8192, True)[-3:-1] == (True, 0)
-    assert api._mma_options({"pdl": False}, 16, 8192, True)[-3:-1] == (False, 0)
-    assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-3:-1] == (True, 2)
+    assert [api._mma_options(None, m, 8192, True)[-4:-2] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
+    assert api._mma_options({"pdl": True}, 64, 8192, True)[-4:-2] == (True, 0)
+    assert api._mma_options({"pdl": False}, 16, 8192, True)[-4:-2] == (False, 0)
+    assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-4:-2] == (True, 2)
     for bad, message in (({"pdl": 1}, "pdl must be a bool"), ({"pdl": False, "pdl_prefetch": 1}, "pdl_prefetch is"),
                          ({"pdl_prefetch": 5}, "pdl_prefetch is"), ({"pdl_prefetch": True}, "pdl_prefetch is")):
         with pytest.raises(ValueError, match=message):
             api._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
         api._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True, True)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -386,14 +386,14 @@ def test_split_fills_the_last_wave(monkeypatch):
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
-        assert (plan.split, plan.consts[-5]) == (split, has_wgmma), (has_wgmma, w)
+        assert (plan.split, plan.consts[-6]) == (split, has_wgmma), (has_wgmma, w)
     # 8192^2: split 6 (uneven, in the workspace) where 3 per SM are counted, else 4
     for has_wgmma, (x, w), split in [(True, (bf16, "mxfp4"), 6), (True, (mxfp8, "mxfp8"), 6), (True, (nvfp4, "nvfp4"), 4),
                                      (True, (mxfp8, "mxfp4"), 4), (False, (bf16, "mxfp4"), 4)]:
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = api._mma_plan(x, b, False, 64, 8192, 8192, api.mma_options_for(None, x, b, 64, 8192))
-        assert (plan.split, plan.consts[-6], api._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
+        assert (plan.split, plan.consts[-7], api._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
 
 
 @pytest.mark.parametrize("m, groups", [(40, 5), (130, 8)])
@@ -410,7 +410,7 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
     for fragment_sums, sums in ((True, 1024 // 128 * -(-m // 64) * groups * 1024), (False, m * 1024)):
         config = {"max_split": 4, "fragment_sums": fragment_sums}
         plan = api._mma_plan(x, b, False, m, 1024, 2048, api.mma_options_for(config, x, b, m, 1024))
-        assert (plan.split, plan.consts[-1], plan.workspace[0].numel()) == (4, fragment_sums, sums), config
+        assert (plan.split, plan.consts[-2], plan.workspace[0].numel()) == (4, fragment_sums, sums), config
         assert plan.consts[api.MMA_M64_CLUSTER_CONST] is False and api._mma_cluster_size(plan) == 1  # 32 programs
 
 
@@ -441,8 +441,8 @@ def test_uneven_split(monkeypatch):
     x64 = torch.randn(64, 8192).to(torch.bfloat16)
     for config, split in (({"split": 6}, 6), ({"split": 6, "ahead": 2}, 6), ({"split": 128}, 128), (None, 4)):
         m64 = api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for(config, x64, b, 64, 8192))
-        # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
-        assert m64.split == split and m64.consts[-6] == split and m64.consts[-2] is False, config
+        # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS, WIDE_B); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
+        assert m64.split == split and m64.consts[-7] == split and m64.consts[api.MMA_M64_CLUSTER_CONST] is False, config
     with pytest.raises(ValueError, match="at most the K / 64 = 128"):
         api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for({"split": 129}, x64, b, 64, 8192))
 
@@ -496,10 +496,10 @@ def test_k_warps_options(monkeypatch):
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -643,7 +643,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(3, 2048, 4) and api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
     assert api._mma_stage_b(1, 1024, 16) and not api._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -679,6 +679,31 @@ def test_unroll_options():
             api._mma_options({"unroll": bad}, 16, 64, False)
 
 
+def test_wide_b_options():
+    """bf16 activations above M = 16 take "wide_b" (two 16-byte loads per thread and window) by default where their
+    data is 16-byte aligned, else not (an activation 8 bytes into its storage); fp4 / fp8 activations and M <= 16
+    never; a given True where it cannot run is refused, naming the key. The plan passes it as WIDE_B."""
+    from blockscaled.kernels import api
+
+    b = bs.quantize(torch.randn(128, 1024), "mxfp4").with_data_layout("mma_m16k16")
+    x = torch.randn(64, 1024, dtype=torch.bfloat16)
+    shifted = torch.randn(64 * 1024 + 4, dtype=torch.bfloat16)[4:].view(64, 1024)  # 8 bytes into its storage
+    assert x.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 8
+    xq = bs.quantize(x.float(), "mxfp8")
+    assert api.mma_options_for(None, x, b, 64, 128).wide_b is True
+    assert api.mma_options_for(None, shifted, b, 64, 128).wide_b is False
+    assert api.mma_options_for(None, xq, b, 64, 128).wide_b is False
+    assert api.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
+    assert api.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
+    assert api.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
+    plan = api._mma_plan(x, b, False, 64, 128, 1024, api.mma_options_for(None, x, b, 64, 128))
+    assert plan.consts[-1] is True
+    for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True}, xq, 64), ({"wide_b": True}, x[:16], 16),
+                      ({"wide_b": 1}, x, 64)):
+        with pytest.raises(ValueError, match="wide_b is a bool"):
+            api.mma_options_for(bad, a, b, m, 128)
+
+
 def test_tile_m_options(monkeypatch):
     """Above M = 64 a program takes 128 activation rows by default up to M = MMA_TILE_128_MAX_M (wgmma,
     one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
@@ -696,24 +721,24 @@ def test_tile_m_options(monkeypatch):
     for m, tile_m in ((300, 128), (300, 64), (100, 128)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, 256, 1024, api._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
-        assert plan.consts[-3] == tile_m and plan.split == 1
-        assert plan.consts[-5:-3] == (True, 1)  # WGMMA, AHEAD
+        assert plan.consts[-4] == tile_m and plan.split == 1
+        assert plan.consts[-6:-4] == (True, 1)  # WGMMA, AHEAD
     # 128 rows: 2 resident per SM for the wave rule whatever the pair (127 registers): 10240 x 8192 splits by 8
     x = torch.randn(128, 1024, dtype=torch.bfloat16)
     plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({}, 128, 10240, False))
-    assert plan.consts[-3] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
+    assert plan.consts[-4] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
     plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({"tile_m": 64}, 128, 10240, False))
     assert plan.split == api._mma_split(128, 160, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[True, False], None)
     # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs)
     for m, n, split in ((192, 8192, 2), (192, 10240, 1), (256, 8192, 1), (1024, 8192, 1), (1024, 10240, 1)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options({}, m, n, False))
-        assert (plan.consts[-3], plan.split) == (64, split), (m, n)
+        assert (plan.consts[-4], plan.split) == (64, split), (m, n)
     plan = api._mma_plan(x, b, False, 1024, 10240, 8192, api._mma_options({"max_split": 4}, 1024, 10240, False))
     assert plan.split == 4  # a config's max_split: the largest
     monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
     plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
-    assert plan.consts[-3] == 64 and plan.consts[-5] is False
+    assert plan.consts[-4] == 64 and plan.consts[-6] is False
     for bad, m in (({"tile_m": 96}, 100), ({"tile_m": 128}, 64), ({"tile_m": 128, "wgmma": False}, 100),
                    ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100)):
         with pytest.raises(ValueError, match="tile_m must be 64, or 128"):
@@ -747,7 +772,7 @@ def test_cluster_options(monkeypatch):
         b = bs.quantize(torch.randn(n, 128), "mxfp4").with_data_layout("mma_m16k16")
         x = torch.randn(m, 128, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options(config, m, n, False))
-        assert (plan.split, plan.consts[-2]) == (split, cluster), (m, n, config)
+        assert (plan.split, plan.consts[api.MMA_M64_CLUSTER_CONST]) == (split, cluster), (m, n, config)
     for bad, m in (({"cluster": 1}, 16), ({"cluster": 1}, 64)):
         with pytest.raises(ValueError, match="cluster must be a bool"):
             api._mma_options(bad, m, 8192, False)
