@@ -885,10 +885,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
-    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and not narrow and aligned)
-    if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or narrow or not aligned))):
+    # (the 16-byte loads carry no L2 eviction hint: with "evict" the four hinted ones)
+    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and not narrow and aligned and not evict)
+    if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or narrow or not aligned or evict))):
         raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 activations whose data "
-                         f"is 16-byte aligned, got {config!r} at M = {m}")
+                         f"is 16-byte aligned and without evict, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
                       fragment_sums, wide_b)

@@ -682,7 +682,8 @@ def test_unroll_options():
 def test_wide_b_options():
     """bf16 activations above M = 16 take "wide_b" (two 16-byte loads per thread and window) by default where their
     data is 16-byte aligned, else not (an activation 8 bytes into its storage); fp4 / fp8 activations and M <= 16
-    never; a given True where it cannot run is refused, naming the key. The plan passes it as WIDE_B."""
+    never, nor with the eviction hints; a given True where it cannot run is refused, naming the key. The plan passes
+    it as WIDE_B."""
     from blockscaled.kernels import api
 
     b = bs.quantize(torch.randn(128, 1024), "mxfp4").with_data_layout("mma_m16k16")
@@ -696,10 +697,11 @@ def test_wide_b_options():
     assert api.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
     assert api.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
     assert api.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
+    assert api.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
     plan = api._mma_plan(x, b, False, 64, 128, 1024, api.mma_options_for(None, x, b, 64, 128))
     assert plan.consts[-1] is True
     for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True}, xq, 64), ({"wide_b": True}, x[:16], 16),
-                      ({"wide_b": 1}, x, 64)):
+                      ({"wide_b": 1}, x, 64), ({"wide_b": True, "evict": True}, x, 64)):
         with pytest.raises(ValueError, match="wide_b is a bool"):
             api.mma_options_for(bad, a, b, m, 128)
 
