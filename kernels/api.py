@@ -762,10 +762,10 @@ class MmaOptions(NamedTuple):
     pdl: bool | None  # programmatic dependent launch where the device has it (PDL, `launch.DirectLaunch`); None: by the plan
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
-    wide_b: bool = False  # M > MMA_WARP_M, bf16 activations: a thread's B share in two 16-byte loads (WIDE_B)
+    wide_b: bool = False  # M > MMA_WARP_M, bf16 / fp8 activations: a thread's B share in 16-byte loads (WIDE_B)
 
 
-def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = True) -> MmaOptions:
+def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
     """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
     `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
     "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
@@ -799,7 +799,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics),
     "fragment_sums": bool (default `MMA_M64_FRAGMENT_SUMS`: the workspace in fragment order, one vector reduction per
     4 sums; False: scalar atomic adds at the outputs' positions), "wide_b": bool (default `MMA_M64_WIDE_B` for bf16
-    activations whose data is 16-byte aligned (`aligned`): two 16-byte loads of a thread's B share) and, above
+    and fp8 activations whose data is 16-byte aligned (`aligned`): 16-byte loads of a thread's B share) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
     for two wgmma) may be given: one row group per warp, B shared."""
     if config is None:
@@ -886,10 +886,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     # (the 16-byte loads carry no L2 eviction hint: with "evict" the four hinted ones)
-    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and not narrow and aligned and not evict)
-    if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or narrow or not aligned or evict))):
-        raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 activations whose data "
-                         f"is 16-byte aligned and without evict, got {config!r} at M = {m}")
+    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and aligned and not evict)
+    if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or not aligned or evict))):
+        raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 or fp8 activations whose "
+                         f"data is 16-byte aligned and without evict, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
                       fragment_sums, wide_b)
@@ -897,14 +897,15 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
     """`_mma_options` for activation `a` [m, K] and "mma_m16k16" weights `b` [n, K] (what
-    `scaled_mm` runs); bf16 activations above M = 16 are checked for 16-byte alignment (`MMA_M64_WIDE_B`)."""
+    `scaled_mm` runs); bf16 and fp8 activations above M = 16 are checked for 16-byte alignment (`MMA_M64_WIDE_B`)."""
     narrow = isinstance(a, QTensor)
-    aligned = narrow or m <= MMA_WARP_M or a.data_ptr() % 16 == 0
+    # `aligned`: activation data that 16-byte loads of a thread's share may read (bf16 and fp8, not fp4: one word)
+    aligned = m > MMA_WARP_M and not (narrow and a.fmt.is_packed) and (a.data if narrow else a).data_ptr() % 16 == 0
     return _mma_options(config, m, n, narrow, not b.fmt.is_packed, aligned)
 
 
 @functools.lru_cache(maxsize=None)
-def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligned: bool = True) -> MmaOptions:
+def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligned: bool = False) -> MmaOptions:
     """`_mma_options` without a config, once per shape: it runs on every call. With this and
     the flat `kernel_words`, the mma path of `scaled_mm` without the launch went from 146,837
     to 94,340 x86 instructions per call (callgrind, bf16 x nvfp4, M = 1, 2-core CPU machine)."""

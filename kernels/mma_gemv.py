@@ -236,26 +236,28 @@ def a_fragments(loaded, W_ELEM, ENCODING):
     )
 
 
-def wide_words(x64, index):
-    """The 4 int64 words at `index` .. `index` + 3 (32 bytes, 16-byte aligned) with two 16-byte loads (pure: Helion
+def wide_words(x64, index, count):
+    """The `count` (2 or 4) int64 words at `index` .. (16 or 32 bytes, 16-byte aligned) in 16-byte loads (pure: Helion
     writes the asm once per output and LLVM merges them)."""
     like = torch.zeros_like(index, dtype=torch.int64)
+    loads = " ".join(f"ld.global.v2.b64 {{{{${2 * i}, ${2 * i + 1}}}}}, [${count}+{16 * i}];" for i in range(count // 2))
     return list(hl.inline_triton(
-        "tl.inline_asm_elementwise('ld.global.v2.b64 {{$0, $1}}, [$4]; ld.global.v2.b64 {{$2, $3}}, [$4+16];', "
-        "'=l,=l,=l,=l,l', [({0} + {1}).to(tl.int64)], dtype=(tl.int64,) * 4, is_pure=True, pack=1)",
-        args=(x64, index), output_like=(like,) * 4))
+        f"tl.inline_asm_elementwise('{loads}', '{','.join(['=l'] * count + ['l'])}', [({{0}} + {{1}}).to(tl.int64)], "
+        f"dtype=(tl.int64,) * {count}, is_pure=True, pack=1)",
+        args=(x64, index), output_like=(like,) * count))
 
 
 def b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B=0):
     """B of one column group's window, as loaded: activation row `row` at the lane's 16 K
-    (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code. With WIDE_B bf16's 32
-    bytes come in two 16-byte loads (`wide_words`) instead of four of 8."""
+    (int64 words of 4 bf16, 16 fp4 or 8 fp8 elements), then, for fp4 / fp8, its scale code. With WIDE_B the 32 bytes
+    of bf16 or 16 of fp8 come in 16-byte loads (`wide_words`) instead of 8-byte ones."""
     per_word = 4 if ACT_ELEM == ELEMENT_CODES["bf16"] else 16 if ACT_ELEM == ELEMENT_CODES["e2m1"] else 8
     # constant divisions only: a tensor // costs sign fix-ups (6 more instructions per window)
     index = row * (K // per_word) + win * (64 // per_word) + q * (16 // per_word)
-    if WIDE_B and ACT_ELEM == ELEMENT_CODES["bf16"]:
-        return wide_words(x64, index)
-    words = hinted_loads(x64, index, "x", EVICT, 16 // per_word)
+    if WIDE_B and ACT_ELEM != ELEMENT_CODES["e2m1"]:
+        words = wide_words(x64, index, 16 // per_word)
+    else:
+        words = hinted_loads(x64, index, "x", EVICT, 16 // per_word)
     if ACT_ELEM == ELEMENT_CODES["bf16"]:
         return words
     block = win * (64 // BLOCK_A) + (q >> (BLOCK_A // 32))  # the lane's 16 K: block q (16) or q / 2 (32)

@@ -433,33 +433,37 @@ def test_mma_gemv_cluster_sums(pair, m, gen):
     assert_split_k_workspaces_zero()
 
 
-@pytest.mark.parametrize("w", ["nvfp4", "mxfp4", "mxfp8"])
-def test_mma_m64_wide_b(w, gen):
-    """bf16 activations above M = 16 load a thread's B share with two 16-byte loads ("wide_b", the default where the
-    activation's data is 16-byte aligned), and with four 8-byte ones where it is not (an activation 8 bytes into its
-    storage: the 16-byte loads would fault): both against the reference, with split-K, mma.sync, 3 windows ahead,
-    128-row tiles, bias and bf16 out; M = 17, 40, 64, 130."""
+def offset_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of `t` that starts 8 bytes into its storage (8-byte, not 16-byte aligned)."""
+    pad = 8 // t.element_size()
+    flat = torch.empty(t.numel() + pad, device=t.device, dtype=t.dtype)[pad:]
+    return flat.view(t.shape).copy_(t)
+
+
+WIDE_B_PAIRS = [("bf16", "nvfp4"), ("bf16", "mxfp4"), ("bf16", "mxfp8"), ("mxfp8", "mxfp4"), ("mxfp8", "mxfp8")]
+
+
+@pytest.mark.parametrize("pair", WIDE_B_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_m64_wide_b(pair, gen):
+    """bf16 and fp8 activations above M = 16 load a thread's B share with 16-byte loads ("wide_b", the default where
+    the activation's data is 16-byte aligned), and with 8-byte ones where it is not (data 8 bytes into its storage:
+    the 16-byte loads would fault): both against the reference, with split-K, mma.sync, 3 windows ahead, 128-row
+    tiles, bias and bf16 out; M = 17, 40, 64, 130."""
     from blockscaled.kernels import api
 
     for m, n, k, config in ((17, 1024, 2048, None), (40, 512, 4096, {"split": 3, "wgmma": False}),
                             (64, 1024, 2048, {"ahead": 3, "max_split": 2}), (64, 8192, 8192, None),
                             (130, 256, 1984, {"tile_m": 128})):
-        _, b = make_operands(("bf16", w), m, n, k, "cuda", gen, data_layout="mma_m16k16")
-        x = torch.randn(m, k, generator=gen).to("cuda").to(torch.bfloat16)
-        shifted = torch.empty(m * k + 4, device="cuda", dtype=torch.bfloat16)[4:].view(m, k)
-        shifted.copy_(x)
-        ref = ref_scaled_mm(x, b)
-        for a, wide in ((x, True), (shifted, False)):
-            assert api.mma_options_for(config, a, b, m, n).wide_b is wide
+        a, b = make_operands(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16")
+        shifted = (offset_copy(a) if pair[0] == "bf16" else
+                   bs.QTensor(offset_copy(a.data), a.scale, a.fmt, a.layout, a.global_scale))
+        ref = ref_scaled_mm(a, b)
+        for x, wide in ((a, True), (shifted, False)):
+            assert api.mma_options_for(config, x, b, m, n).wide_b is wide
             out = torch.full((m, n), float("nan"), device="cuda")  # poison
-            err = max_rel_err(bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=config), ref)
+            err = max_rel_err(bs.scaled_mm(x, b, out_dtype=torch.float32, out=out, config=config), ref)
             assert err <= TOLERANCE[torch.float32], (m, n, k, config, wide, err)
-    bias = torch.randn(1024, generator=gen).to("cuda").to(torch.bfloat16)
-    _, b = make_operands(("bf16", w), 64, 1024, 1984, "cuda", gen, data_layout="mma_m16k16")
-    x = torch.randn(64, 1984, generator=gen).to("cuda").to(torch.bfloat16)
-    out = torch.full((64, 1024), float("nan"), device="cuda", dtype=torch.bfloat16)
-    err = max_rel_err(bs.scaled_mm(x, b, bias=bias, out=out, out_dtype=torch.bfloat16), ref_scaled_mm(x, b, bias=bias))
-    assert err <= TOLERANCE[torch.bfloat16]
+    run_and_check(pair, 64, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
     assert_split_k_workspaces_zero()
 
 

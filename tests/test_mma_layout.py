@@ -341,7 +341,7 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True, True)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False)  # (wide_b: `mma_options_for` checks the alignment)
     assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
@@ -680,9 +680,8 @@ def test_unroll_options():
 
 
 def test_wide_b_options():
-    """bf16 activations above M = 16 take "wide_b" (two 16-byte loads per thread and window) by default where their
-    data is 16-byte aligned, else not (an activation 8 bytes into its storage); fp4 / fp8 activations and M <= 16
-    never, nor with the eviction hints; a given True where it cannot run is refused, naming the key. The plan passes
+    """bf16 and fp8 activations above M = 16 take "wide_b" (16-byte loads of a thread's share) by default where their
+    data is 16-byte aligned, else not (an activation 8 bytes into its storage); fp4 activations and M <= 16 never, nor with the eviction hints; a given True where it cannot run is refused, naming the key. The plan passes
     it as WIDE_B."""
     from blockscaled.kernels import api
 
@@ -690,17 +689,18 @@ def test_wide_b_options():
     x = torch.randn(64, 1024, dtype=torch.bfloat16)
     shifted = torch.randn(64 * 1024 + 4, dtype=torch.bfloat16)[4:].view(64, 1024)  # 8 bytes into its storage
     assert x.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 8
-    xq = bs.quantize(x.float(), "mxfp8")
+    xq, x4 = bs.quantize(x.float(), "mxfp8"), bs.quantize(x.float(), "nvfp4")
     assert api.mma_options_for(None, x, b, 64, 128).wide_b is True
     assert api.mma_options_for(None, shifted, b, 64, 128).wide_b is False
-    assert api.mma_options_for(None, xq, b, 64, 128).wide_b is False
+    assert api.mma_options_for(None, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
+    assert api.mma_options_for(None, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
     assert api.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
     assert api.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
     assert api.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
     assert api.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
     plan = api._mma_plan(x, b, False, 64, 128, 1024, api.mma_options_for(None, x, b, 64, 128))
     assert plan.consts[-1] is True
-    for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True}, xq, 64), ({"wide_b": True}, x[:16], 16),
+    for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True}, x4, 64), ({"wide_b": True}, x[:16], 16),
                       ({"wide_b": 1}, x, 64), ({"wide_b": True, "evict": True}, x, 64)):
         with pytest.raises(ValueError, match="wide_b is a bool"):
             api.mma_options_for(bad, a, b, m, 128)
