@@ -508,10 +508,13 @@ MMA_M64_FRAGMENT_SUMS = True
 # mma_m64_kernel loads a thread's 32 bytes of bf16 activation per window with two 16-byte loads (WIDE_B, config
 # "wide_b"; `mma_gemv.wide_words`) where the activation's data is 16-byte aligned, instead of four of 8: half the
 # load instructions and L1 tag lookups of a stream that ncu had at 82% of L1's throughput (bf16 x mxfp4, M = 64,
-# 8192^2: bench/results/h100_ncu_mma_m64_bf16xmxfp4_47a1124_2026-11-27.txt). H100, M = 64, default / wide_b twice in
-# one process, every cell checked in fp32 (bench/results/h100_mma_m64_wide_b_ab_n8192_k{8192,28672}_84f8d4c_...), us:
-# 8192^2 bf16 x nvfp4 29.9 -> 28.3, bf16 x mxfp4 29.2 -> 28.0, bf16 x mxfp8 37.4 -> 37.2; 8192 x 28672 bf16 x nvfp4
-# 84.8 / 86.9 -> 78.4 / 79.2, bf16 x mxfp4 83.0 / 83.3 -> 76.4 / 76.5, bf16 x mxfp8 100.2 -> 100.1.
+# 8192^2: bench/results/h100_ncu_mma_m64_bf16xmxfp4_47a1124_2026-11-27.txt); fp8 activations' 16 bytes in one instead
+# of two. H100, M = 64, without / with twice in one process, every cell checked in fp32
+# (bench/results/h100_mma_m64_wide_b_ab_n8192_k{8192,28672}_84f8d4c_..., ..._wide_b_fp8act_ab_..._ff1901d_...), us:
+# 8192^2 bf16 x nvfp4 29.9 -> 28.3, bf16 x mxfp4 29.2 -> 28.0, bf16 x mxfp8 37.4 -> 37.2, mxfp8 x mxfp4 33.5 / 33.3 ->
+# 32.4 / 32.3, mxfp8 x mxfp8 36.3 -> 36.4; 8192 x 28672 bf16 x nvfp4 84.8 / 86.9 -> 78.4 / 79.2, bf16 x mxfp4 83.0 /
+# 83.3 -> 76.4 / 76.5, bf16 x mxfp8 100.2 -> 100.1, mxfp8 x mxfp4 95.1 / 94.5 -> 94.2 / 93.9, mxfp8 x mxfp8 104.7 /
+# 104.5 -> 103.9 / 104.0.
 MMA_M64_WIDE_B = True
 # mma_m64_kernel's wave rule may take a split-K factor that does not divide the K windows (`_mma_split`'s `uneven`):
 # where the power of two leaves one wave of programs under 90% full, the largest factor that still fits one wave.
