@@ -156,6 +156,14 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2),
             **({"maxnreg": cfg.config["maxnreg"]} if cfg.config.get("maxnreg") else {})}
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return compiled_counts(kernel, folder, name)
+
+
+def compiled_counts(kernel, folder: Path, name: str) -> dict:
+    """The K-loop counts (`loop_counts`), registers, spills and shared memory of a Triton kernel compiled for sm_90,
+    its .ptx, .cubin and .sass written into `folder` as `name`.*."""
+    import triton
+
     (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
     (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
@@ -167,6 +175,16 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     regs, local, static = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL", "SHARED"))
     # shared memory per program (static, as declared in inline PTX, and Triton's dynamic) decides it too
     return {**loop_counts(sass), "regs": regs, "spill": local, "smem": static + kernel.metadata.shared}
+
+
+def outside_interpreter(module: str, argv) -> int | None:
+    """Under the Triton interpreter (whose @triton.jit cannot compile for sm_90) run `python -m module argv` in a child
+    process without it and return its exit status; None when not under the interpreter."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return None
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.call([sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)], env=env,
+                           cwd=Path(__file__).parent.parent)
 
 
 def kernel_code(args, pair, a_parts, b_parts, variant):
@@ -208,10 +226,9 @@ def mma_kernel_code(args, a, b, variant):
 
 
 def main(argv=None):
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the interpreter's @triton.jit cannot compile
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        return subprocess.call([sys.executable, "-m", "bench.sass", *(sys.argv[1:] if argv is None else argv)], env=env,
-                               cwd=Path(__file__).parent.parent)
+    status = outside_interpreter("bench.sass", argv)
+    if status is not None:
+        return status
     args = parse_args(argv)
     formats = list(FORMAT_PAIRS) if "all" in args.format else args.format
     folder = args.keep or Path(tempfile.mkdtemp(prefix="blockscaled_sass_"))

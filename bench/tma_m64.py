@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -90,11 +87,11 @@ def launcher(x: torch.Tensor, b, v: dict):
 
 
 def sass_counts(v: dict, k: int = 8192, n: int = 8192) -> dict:
-    """Compile variant `v` for sm_90 (no GPU needed) and count the K loop's SASS (`bench.sass.loop_counts`)."""
+    """Compile variant `v` for sm_90 (no GPU needed) and count the K loop's SASS (`bench.sass.compiled_counts`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from .sass import loop_counts
+    from .sass import compiled_counts
 
     bn = v["bn"]
     sig = {"w_desc": f"tensordesc<u8[{bn}, 32]>", "x_desc": "tensordesc<bf16[64, 32]>", "scale": "*u8",
@@ -106,14 +103,8 @@ def sass_counts(v: dict, k: int = 8192, n: int = 8192) -> dict:
                     constexprs={(names.index(a),): val for a, val in cx.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": v["warps"], "num_stages": v["stages"]})
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "k.cubin"
-        cubin.write_bytes(kernel.asm["cubin"])
-        nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-        sass = subprocess.check_output([str(nvdisasm), "-c", str(cubin)], text=True)
-        usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(cubin)], text=True)
-    regs, local = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL"))
-    return {**loop_counts(sass), "regs": regs, "spill": local, "smem": kernel.metadata.shared}
+    with tempfile.TemporaryDirectory() as folder:
+        return compiled_counts(kernel, Path(folder), "tma_m64")
 
 
 def parse_args(argv=None):
@@ -130,11 +121,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.sass and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # the interpreter's jit cannot compile
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        return subprocess.call([sys.executable, "-m", "bench.tma_m64", *(sys.argv[1:] if argv is None else argv)],
-                               env=env, cwd=Path(__file__).parent.parent)
     if args.sass:
+        from .sass import outside_interpreter
+
+        status = outside_interpreter("bench.tma_m64", argv)
+        if status is not None:
+            return status
         for v in args.variants:
             print(json.dumps({"variant": v, **sass_counts(v, args.K, args.N)}), flush=True)
         return 0
