@@ -302,6 +302,13 @@ def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: boo
     return functools.partial(launch, _launcher=DirectLaunch(cluster, pdl)) if device.type == "cuda" else launch
 
 
+class Predecode(NamedTuple):
+    """An mma plan's decode of its fp4 / fp8 activation (`dequantize.dequantize_kernel`) before the mma kernel."""
+
+    launch: object  # the compiled launcher (None until the plan's first call)
+    rows: torch.Tensor  # the decoded activation, bf16 [M, K / block, block], one buffer per plan (as the workspace)
+
+
 class SplitKPlan(NamedTuple):
     """What one block_dot or gemv cache key launches; `launch` is None until first compiled."""
 
@@ -312,6 +319,7 @@ class SplitKPlan(NamedTuple):
     fold: bool  # block_dot: scales multiplied into the decoded operands
     m_pad: int  # rows the M loop runs over (>= M)
     workspace: tuple | None  # split > 1: zeroed float32 [m_pad, N] and int32 tickets, one per tile
+    predecode: Predecode | None = None  # mma: the activation's decode to bf16 before the kernel
 
 
 def _split_k_workspace(m_pad: int, n: int, block_m: int, block_n: int, split: int, device) -> tuple | None:
@@ -718,6 +726,16 @@ MMA_PDL_PREFETCH = {(False, 1): 2, (False, 2): 2, (True, 1): 2, (True, 2): 4}
 LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
 
+# Where fp4 / fp8 activations are decoded to bf16 by a kernel of their own (`dequantize.dequantize_kernel`) and the mma
+# kernel runs the bf16-activation plan ("predecode"): above this M, for every narrow activation
+MMA_PREDECODE_MIN_M = None
+
+
+def _mma_predecode(m: int, narrow: bool, fp8_weights: bool) -> bool:
+    """The default of "predecode": fp4 / fp8 activations above MMA_PREDECODE_MIN_M rows."""
+    return narrow and MMA_PREDECODE_MIN_M is not None and m > MMA_PREDECODE_MIN_M
+
+
 def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
     """Where the hinted loads run as inline PTX with their cache policies made once (`mma_gemv.hinted_loads`): Triton
     writes a load's policy anew for each load, 11 sm_90 instructions per K-loop iteration at M = 16 (that and the
@@ -766,6 +784,7 @@ class MmaOptions(NamedTuple):
     pdl_prefetch: int  # with pdl at M <= MMA_WARP_M: windows of weights each warp asks L2 for before the grid wait
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
     wide_b: bool = False  # M > MMA_WARP_M, bf16 / fp8 activations: a thread's B share in 16-byte loads (WIDE_B)
+    predecode: bool = False  # fp4 / fp8 activations decoded to bf16 by a kernel of their own, then the bf16 plan
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
@@ -808,11 +827,14 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
-                         f"'pdl_prefetch' and 'fragment_sums', or None, got {config!r}")
+                         f"'pdl_prefetch', 'fragment_sums', 'wide_b' and 'predecode', or None, got {config!r}")
+    predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights))
+    if type(predecode) is not bool or (predecode and not narrow):
+        raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config):
         raise ValueError(f"config: split is an int >= 1, without 'max_split', got {config!r} at M = {m}")
@@ -895,7 +917,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"data is 16-byte aligned and without evict, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums, wide_b)
+                      fragment_sums, wide_b, predecode)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -904,7 +926,11 @@ def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
     narrow = isinstance(a, QTensor)
     # `aligned`: activation data that 16-byte loads of a thread's share may read (bf16 and fp8, not fp4: one word)
     aligned = m > MMA_WARP_M and not (narrow and a.fmt.is_packed) and (a.data if narrow else a).data_ptr() % 16 == 0
-    return _mma_options(config, m, n, narrow, not b.fmt.is_packed, aligned)
+    options = _mma_options(config, m, n, narrow, not b.fmt.is_packed, aligned)
+    if options.predecode:  # the bf16-activation options, over rows that the plan allocates (16-byte aligned)
+        rest = {key: value for key, value in config.items() if key != "predecode"} if config else None
+        options = _mma_options(rest or None, m, n, False, not b.fmt.is_packed, m > MMA_WARP_M)._replace(predecode=True)
+    return options
 
 
 @functools.lru_cache(maxsize=None)
@@ -1065,6 +1091,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     MMA_TILE_128_MAX_M no split once the programs fill MMA_M64_UNSPLIT_WAVES of a wave. Where they
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
+    if options.predecode:  # the bf16-activation plan, over the activation decoded into a buffer of the plan's own
+        rows = torch.empty((m, k // a.fmt.block_size, a.fmt.block_size), dtype=torch.bfloat16, device=b.device)
+        plan = _mma_plan(None, b, has_bias, m, n, k, options._replace(predecode=False))
+        return plan._replace(predecode=Predecode(None, rows))
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:
@@ -1208,7 +1238,10 @@ def _mma_operands(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
     tickets (or `out`)."""
     factors, post = b.kernel_mma_factors
     ws, tickets = plan.workspace or (out, out)
-    if isinstance(a, QTensor):
+    if plan.predecode is not None:
+        x, xs = plan.predecode.rows, out
+        x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
+    elif isinstance(a, QTensor):
         x, xs = a.data, a.kernel_scale
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
@@ -1229,6 +1262,8 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     """Launch one call of an mma plan. After the plan's first direct launch its `DirectLaunch` is bound to these
     operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
     views, no Helion host function."""
+    if plan.predecode is not None:
+        plan = _predecode_run(key, plan, a)
     operands = _mma_operands(plan, a, b, bias, out)
     direct = _direct_launch(plan)
     if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
@@ -1244,7 +1279,28 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     return out
 
 
-def _direct_launch(plan: SplitKPlan) -> DirectLaunch | None:
+def _predecode_run(key, plan: SplitKPlan, a: QTensor) -> SplitKPlan:
+    """Decode activation `a` into the plan's bf16 rows (`Predecode`), launched from the operands' addresses once bound,
+    as `_mma_run`; returns the plan, compiled."""
+    from .dequantize import dequantize_args, dequantize_config, dequantize_kernel
+
+    pre = plan.predecode
+    operands = (a.data, a.kernel_scale, pre.rows)
+    direct = _direct_launch(pre)
+    if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
+        return plan
+    args = dequantize_args(a, pre.rows)
+    if pre.launch is None:
+        pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device))
+        plan = _LAUNCHES[key] = plan._replace(predecode=pre)
+        direct = _direct_launch(pre)
+    pre.launch(*args)
+    if direct is not None:
+        direct.bind(operands)
+    return plan
+
+
+def _direct_launch(plan: SplitKPlan | Predecode) -> DirectLaunch | None:
     """The `DirectLaunch` of a compiled plan's launcher (`_compile`; None before it or off CUDA)."""
     return plan.launch.keywords["_launcher"] if isinstance(plan.launch, functools.partial) else None
 

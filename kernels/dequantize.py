@@ -1,0 +1,56 @@
+"""Block-scaled rows to bf16 on the GPU: the mma path's "predecode" of fp4 / fp8 activations.
+
+Above M = 16 the mma kernel decodes its activation once per program: at M = 64 each of the
+programs of 128 weight rows decodes all 64 rows of its K part again, and for fp4 activations on
+fp4 weights that doubles the K loop (sm_90, 8192^2: nvfp4 x nvfp4 195 instructions per window,
+bf16 x nvfp4 124). Decoding the activation once, with a kernel of its own, lets the mma kernel run
+its bf16-activation plan. Element x block scale is exact in bf16 (E2M1 has 2 significant bits,
+E4M3 4, E8M0 is a power of two), so the decoded rows are the values the mma kernel's own decode
+feeds its tensor cores; the nvfp4 global scale stays with the mma kernel's epilogue.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import helion
+import helion.language as hl
+
+from blockscaled.qtensor import QTensor
+
+from .configs import KERNEL_SETTINGS
+from .decode import operand_codes
+from .dequant_mm import load_operand
+
+# K per program: 512 elements of 4 rows (a few KB of bf16 each; the kernel is a memory round trip)
+DEQUANTIZE_K = 512
+DEQUANTIZE_ROWS = 4
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def dequantize_kernel(
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    out: torch.Tensor,
+    K: hl.constexpr,
+    ELEM: hl.constexpr,
+    SCALE: hl.constexpr,
+    BLOCK: hl.constexpr,
+    LAYOUT: hl.constexpr,
+) -> torch.Tensor:
+    """out [rows, K / BLOCK, BLOCK] (bf16) = the operand's elements times their block scales, in K order."""
+    rows = out.size(0)
+    for tile_r, g in hl.tile([rows, K // BLOCK]):
+        values = load_operand(data, scale, tile_r, rows, g, BLOCK, K, ELEM, SCALE, BLOCK, LAYOUT)
+        out[tile_r, g, :] = values.reshape(tile_r.block_size, g.block_size, BLOCK).to(torch.bfloat16)
+    return out
+
+
+def dequantize_args(a: QTensor, out: torch.Tensor) -> tuple:
+    """`dequantize_kernel`'s arguments for QTensor `a` (k_order data) into `out`, bf16 [rows, K / block, block]."""
+    return (a.data, a.kernel_scale, out, a.K, *operand_codes(a.fmt, a.layout))
+
+
+def dequantize_config(a: QTensor) -> helion.Config:
+    """The kernel's one config: DEQUANTIZE_ROWS rows x DEQUANTIZE_K elements per program."""
+    return helion.Config(block_sizes=[DEQUANTIZE_ROWS, DEQUANTIZE_K // a.fmt.block_size], num_warps=4, num_stages=1)
