@@ -726,14 +726,20 @@ MMA_PDL_PREFETCH = {(False, 1): 2, (False, 2): 2, (True, 1): 2, (True, 2): 4}
 LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
 
-# Where fp4 / fp8 activations are decoded to bf16 by a kernel of their own (`dequantize.dequantize_kernel`) and the mma
-# kernel runs the bf16-activation plan ("predecode"): above this M, for every narrow activation
-MMA_PREDECODE_MIN_M = None
+# fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 by a kernel of their own
+# (`dequantize.dequantize_kernel`), and the mma kernel runs the bf16-activation plan ("predecode"): mma_m64_kernel
+# decodes its activation once per program, 64 (or 80) times over at 8192^2. H100, default / predecode, us
+# (bench/results/h100_mma_predecode_ab_n*_k8192_eed34c5_2026-11-27.log): 8192^2 M = 32 nvfp4 x nvfp4 27.3 / 25.3,
+# mxfp4 x mxfp4 27.2 / 24.7, mxfp8 x mxfp4 28.2 / 24.7; M = 64 32.1 / 30.5, 32.6 / 29.4, 32.1 / 29.3; 10240 x 8192
+# M = 32 34.5 / 31.2, 41.1 / 30.6, 34.9 / 30.4, M = 64 43.5 / 35.8, 42.9 / 35.0. Not at M <= 16 (0.2-1.2 us slower:
+# the second launch outweighs a decode that the K slices share), nor for fp8 weights (mxfp8 x mxfp8 2-3 us slower
+# at every M: their bf16-activation loop is no faster than the fp8 one).
+MMA_PREDECODE_MIN_M = MMA_WARP_M
 
 
 def _mma_predecode(m: int, narrow: bool, fp8_weights: bool) -> bool:
-    """The default of "predecode": fp4 / fp8 activations above MMA_PREDECODE_MIN_M rows."""
-    return narrow and MMA_PREDECODE_MIN_M is not None and m > MMA_PREDECODE_MIN_M
+    """The default of "predecode": fp4 / fp8 activations on fp4 weights above MMA_PREDECODE_MIN_M rows."""
+    return narrow and not fp8_weights and m > MMA_PREDECODE_MIN_M
 
 
 def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:

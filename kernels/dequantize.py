@@ -19,8 +19,9 @@ import helion.language as hl
 from blockscaled.qtensor import QTensor
 
 from .configs import KERNEL_SETTINGS
-from .decode import operand_codes
-from .dequant_mm import load_operand
+from .decode import ELEMENT_CODES, e2m1_to_float32, e4m3_to_float32, operand_codes
+from .dequant_mm import apply_scale
+from .tiles import load_data
 
 # K per program: 512 elements of 4 rows (a few KB of bf16 each; the kernel is a memory round trip)
 DEQUANTIZE_K = 512
@@ -41,9 +42,21 @@ def dequantize_kernel(
     """out [rows, K / BLOCK, BLOCK] (bf16) = the operand's elements times their block scales, in K order."""
     rows = out.size(0)
     for tile_r, g in hl.tile([rows, K // BLOCK]):
-        values = load_operand(data, scale, tile_r, rows, g, BLOCK, K, ELEM, SCALE, BLOCK, LAYOUT)
+        values = apply_scale(load_elements(data, tile_r, g, BLOCK, K, ELEM), scale, tile_r, rows, g, BLOCK, K, SCALE,
+                             BLOCK, LAYOUT, BLOCK)
         out[tile_r, g, :] = values.reshape(tile_r.block_size, g.block_size, BLOCK).to(torch.bfloat16)
     return out
+
+
+def load_elements(data, rows_tile, g, BLOCK, K, ELEM):
+    """Rows `rows_tile`, K blocks `g` of fp4 or fp8 data as float32 [rows, g * BLOCK] in K order, decoded from their
+    bits (`decode`): exact for every code, NaN included, where a cast of fp8 data is not (the Triton interpreter's
+    gave 480 for E4M3 NaN codes and other values for subnormals)."""
+    if ELEM == ELEMENT_CODES["e2m1"]:
+        raw = load_data(data, rows_tile, g, BLOCK, K, 2).to(torch.int32)
+        pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
+        return pairs.reshape(rows_tile.block_size, g.block_size * BLOCK)
+    return e4m3_to_float32(load_data(data, rows_tile, g, BLOCK, K, 1).view(torch.uint8).to(torch.int32))
 
 
 def dequantize_args(a: QTensor, out: torch.Tensor) -> tuple:

@@ -143,6 +143,28 @@ def decodes_every_scale(fmt, device, backend, code_sets=(range(256),), data_layo
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0, equal_nan=True)
 
 
+def dequantizes_every_code_and_scale(fmt, layout, device, min_e8m0=0):
+    """`dequantize_kernel` (the mma path's "predecode") gives the reference's element x block scale as bf16, value for
+    value, NaN for NaN: every data byte and every scale code (E8M0 codes below `min_e8m0` raised to it), in changing
+    neighbours, 5 rows over programs of 4."""
+    from blockscaled.kernels.dequantize import dequantize_args, dequantize_config, dequantize_kernel
+    from blockscaled.reference import dequantize
+
+    f = bs.FORMATS[fmt]
+    rows, k = 5, 1024
+    data = ((torch.arange(rows * f.data_cols(k)) * 7) % 256).to(torch.uint8).view(rows, -1)
+    scale = ((torch.arange(rows * k // f.block_size) * 3) % 256).to(torch.uint8).view(rows, -1)
+    if f.scale_dtype == torch.float8_e8m0fnu:
+        scale = scale.clamp(min=min_e8m0)
+    q = bs.QTensor(data.view(f.storage_dtype), scale.view(f.scale_dtype), fmt,
+                   global_scale=torch.ones(()) if fmt == "nvfp4" else None).with_layout(layout).to(device)
+    out = torch.full((rows, k // f.block_size, f.block_size), float("nan"), dtype=torch.bfloat16, device=device)  # poison
+    args = dequantize_args(q, out)
+    dequantize_kernel.bind(args).compile_config(dequantize_config(q))(*args)
+    want = dequantize(q, torch.float64).cpu()
+    torch.testing.assert_close(out.view(rows, k).cpu(), want.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+
+
 def assert_split_k_workspaces_zero():
     """Every split-K plan cached so far left its workspace and tickets zero (the next call
     adds into them)."""

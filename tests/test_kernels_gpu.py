@@ -9,7 +9,7 @@ import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
-                   decodes_every_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
+                   decodes_every_scale, dequantizes_every_code_and_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
                    mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails,
                    mma_scale_code_sets, run_and_check)
 
@@ -458,12 +458,75 @@ def test_mma_m64_wide_b(pair, gen):
         shifted = (offset_copy(a) if pair[0] == "bf16" else
                    bs.QTensor(offset_copy(a.data), a.scale, a.fmt, a.layout, a.global_scale))
         ref = ref_scaled_mm(a, b)
+        if pair[0] != "bf16":  # the kernel's own loads of the fp8 activation (not the rows of "predecode")
+            config = {**(config or {}), "predecode": False}
         for x, wide in ((a, True), (shifted, False)):
             assert api.mma_options_for(config, x, b, m, n).wide_b is wide
             out = torch.full((m, n), float("nan"), device="cuda")  # poison
             err = max_rel_err(bs.scaled_mm(x, b, out_dtype=torch.float32, out=out, config=config), ref)
             assert err <= TOLERANCE[torch.float32], (m, n, k, config, wide, err)
     run_and_check(pair, 64, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+    assert_split_k_workspaces_zero()
+
+
+PREDECODE_PAIRS = [("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("mxfp8", "mxfp8")]
+
+
+@pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_16"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_dequantize_kernel_every_code_and_scale(fmt, layout):
+    """`dequantize_kernel` on the GPU: every data byte and every scale code, subnormal products included."""
+    dequantizes_every_code_and_scale(fmt, layout, "cuda")
+
+
+@pytest.mark.parametrize("pair", PREDECODE_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_mma_predecode(pair, gen):
+    """fp4 / fp8 activations decoded to bf16 rows by `dequantize_kernel` before the mma kernel ("predecode": the
+    default above M = 16 on fp4 weights; given for fp8 weights and at M = 16), and decoded in the mma kernel
+    ("predecode" False), each against the reference: M = 16, 17, 40 (split 3, swizzled scales), 64 at 8192^2, 130
+    (128-row tiles); then one plan called with fresh activations (launched from their addresses), and replayed from a
+    CUDA graph after the activation's values changed in place."""
+    from blockscaled.kernels import api
+
+    given = {} if bs.FORMATS[pair[1]].is_packed else {"predecode": True}
+    for m, n, k, layout, config in ((16, 1024, 2048, "rowmajor", {"predecode": True}), (17, 1024, 2048, "rowmajor", given),
+                                    (40, 512, 4096, "swizzle_32_4_4", {**given, "split": 3}),
+                                    (64, 8192, 8192, "rowmajor", given), (130, 256, 1984, "rowmajor", {**given, "tile_m": 128})):
+        a, b = make_operands(pair, m, n, k, "cuda", gen, layout, data_layout="mma_m16k16")
+        ref = ref_scaled_mm(a, b)
+        for cfg, predecoded in ((config or None, True), ({**config, "predecode": False}, False)):
+            assert api.mma_options_for(cfg, a, b, m, n).predecode is predecoded
+            out = torch.full((m, n), float("nan"), device="cuda")  # poison
+            err = max_rel_err(bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=cfg), ref)
+            assert err <= TOLERANCE[torch.float32], (m, n, k, cfg, err)
+    ran = {key[2] for key, plan in api._LAUNCHES.items()
+           if key[1] == bs.SUPPORTED_PAIRS[pair] and getattr(plan, "predecode", None) and plan.predecode.launch is not None}
+    assert ran >= {16, 17, 40, 64, 130}, ran
+    # one plan, fresh activations each call; the decoded rows are the plan's, reused
+    m, n, k = 64, 1024, 2048
+    _, b = make_operands(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16")
+    bias = torch.randn(n, generator=gen).to("cuda").to(torch.bfloat16)
+    for _ in range(3):
+        a, _ = make_operands(pair, m, 8, k, "cuda", gen)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        err = max_rel_err(bs.scaled_mm(a, b, bias=bias, out=out, config=given or None), ref_scaled_mm(a, b, bias=bias))
+        assert err <= TOLERANCE[torch.bfloat16], err
+    options = api.mma_options_for(given or None, a, b, m, n)
+    (plan,) = [plan for key, plan in api._LAUNCHES.items()
+               if key[1:5] == (bs.SUPPORTED_PAIRS[pair], m, n, k) and key[-1] == options]
+    assert api._direct_launch(plan.predecode).sources is not None  # bound: launched from the operands' addresses
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bs.scaled_mm(a, b, bias=bias, out=out, config=given or None)
+    fresh, _ = make_operands(pair, m, 8, k, "cuda", gen)
+    a.data.copy_(fresh.data)
+    a.scale.copy_(fresh.scale)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    err = max_rel_err(out, ref_scaled_mm(a, b, bias=bias))
+    assert err <= TOLERANCE[torch.bfloat16], err
     assert_split_k_workspaces_zero()
 
 

@@ -303,17 +303,17 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False)  # N % 128 != 0: one, the wave rule
+    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # fp4 / fp8 activations: two row groups
+    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False)  # split-K as before if 1
+    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False)
+        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False)
         # fp8 weights: split up to 8, no wave rule, four windows prefetched; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False)
+        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False)
         assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False)
+    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
     assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
@@ -328,21 +328,21 @@ def test_split_fills_the_last_wave(monkeypatch):
         api._mma_options({"hoist": 1}, 16, 8192, True)
     # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
     # with it and at M <= 16
-    assert [api._mma_options(None, m, 8192, True)[-4:-2] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
-    assert api._mma_options({"pdl": True}, 64, 8192, True)[-4:-2] == (True, 0)
-    assert api._mma_options({"pdl": False}, 16, 8192, True)[-4:-2] == (False, 0)
-    assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-4:-2] == (True, 2)
+    assert [api._mma_options(None, m, 8192, True)[-5:-3] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
+    assert api._mma_options({"pdl": True}, 64, 8192, True)[-5:-3] == (True, 0)
+    assert api._mma_options({"pdl": False}, 16, 8192, True)[-5:-3] == (False, 0)
+    assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-5:-3] == (True, 2)
     for bad, message in (({"pdl": 1}, "pdl must be a bool"), ({"pdl": False, "pdl_prefetch": 1}, "pdl_prefetch is"),
                          ({"pdl_prefetch": 5}, "pdl_prefetch is"), ({"pdl_prefetch": True}, "pdl_prefetch is")):
         with pytest.raises(ValueError, match=message):
             api._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
         api._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False)
+    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False)  # (wide_b: `mma_options_for` checks the alignment)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False)
+    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False, False)  # (wide_b: `mma_options_for` checks the alignment)
+    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             api._mma_options(bad, 64, 8192, True)
@@ -378,21 +378,26 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert m64 == {(8192, 8192): 6, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 6, (1024, 1984): 1}
     assert [api._mma_split(64, 48, 8, per_sm, cpu, uneven=True) for per_sm in (2, 3)] == [5, 8]
     assert api._mma_split(128, 64, 8, 2, cpu, uneven=True) == 4 and api._mma_split(128, 64, 4, 3, cpu, uneven=True) == 4
-    # the plan: 3 with wgmma but for fp4 / fp8 activations on fp4 weights, 2 with mma.sync
+    # the plan: 3 with wgmma but for fp4 / fp8 activations on fp4 weights decoded in the kernel ("predecode" False), 2
+    # with mma.sync; predecoded, they plan as bf16 activations
     bf16, nvfp4 = torch.randn(64, 8192).to(torch.bfloat16), bs.quantize(torch.randn(64, 8192), "nvfp4").with_data_layout("k_order")
     mxfp8 = bs.quantize(torch.randn(64, 8192), "mxfp8").with_data_layout("k_order")
-    for has_wgmma, (x, w), split in [(True, (bf16, "mxfp4"), 4), (True, (mxfp8, "mxfp8"), 4), (True, (nvfp4, "nvfp4"), 8),
-                                     (True, (mxfp8, "mxfp4"), 8), (False, (bf16, "mxfp4"), 8)]:
+    in_kernel = {"predecode": False}
+    for has_wgmma, (x, w), config, split in [
+            (True, (bf16, "mxfp4"), None, 4), (True, (mxfp8, "mxfp8"), None, 4), (True, (nvfp4, "nvfp4"), in_kernel, 8),
+            (True, (mxfp8, "mxfp4"), in_kernel, 8), (True, (nvfp4, "nvfp4"), None, 4), (True, (mxfp8, "mxfp4"), None, 4),
+            (False, (bf16, "mxfp4"), None, 8)]:
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(None, x, b, 64, 10240))
+        plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(config, x, b, 64, 10240))
         assert (plan.split, plan.consts[-6]) == (split, has_wgmma), (has_wgmma, w)
     # 8192^2: split 6 (uneven, in the workspace) where 3 per SM are counted, else 4
-    for has_wgmma, (x, w), split in [(True, (bf16, "mxfp4"), 6), (True, (mxfp8, "mxfp8"), 6), (True, (nvfp4, "nvfp4"), 4),
-                                     (True, (mxfp8, "mxfp4"), 4), (False, (bf16, "mxfp4"), 4)]:
+    for has_wgmma, (x, w), config, split in [
+            (True, (bf16, "mxfp4"), None, 6), (True, (mxfp8, "mxfp8"), None, 6), (True, (nvfp4, "nvfp4"), in_kernel, 4),
+            (True, (mxfp8, "mxfp4"), in_kernel, 4), (True, (nvfp4, "nvfp4"), None, 6), (False, (bf16, "mxfp4"), None, 4)]:
         monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 64, 8192, 8192, api.mma_options_for(None, x, b, 64, 8192))
+        plan = api._mma_plan(x, b, False, 64, 8192, 8192, api.mma_options_for(config, x, b, 64, 8192))
         assert (plan.split, plan.consts[-7], api._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
 
 
@@ -496,10 +501,10 @@ def test_k_warps_options(monkeypatch):
     assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False)
+    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False)  # shared B: 8 slices
+    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert api._mma_options(None, 1, 8192, True).k_warps == 1
         assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -643,7 +648,7 @@ def test_stage_b_options(monkeypatch):
     assert api._mma_stage_b(3, 2048, 4) and api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
     assert api._mma_stage_b(1, 1024, 16) and not api._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False)  # two row groups unless given
+    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False)  # two row groups unless given
     assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -692,18 +697,62 @@ def test_wide_b_options():
     xq, x4 = bs.quantize(x.float(), "mxfp8"), bs.quantize(x.float(), "nvfp4")
     assert api.mma_options_for(None, x, b, 64, 128).wide_b is True
     assert api.mma_options_for(None, shifted, b, 64, 128).wide_b is False
-    assert api.mma_options_for(None, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
-    assert api.mma_options_for(None, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
+    # fp4 / fp8 activations on fp4 weights run the bf16 plan over rows decoded into a buffer of the plan's own
+    assert api.mma_options_for(None, xq, b, 64, 128)[-2:] == (True, True)
+    assert api.mma_options_for(None, x4, b, 64, 128)[-2:] == (True, True)
+    assert api.mma_options_for({"predecode": False}, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
+    assert api.mma_options_for({"predecode": False}, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
     assert api.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
     assert api.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
     assert api.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
     assert api.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
     plan = api._mma_plan(x, b, False, 64, 128, 1024, api.mma_options_for(None, x, b, 64, 128))
     assert plan.consts[-1] is True
-    for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True}, x4, 64), ({"wide_b": True}, x[:16], 16),
+    for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True, "predecode": False}, x4, 64),
+                      ({"wide_b": True}, x[:16], 16),
                       ({"wide_b": 1}, x, 64), ({"wide_b": True, "evict": True}, x, 64)):
         with pytest.raises(ValueError, match="wide_b is a bool"):
             api.mma_options_for(bad, a, b, m, 128)
+
+
+def test_predecode_options(monkeypatch):
+    """fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 rows before the mma kernel by default
+    ("predecode"), which then runs the bf16 plan: bf16 activation codes, its split and 16-byte loads, over rows of the
+    plan's own; not at M <= 16, nor on fp8 weights, unless given; refused for bf16 activations or as a non-bool."""
+    from blockscaled.kernels import api
+
+    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    fp4_w = bs.quantize(torch.randn(256, 2048), "mxfp4").with_data_layout("mma_m16k16")
+    fp8_w = bs.quantize(torch.randn(256, 2048), "mxfp8").with_data_layout("mma_m16k16")
+    x = torch.randn(64, 2048)
+    acts = {fmt: bs.quantize(x, fmt) for fmt in ("nvfp4", "mxfp4", "mxfp8")}
+    for fmt, a in acts.items():
+        for m in (17, 64):
+            options = api.mma_options_for(None, bs.quantize(x[:m], fmt), fp4_w, m, 256)
+            assert options.predecode and options == api.mma_options_for(None, x[:m].to(torch.bfloat16), fp4_w, m, 256)._replace(
+                predecode=True), (fmt, m)
+        assert not api.mma_options_for(None, bs.quantize(x[:16], fmt), fp4_w, 16, 256).predecode
+        assert not api.mma_options_for(None, a, fp8_w, 64, 256).predecode
+        assert api.mma_options_for({"predecode": True}, a, fp8_w, 64, 256).predecode
+        assert not api.mma_options_for({"predecode": False}, a, fp4_w, 64, 256).predecode
+        a16 = bs.quantize(x[:16], fmt)
+        assert api.mma_options_for({"predecode": True}, a16, fp4_w, 16, 256) == api.mma_options_for(
+            None, x[:16].to(torch.bfloat16), fp4_w, 16, 256)._replace(predecode=True)
+        plan = api._mma_plan(a, fp4_w, False, 64, 256, 2048, api.mma_options_for(None, a, fp4_w, 64, 256))
+        bf16_plan = api._mma_plan(x.to(torch.bfloat16), fp4_w, False, 64, 256, 2048,
+                                  api.mma_options_for(None, x.to(torch.bfloat16), fp4_w, 64, 256))
+        assert plan.consts == bf16_plan.consts and plan.predecode.launch is None
+        rows = plan.predecode.rows
+        assert rows.dtype == torch.bfloat16 and rows.shape == (64, 2048 // a.fmt.block_size, a.fmt.block_size)
+        assert api._mma_plan(a, fp4_w, False, 64, 256, 2048,
+                             api.mma_options_for({"predecode": False}, a, fp4_w, 64, 256)).predecode is None
+    for bad, a in (({"predecode": True}, x.to(torch.bfloat16)), ({"predecode": 1}, acts["nvfp4"])):
+        with pytest.raises(ValueError, match="predecode is a bool"):
+            api.mma_options_for(bad, a, fp4_w, 64, 256)
+    with pytest.raises(ValueError, match="stage_b runs fp4 / fp8 activations"):  # the bf16 plan's keys only
+        api.mma_options_for({"predecode": True, "stage_b": True, "k_warps": 2, "shared_b": False},
+                            bs.quantize(x[:1], "nvfp4"), fp4_w, 1, 256)
 
 
 def test_tile_m_options(monkeypatch):
