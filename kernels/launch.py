@@ -56,9 +56,10 @@ class DirectLaunch:
         self.aligned = None
         self.launcher: Launcher | None = None
         self.triton_kernel = None
-        self.last = None  # (grid, the arguments' ids, their values) of the call just made if direct, for `bind`
+        self.last = None  # (grid, the tensor arguments' ids (None for others), their values) of the direct call just made
         self.grid = None
-        self.sources = None  # each argument's position among the caller's tensors (`bind`)
+        self.sources = None  # each tensor argument's position among the caller's tensors, None for others (`bind`)
+        self.constants = None  # the values of the other arguments (Helion's block sizes passed as arguments), by position
 
     def __call__(self, triton_kernel, grid, *args, num_warps, num_stages, **kwargs):
         # each tensor as its address: given a tensor, Triton's launcher calls its data_ptr() and cuPointerGetAttribute
@@ -80,7 +81,7 @@ class DirectLaunch:
                                              (num_warps, self.cluster, shared))
             return kernel
         self._run(grid, values)
-        self.last = grid, tuple(map(id, args)), values
+        self.last = grid, tuple(id(a) if isinstance(a, torch.Tensor) else None for a in args), values
         return self.kernel
 
     def _applies(self, triton_kernel, aligned) -> bool:
@@ -101,19 +102,20 @@ class DirectLaunch:
 
     def bind(self, tensors) -> None:
         """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the
-        Helion host function): map each kernel argument to the first of them that is the same object and has the
-        address it was launched with, so that `launch_addresses` launches with their addresses alone. Not bound where
-        the last call was not a direct launch or an argument is not among them (a tensor the host function made, a
-        scalar)."""
+        Helion host function): map each tensor argument of the kernel to the first of them that is the same object and
+        has the address it was launched with, and keep the other arguments' values (integers the host function passes,
+        fixed for the cache key), so that `launch_addresses` launches with the tensors' addresses alone. Not bound
+        where the last call was not a direct launch or a tensor argument is not among them (one the host function
+        made)."""
         if self.last is None or self.sources is not None:
             return
         (grid, ids, values), self.last = self.last, None
         positions = {}
         for i, t in enumerate(tensors):
             positions.setdefault(id(t), i)
-        sources = tuple(positions.get(i) for i in ids)
-        if None not in sources and tuple(tensors[i].data_ptr() for i in sources) == values:
-            self.grid, self.sources = grid, sources
+        sources = tuple(None if i is None else positions.get(i, -1) for i in ids)
+        if -1 not in sources and all(tensors[s].data_ptr() == v for s, v in zip(sources, values) if s is not None):
+            self.grid, self.sources, self.constants = grid, sources, values
 
     def launch_addresses(self, addresses) -> bool:
         """Launch the bound kernel (`bind`) with `addresses`, the caller's tensors' data pointers in `bind`'s order,
@@ -122,8 +124,8 @@ class DirectLaunch:
         device): the caller then calls as usual."""
         if self.sources is None:
             return False
-        values = tuple(addresses[i] for i in self.sources)
-        if not self._applies(self.triton_kernel, tuple(v % 16 == 0 for v in values)):
+        values = tuple(c if i is None else addresses[i] for i, c in zip(self.sources, self.constants))
+        if not self._applies(self.triton_kernel, tuple(v % 16 == 0 for v, i in zip(values, self.sources) if i is not None)):
             return False
         self._run(self.grid, values)
         return True

@@ -420,8 +420,8 @@ def test_direct_launch_from_addresses(monkeypatch):
     the same object (Helion's host function reorders and drops arguments); `launch_addresses` then launches with the
     caller's addresses in those places, on the last direct launch's grid (in clusters), and declines, launching
     nothing, before a binding, for another alignment, under a launch hook or on another device. It binds only right
-    after a direct launch (not after one through Triton's path), and a kernel argument that is not among the
-    caller's tensors leaves it unbound."""
+    after a direct launch (not after one through Triton's path); integer arguments keep their values, and a tensor
+    argument that is not among the caller's tensors leaves it unbound."""
     import types
 
     from triton import knobs
@@ -459,8 +459,13 @@ def test_direct_launch_from_addresses(monkeypatch):
     current["device"] = 1
     assert not direct.launch_addresses([4096, 8192, 0])
     assert len(runs) == 4 and len(jit_calls) == 2
-    scalar = launch.DirectLaunch()
+    # an integer argument (Helion passes some block sizes) is kept as it was launched; a tensor that is not among the
+    # caller's leaves the launcher unbound
+    scalar, stray = launch.DirectLaunch(), launch.DirectLaunch()
     for _ in range(2):
         scalar(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
         scalar.bind([x, y])
-    assert scalar.sources is None and not scalar.launch_addresses([4096, 8192])
+        stray(kernel, (4,), x, torch.zeros(8), 3, num_warps=4, num_stages=1)
+        stray.bind([x, y])
+    assert scalar.sources == (0, 1, None) and scalar.launch_addresses([4096, 8192]) and runs[-1][-3:] == (4096, 8192, 3)
+    assert stray.sources is None and not stray.launch_addresses([4096, 8192])
