@@ -728,12 +728,13 @@ LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
 # fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 by a kernel of their own
 # (`dequantize.dequantize_kernel`), and the mma kernel runs the bf16-activation plan ("predecode"): mma_m64_kernel
-# decodes its activation once per program, 64 (or 80) times over at 8192^2. H100, default / predecode, us
+# decodes its activation once per program, N / 128 times over (sm_90 K loop at 8192^2, M = 64: nvfp4 x nvfp4 195
+# instructions per window, predecoded 128). H100, default / predecode, us, two runs each in one process
 # (bench/results/h100_mma_predecode_ab_n*_k8192_eed34c5_2026-11-27.log): 8192^2 M = 32 nvfp4 x nvfp4 27.3 / 25.3,
 # mxfp4 x mxfp4 27.2 / 24.7, mxfp8 x mxfp4 28.2 / 24.7; M = 64 32.1 / 30.5, 32.6 / 29.4, 32.1 / 29.3; 10240 x 8192
-# M = 32 34.5 / 31.2, 41.1 / 30.6, 34.9 / 30.4, M = 64 43.5 / 35.8, 42.9 / 35.0. Not at M <= 16 (0.2-1.2 us slower:
-# the second launch outweighs a decode that the K slices share), nor for fp8 weights (mxfp8 x mxfp8 2-3 us slower
-# at every M: their bf16-activation loop is no faster than the fp8 one).
+# M = 32 34.5 / 31.2, 41.1 / 30.6, 34.9 / 30.4, M = 64 43.5 / 35.8, 42.9 / 35.0. Not at M <= 16 (0.2-1.2 us slower
+# with the second launch), nor for fp8 weights (mxfp8 x mxfp8 0.3-3.1 us slower at M = 16, 32 and 64; bf16 x mxfp8
+# is no faster than mxfp8 x mxfp8 in the records either).
 MMA_PREDECODE_MIN_M = MMA_WARP_M
 
 
@@ -829,7 +830,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     4 sums; False: scalar atomic adds at the outputs' positions), "wide_b": bool (default `MMA_M64_WIDE_B` for bf16
     and fp8 activations whose data is 16-byte aligned (`aligned`): 16-byte loads of a thread's B share) and, above
     M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
-    for two wgmma) may be given: one row group per warp, B shared."""
+    for two wgmma) may be given: one row group per warp, B shared. At any M, for fp4 / fp8 activations, "predecode":
+    bool (default `_mma_predecode`: on fp4 weights above M = 16): the activation decoded to bf16 rows by a kernel of
+    its own (`dequantize.dequantize_kernel`) before the mma kernel, which then runs the bf16-activation options and
+    plan (`mma_options_for` lays the other keys over those)."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
