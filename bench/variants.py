@@ -8,7 +8,7 @@ mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend":
 "max_split": n, "split": n, "row_groups": r, "shared_b": b, "ahead": a, "k_warps": w, "stage_b": s, "unroll": u, "cluster": c,
 "evict": e, "hoist": h}; above M = 16
 "max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e, "hoist": h, "fragment_sums": f; at any M
-"pdl": p and at
+"pdl": p and, for fp4 / fp8 activations, "predecode": d, and at
 M <= 16 "pdl_prefetch": n. For
 every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
 then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
