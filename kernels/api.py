@@ -1248,11 +1248,8 @@ def _mma_operands(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
     tickets (or `out`)."""
     factors, post = b.kernel_mma_factors
     ws, tickets = plan.workspace or (out, out)
-    if plan.predecode is not None:
-        x, xs = plan.predecode.rows, out
-        x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
-    elif isinstance(a, QTensor):
-        x, xs = a.data, a.kernel_scale
+    if isinstance(a, QTensor):  # predecoded: the plan's bf16 rows, the global scale still a's
+        x, xs = (plan.predecode.rows, out) if plan.predecode is not None else (a.data, a.kernel_scale)
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
         x, xs, x_post = a, out, _one(b.device)

@@ -40,12 +40,17 @@ def apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT,
     return blocks.reshape(rows_tile.block_size, g.block_size * PER_ROW_K)
 
 
+def load_e2m1(data, rows_tile, g, U, K):
+    """Rows `rows_tile`, K groups `g` of packed fp4 (even K in the low nibble) as float32 [rows, g*U] in K order."""
+    raw = load_data(data, rows_tile, g, U, K, 2).to(torch.int32)
+    pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
+    return pairs.reshape(rows_tile.block_size, g.block_size * U)
+
+
 def load_operand(data, scale, rows_tile, n_rows, g, U, K, ELEM, SCALE, BLOCK, LAYOUT):
     """Rows `rows_tile`, K groups `g` of one operand, dequantized to float32 [rows, g*U] in K order."""
     if ELEM == ELEMENT_CODES["e2m1"]:
-        raw = load_data(data, rows_tile, g, U, K, 2).to(torch.int32)
-        pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
-        values = pairs.reshape(rows_tile.block_size, g.block_size * U)
+        values = load_e2m1(data, rows_tile, g, U, K)
     else:
         values = load_data(data, rows_tile, g, U, K, 1).to(torch.float32)
     return apply_scale(values, scale, rows_tile, n_rows, g, U, K, SCALE, BLOCK, LAYOUT, U)

@@ -19,8 +19,8 @@ import helion.language as hl
 from blockscaled.qtensor import QTensor
 
 from .configs import KERNEL_SETTINGS
-from .decode import ELEMENT_CODES, e2m1_to_float32, e4m3_to_float32, operand_codes
-from .dequant_mm import apply_scale
+from .decode import ELEMENT_CODES, e4m3_to_float32, operand_codes
+from .dequant_mm import apply_scale, load_e2m1
 from .tiles import load_data
 
 # K per program: 512 elements of 4 rows (a few KB of bf16 each; the kernel is a memory round trip)
@@ -53,9 +53,7 @@ def load_elements(data, rows_tile, g, BLOCK, K, ELEM):
     bits (`decode`): exact for every code, NaN included, where a cast of fp8 data is not (the Triton interpreter's
     gave 480 for E4M3 NaN codes and other values for subnormals)."""
     if ELEM == ELEMENT_CODES["e2m1"]:
-        raw = load_data(data, rows_tile, g, BLOCK, K, 2).to(torch.int32)
-        pairs = torch.stack([e2m1_to_float32(raw & 15), e2m1_to_float32(raw >> 4)], dim=2)
-        return pairs.reshape(rows_tile.block_size, g.block_size * BLOCK)
+        return load_e2m1(data, rows_tile, g, BLOCK, K)
     return e4m3_to_float32(load_data(data, rows_tile, g, BLOCK, K, 1).view(torch.uint8).to(torch.int32))
 
 
