@@ -673,6 +673,94 @@ WGMMA_EXCHANGE_128_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS) for wi
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}
 
 
+# B of `mma_m64_kernel` by bulk copy (BULK_B = S slots, wgmma): the activation arranged beforehand
+# (`dequantize.dequantize_kernel` with ARRANGE) as the very bytes `_wgmma_exchange` would store, one 8 KB image per
+# 64 rows and window, so one `cp.async.bulk` of thread 0 moves a window into a slot of shared memory behind the
+# slot's mbarrier (transaction count 8 KB), with no loads, stores or proxy fence in the other 255 threads. Window
+# i + S - 1 goes into the slot window i - 1 held once every warp is past the barrier of window i (wgmma waits for
+# its reads before it returns); every thread then waits for window i's phase of its slot.
+BULK_B_WINDOW_BYTES = MMA_M64_B_ROWS * 128
+BULK_B_SLOTS = (2, 3, 4)
+
+
+def bulk_b_bytes(slots: int) -> int:
+    """Shared memory of `BULK_B_START_PTX[slots]`: the slots, then an 8-byte mbarrier per slot."""
+    return slots * (BULK_B_WINDOW_BYTES + 8)
+
+
+def _divide_by_slots(slots: int, index: str, quotient: str, remainder: str) -> str:
+    """PTX: `quotient`, `remainder` = `index` divided by `slots` (2, 3 or 4), without a division (ptxas compiled
+    `rem.u32` by the constant 2 to a reciprocal and 8 more instructions)."""
+    if slots & (slots - 1) == 0:
+        return (f"shr.u32 {quotient}, {index}, {slots.bit_length() - 1}; and.b32 {remainder}, {index}, {slots - 1}; ")
+    assert slots == 3
+    return (f"mul.hi.u32 {quotient}, {index}, 0xAAAAAAAB; shr.u32 {quotient}, {quotient}, 1; "
+            f"mul.lo.u32 {remainder}, {quotient}, 3; sub.u32 {remainder}, {index}, {remainder}; ")
+
+
+def _bulk_b_copy(slots: int, pred: str, index: str) -> str:
+    """PTX: under `pred`, window `index` (a register) of the part (its images from global address $base) into slot
+    `index` mod `slots` behind that slot's mbarrier (registers buf, bars: the slots and the mbarriers)."""
+    return (_divide_by_slots(slots, index, "ph", "s")
+            + f"mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, bars; "
+            f"mul.wide.u32 o, {index}, {BULK_B_WINDOW_BYTES}; add.u64 g, base, o; "
+            f"@{pred} mbarrier.arrive.expect_tx.shared::cta.b64 st, [b], {BULK_B_WINDOW_BYTES}; "
+            f"@{pred} cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [g], "
+            f"{BULK_B_WINDOW_BYTES}, [b]; ")
+
+
+def _bulk_b_start(slots: int) -> str:
+    """Output $0: a token (zero); inputs: $1 the buffer (`bulk_b_bytes`, 128-byte aligned), $2 the part's windows,
+    $3 the global address (int64) of its first window's image. Thread 0 initializes the mbarriers and requests the
+    part's first min(slots - 1, $2) windows; the CTA then meets at a barrier (no thread waits on an mbarrier before
+    it is initialized)."""
+    copies = "".join(f"mov.u32 i, {s}; setp.gt.and.u32 c, $2, {s}, p; " + _bulk_b_copy(slots, "c", "i")
+                     for s in range(slots - 1))
+    return ("{ .reg .pred p, c; .reg .b32 t, i, s, ph, a, b, buf, bars; .reg .b64 base, g, o, st; "
+            f"mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; mov.u32 buf, $1; add.u32 bars, buf, {slots * BULK_B_WINDOW_BYTES}; "
+            "mov.b64 base, $3; "
+            + "".join(f"@p mbarrier.init.shared::cta.b64 [bars+{8 * s}], 1; " for s in range(slots))
+            + "fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; " + copies
+            + "bar.sync 0; mov.u32 $0, 0; }")
+
+
+def _bulk_b_window(slots: int) -> str:
+    """Output $0: window $2's wgmma matrix descriptor (as `_wgmma_exchange`'s) in its slot; inputs: $1 the buffer,
+    $2 the window's index in the part, $3 the part's windows, $4 the part's first image (int64 global address),
+    $5 a token (`BULK_B_START_PTX`'s: after it). The barrier frees window $2 - 1's slot, into which thread 0 requests
+    window $2 + slots - 1 if the part has it; then the wait for window $2's phase of its slot."""
+    return ("{ .reg .pred p, d; .reg .b32 t, i, s, a, b, ph, lo, buf, bars; .reg .b64 base, g, o, st; "
+            f"bar.sync 0; mov.u32 t, %tid.x; mov.u32 buf, $1; add.u32 bars, buf, {slots * BULK_B_WINDOW_BYTES}; "
+            f"mov.b64 base, $4; add.u32 i, $2, {slots - 1}; setp.lt.u32 p, i, $3; setp.eq.and.u32 p, t, 0, p; "
+            + _bulk_b_copy(slots, "p", "i")
+            + _divide_by_slots(slots, "$2", "ph", "s") + "and.b32 ph, ph, 1; "
+            f"mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, bars; "
+            "BULK_B_WAIT: mbarrier.try_wait.parity.shared::cta.b64 d, [b], ph; @!d bra BULK_B_WAIT; "
+            # the descriptor: 14 bits of (address >> 4) (the CTA's rank at bit 24 masked, as `_wgmma_exchange`)
+            f"shr.b32 lo, a, 4; and.b32 lo, lo, 0x3fff; or.b32 lo, lo, {(WGMMA_LBO >> 4) << 16:#x}; "
+            f"mov.b64 $0, {{lo, {WGMMA_SBO >> 4}}}; }}")
+
+
+def arranged_b_elements(m: int, k: int) -> int:
+    """bf16 elements of the arranged B of an [m, k] activation (`arranged_b_index`): one image per 64 rows and
+    window."""
+    return -(-m // MMA_M64_B_ROWS) * (k // 64) * BULK_B_WINDOW_BYTES // 2
+
+
+BULK_B_START_PTX = {s: _bulk_b_start(s) for s in BULK_B_SLOTS}
+BULK_B_WINDOW_PTX = {s: _bulk_b_window(s) for s in BULK_B_SLOTS}
+
+
+def arranged_b_index(row, k, windows: int):
+    """Where activation element (row, k) sits in the arranged B (`BULK_B_START_PTX`), in bf16 elements: the image of
+    (64-row tile row >> 6, window k >> 6) at 4096 (tile windows + window), core matrix (row >> 3 & 7, chunk j) at
+    512 (row >> 3 & 7) + 64 j, its row at 8 (row & 7); the weights' K order (`_wgmma_exchange`: K 16c + 4s + 2h + e
+    of a window at chunk j = 2s + h, element 2c + e) gives j = (k >> 1) & 7 and 2c + e = 2 ((k >> 4) & 3) + (k & 1).
+    Works on ints and on integer tensors alike."""
+    return ((((row >> 6) * windows + (k >> 6)) * 4096 + ((row >> 3) & 7) * 512 + (row & 7) * 8)
+            + ((k >> 1) & 7) * 64 + ((k >> 4) & 3) * 2 + (k & 1))
+
+
 # Split-K of `mma_m64_kernel` summed in a thread-block cluster: the SPLIT programs of one output tile (the K parts,
 # consecutive in the grid) launched as one cluster of SPLIT CTAs add their partial sums through distributed shared
 # memory instead of fp32 atomics into a global workspace, a ticket and the last part's read-back (which cost about
