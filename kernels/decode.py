@@ -675,70 +675,94 @@ WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)
 
 # B of `mma_m64_kernel` by bulk copy (BULK_B = S slots, wgmma): the activation arranged beforehand
 # (`dequantize.dequantize_kernel` with ARRANGE) as the very bytes `_wgmma_exchange` would store, one 8 KB image per
-# 64 rows and window, so one `cp.async.bulk` of thread 0 moves a window into a slot of shared memory behind the
-# slot's mbarrier (transaction count 8 KB), with no loads, stores or proxy fence in the other 255 threads. Window
-# i + S - 1 goes into the slot window i - 1 held once every warp is past the barrier of window i (wgmma waits for
-# its reads before it returns); every thread then waits for window i's phase of its slot.
+# 64 rows and window, so one `cp.async.bulk` of thread 0 moves a window into a slot of shared memory, with no loads,
+# stores or proxy fence in the other 255 threads and no CTA barrier in the K loop. Each slot has a full mbarrier (one
+# arrival, transaction count 8 KB) and an empty one (an arrival per warp once its wgmma on the slot has returned);
+# at window i thread 0 requests window i + L (L = `bulk_b_lead`) into its slot once every warp has released the
+# window that slot held, S windows before, and every thread waits for window i's phase of its full mbarrier. A warp
+# may so run up to S - L windows ahead of the slowest (the exchange's barrier held every warp to the slowest each
+# window: 4.8 of 14.0 cycles between a warp's instructions at M = 64, bench/DECODE_NOTES.md, "ncu of M = 64").
 BULK_B_WINDOW_BYTES = MMA_M64_B_ROWS * 128
 BULK_B_SLOTS = (2, 3, 4)
+BULK_B_WARPS = 8  # arrivals on an empty mbarrier: mma_m64_kernel's warps
 
 
 def bulk_b_bytes(slots: int) -> int:
-    """Shared memory of `BULK_B_START_PTX[slots]`: the slots, then an 8-byte mbarrier per slot."""
-    return slots * (BULK_B_WINDOW_BYTES + 8)
+    """Shared memory of `BULK_B_START_PTX[slots]`: the slots, then a full and an empty 8-byte mbarrier per slot."""
+    return slots * (BULK_B_WINDOW_BYTES + 16)
+
+
+def bulk_b_lead(slots: int) -> int:
+    """Windows between a request and its use: half the slots (the other half is the warps' slack)."""
+    return slots // 2
 
 
 def _divide_by_slots(slots: int, index: str, quotient: str, remainder: str) -> str:
     """PTX: `quotient`, `remainder` = `index` divided by `slots` (2, 3 or 4), without a division (ptxas compiled
     `rem.u32` by the constant 2 to a reciprocal and 8 more instructions)."""
     if slots & (slots - 1) == 0:
-        return (f"shr.u32 {quotient}, {index}, {slots.bit_length() - 1}; and.b32 {remainder}, {index}, {slots - 1}; ")
+        return f"shr.u32 {quotient}, {index}, {slots.bit_length() - 1}; and.b32 {remainder}, {index}, {slots - 1}; "
     assert slots == 3
     return (f"mul.hi.u32 {quotient}, {index}, 0xAAAAAAAB; shr.u32 {quotient}, {quotient}, 1; "
             f"mul.lo.u32 {remainder}, {quotient}, 3; sub.u32 {remainder}, {index}, {remainder}; ")
 
 
-def _bulk_b_copy(slots: int, pred: str, index: str) -> str:
-    """PTX: under `pred`, window `index` (a register) of the part (its images from global address $base) into slot
-    `index` mod `slots` behind that slot's mbarrier (registers buf, bars: the slots and the mbarriers)."""
-    return (_divide_by_slots(slots, index, "ph", "s")
-            + f"mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, bars; "
+def _bulk_b_registers(slots: int) -> str:
+    """PTX declarations and the buffer's parts from $1: registers buf (slot 0), fulls and empties (mbarriers)."""
+    return ("{ .reg .pred p, d; .reg .b32 t, i, s, u, ph, a, b, lo, buf, fulls, empties; .reg .b64 base, g, o, st; "
+            f"mov.u32 t, %tid.x; mov.u32 buf, $1; add.u32 fulls, buf, {slots * BULK_B_WINDOW_BYTES}; "
+            f"add.u32 empties, fulls, {8 * slots}; ")
+
+
+def _bulk_b_copy(slots: int, index: str) -> str:
+    """PTX (thread 0): window `index` (a register) of the part (its images from the global address in base) into
+    slot `index` mod `slots` behind that slot's full mbarrier, once the warps have released the window it held (from
+    `index` = `slots` on: the empty mbarrier's phase `index` / `slots` - 1)."""
+    return (_divide_by_slots(slots, index, "u", "s")
+            + f"setp.ge.u32 d, {index}, {slots}; @!d bra BULK_B_COPY; "
+            "sub.u32 ph, u, 1; and.b32 ph, ph, 1; mad.lo.u32 b, s, 8, empties; "
+            "BULK_B_EMPTY: mbarrier.try_wait.parity.shared::cta.b64 d, [b], ph; @!d bra BULK_B_EMPTY; "
+            f"BULK_B_COPY: mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, fulls; "
             f"mul.wide.u32 o, {index}, {BULK_B_WINDOW_BYTES}; add.u64 g, base, o; "
-            f"@{pred} mbarrier.arrive.expect_tx.shared::cta.b64 st, [b], {BULK_B_WINDOW_BYTES}; "
-            f"@{pred} cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [g], "
-            f"{BULK_B_WINDOW_BYTES}, [b]; ")
+            f"mbarrier.arrive.expect_tx.shared::cta.b64 st, [b], {BULK_B_WINDOW_BYTES}; "
+            f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [a], [g], {BULK_B_WINDOW_BYTES}, [b]; ")
 
 
 def _bulk_b_start(slots: int) -> str:
     """Output $0: a token (zero); inputs: $1 the buffer (`bulk_b_bytes`, 128-byte aligned), $2 the part's windows,
     $3 the global address (int64) of its first window's image. Thread 0 initializes the mbarriers and requests the
-    part's first min(slots - 1, $2) windows; the CTA then meets at a barrier (no thread waits on an mbarrier before
-    it is initialized)."""
-    copies = "".join(f"mov.u32 i, {s}; setp.gt.and.u32 c, $2, {s}, p; " + _bulk_b_copy(slots, "c", "i")
-                     for s in range(slots - 1))
-    return ("{ .reg .pred p, c; .reg .b32 t, i, s, ph, a, b, buf, bars; .reg .b64 base, g, o, st; "
-            f"mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; mov.u32 buf, $1; add.u32 bars, buf, {slots * BULK_B_WINDOW_BYTES}; "
-            "mov.b64 base, $3; "
-            + "".join(f"@p mbarrier.init.shared::cta.b64 [bars+{8 * s}], 1; " for s in range(slots))
+    part's first min(lead, $2) windows; the CTA then meets at a barrier (no thread waits on an mbarrier before it is
+    initialized)."""
+    copies = "".join(f"{{ mov.u32 i, {j}; setp.le.u32 d, $2, {j}; @d bra BULK_B_DONE; " + _bulk_b_copy(slots, "i")
+                     + "BULK_B_DONE: } " for j in range(bulk_b_lead(slots)))
+    return (_bulk_b_registers(slots) + "mov.b64 base, $3; setp.ne.u32 p, t, 0; @p bra BULK_B_START; "
+            + "".join(f"mbarrier.init.shared::cta.b64 [fulls+{8 * j}], 1; "
+                      f"mbarrier.init.shared::cta.b64 [empties+{8 * j}], {BULK_B_WARPS}; " for j in range(slots))
             + "fence.mbarrier_init.release.cluster; fence.proxy.async.shared::cta; " + copies
-            + "bar.sync 0; mov.u32 $0, 0; }")
+            + "BULK_B_START: bar.sync 0; mov.u32 $0, 0; }")
 
 
 def _bulk_b_window(slots: int) -> str:
     """Output $0: window $2's wgmma matrix descriptor (as `_wgmma_exchange`'s) in its slot; inputs: $1 the buffer,
     $2 the window's index in the part, $3 the part's windows, $4 the part's first image (int64 global address),
-    $5 a token (`BULK_B_START_PTX`'s: after it). The barrier frees window $2 - 1's slot, into which thread 0 requests
-    window $2 + slots - 1 if the part has it; then the wait for window $2's phase of its slot."""
-    return ("{ .reg .pred p, d; .reg .b32 t, i, s, a, b, ph, lo, buf, bars; .reg .b64 base, g, o, st; "
-            f"bar.sync 0; mov.u32 t, %tid.x; mov.u32 buf, $1; add.u32 bars, buf, {slots * BULK_B_WINDOW_BYTES}; "
-            f"mov.b64 base, $4; add.u32 i, $2, {slots - 1}; setp.lt.u32 p, i, $3; setp.eq.and.u32 p, t, 0, p; "
-            + _bulk_b_copy(slots, "p", "i")
-            + _divide_by_slots(slots, "$2", "ph", "s") + "and.b32 ph, ph, 1; "
-            f"mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, bars; "
-            "BULK_B_WAIT: mbarrier.try_wait.parity.shared::cta.b64 d, [b], ph; @!d bra BULK_B_WAIT; "
+    $5 a token (`BULK_B_START_PTX`'s: after it). Thread 0 first requests window $2 + lead if the part has it; then
+    every thread waits for window $2's phase of its full mbarrier."""
+    return (_bulk_b_registers(slots) + f"mov.b64 base, $4; add.u32 i, $2, {bulk_b_lead(slots)}; "
+            "setp.ge.u32 p, i, $3; setp.ne.or.u32 p, t, 0, p; @p bra BULK_B_WAIT; " + _bulk_b_copy(slots, "i")
+            + "BULK_B_WAIT: " + _divide_by_slots(slots, "$2", "ph", "s") + "and.b32 ph, ph, 1; "
+            f"mad.lo.u32 a, s, {BULK_B_WINDOW_BYTES}, buf; mad.lo.u32 b, s, 8, fulls; "
+            "BULK_B_FULL: mbarrier.try_wait.parity.shared::cta.b64 d, [b], ph; @!d bra BULK_B_FULL; "
             # the descriptor: 14 bits of (address >> 4) (the CTA's rank at bit 24 masked, as `_wgmma_exchange`)
             f"shr.b32 lo, a, 4; and.b32 lo, lo, 0x3fff; or.b32 lo, lo, {(WGMMA_LBO >> 4) << 16:#x}; "
             f"mov.b64 $0, {{lo, {WGMMA_SBO >> 4}}}; }}")
+
+
+def _bulk_b_release(slots: int) -> str:
+    """Output $0 = input $3 (an accumulator of the window's wgmma, which has returned: the release follows it); inputs:
+    $1 the buffer, $2 the window's index in the part. Lane 0 of each warp arrives at the slot's empty mbarrier."""
+    return (_bulk_b_registers(slots) + _divide_by_slots(slots, "$2", "ph", "s") + "and.b32 lo, t, 31; "
+            "setp.eq.u32 p, lo, 0; mad.lo.u32 b, s, 8, empties; @p mbarrier.arrive.shared::cta.b64 st, [b]; "
+            "mov.b32 $0, $3; }")
 
 
 def arranged_b_elements(m: int, k: int) -> int:
@@ -749,6 +773,7 @@ def arranged_b_elements(m: int, k: int) -> int:
 
 BULK_B_START_PTX = {s: _bulk_b_start(s) for s in BULK_B_SLOTS}
 BULK_B_WINDOW_PTX = {s: _bulk_b_window(s) for s in BULK_B_SLOTS}
+BULK_B_RELEASE_PTX = {s: _bulk_b_release(s) for s in BULK_B_SLOTS}
 
 
 def arranged_b_index(row, k, windows: int):

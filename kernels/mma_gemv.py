@@ -80,7 +80,7 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (BULK_B_START_PTX, BULK_B_WINDOW_PTX, CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX,
+from .decode import (BULK_B_RELEASE_PTX, BULK_B_START_PTX, BULK_B_WINDOW_PTX, CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX,
                      FRAGMENT_ZERO_PTX, GRID_DEPENDENCY_WAIT_PTX,
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
@@ -734,12 +734,21 @@ def bulk_b_start(x64, tile_m, first, count, windows, like, BULK_B):
 
 
 def bulk_b_window(buffer, i, count, base, token, BULK_B):
-    """The descriptor of window i of the part in its slot once the bulk copy is in, window i + BULK_B - 1 requested
-    (`decode.BULK_B_WINDOW_PTX`). Not pure: it waits at the CTA's barrier."""
+    """The descriptor of window i of the part in its slot once the bulk copy is in, a later window requested
+    (`decode.BULK_B_WINDOW_PTX`). Not pure: it waits on mbarriers."""
     return hl.inline_asm_elementwise(
         BULK_B_WINDOW_PTX[BULK_B], "=l,r,r,r,l,r",
         [buffer, torch.zeros_like(buffer) + i, torch.zeros_like(buffer) + count, base, token],
         dtype=torch.int64, is_pure=False, pack=1)
+
+
+def bulk_b_release(value, buffer, i, BULK_B):
+    """`value` (an accumulator the window's wgmma returned) after the warp's release of window i's slot
+    (`decode.BULK_B_RELEASE_PTX`); without BULK_B `value`."""
+    if not BULK_B:
+        return value
+    return hl.inline_asm_elementwise(BULK_B_RELEASE_PTX[BULK_B], "=r,r,r,r", [buffer, torch.zeros_like(buffer) + i, value],
+                                     dtype=torch.float32, is_pure=False, pack=1)
 
 
 def wgmma_exchange_128(b, b_2, win, buffer, ACT_ELEM):
@@ -982,6 +991,7 @@ def mma_m64_kernel(
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
                     s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                     s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73), COL_GROUPS)
+                s00 = bulk_b_release(s00, bulk_buffer, it.begin, BULK_B)
                 if TILE_M == 128:  # the same weights on rows 64 .. 127 of the window, 8 KB further
                     (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43,
                      t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = wgmma_window(frags, second_64_rows(
