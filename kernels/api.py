@@ -13,8 +13,8 @@ from blockscaled.formats import BlockFormat
 from blockscaled.qtensor import QTensor
 
 from . import configs
-from .decode import (BULK_B_SLOTS, CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
-                     STATIC_SHARED_BYTES, arranged_b_elements, bulk_b_bytes, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
+from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
+                     STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
                      staged_b_chunks)
 from .launch import DirectLaunch
 
@@ -307,7 +307,6 @@ class Predecode(NamedTuple):
 
     launch: object  # the compiled launcher (None until the plan's first call)
     rows: torch.Tensor  # the decoded activation, bf16 [M, K / block, block], one buffer per plan (as the workspace)
-    arranged: bool = False  # rows are the flat arranged B of bulk copies ("bulk_b", `decode.arranged_b_index`)
 
 
 class SplitKPlan(NamedTuple):
@@ -793,7 +792,6 @@ class MmaOptions(NamedTuple):
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
     wide_b: bool = False  # M > MMA_WARP_M, bf16 / fp8 activations: a thread's B share in 16-byte loads (WIDE_B)
     predecode: bool = False  # fp4 / fp8 activations decoded to bf16 by a kernel of their own, then the bf16 plan
-    bulk_b: int = 0  # M > MMA_WARP_M with wgmma: B by bulk copies through this many slots, from an arranged activation
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
@@ -839,20 +837,14 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode", "bulk_b"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
-                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode' and 'bulk_b', or None, got {config!r}")
-    bulk_b = config.get("bulk_b", 0)
-    if type(bulk_b) is not int or bulk_b not in (0, *BULK_B_SLOTS) or (bulk_b and (
-            m <= MMA_WARP_M or config.get("wgmma", True) is not True or config.get("tile_m", MMA_M64_B_ROWS) != MMA_M64_B_ROWS
-            or config.get("predecode", True) is not True or config.get("wide_b", False) is not False)):
-        raise ValueError(f"config: bulk_b is 0 or a number of slots in {BULK_B_SLOTS}, above M = {MMA_WARP_M} only, "
-                         f"with wgmma, tile_m 64, predecode and without wide_b, got {config!r} at M = {m}")
-    predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights) or bool(bulk_b))
-    if type(predecode) is not bool or (predecode and not narrow and not bulk_b):
-        raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations or with bulk_b, got {config!r}")
+                         f"'pdl_prefetch', 'fragment_sums', 'wide_b' and 'predecode', or None, got {config!r}")
+    predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights))
+    if type(predecode) is not bool or (predecode and not narrow):
+        raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations, got {config!r}")
     split = config.get("split", 0)
     if "split" in config and (type(split) is not int or split < 1 or "max_split" in config):
         raise ValueError(f"config: split is an int >= 1, without 'max_split', got {config!r} at M = {m}")
@@ -923,20 +915,19 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     tile_128 = m > MMA_M64_B_ROWS and wgmma and ahead == 1  # where 128 activation rows per program can run
-    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and m <= MMA_TILE_128_MAX_M and not bulk_b
-                        else MMA_M64_B_ROWS)
+    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and m <= MMA_TILE_128_MAX_M else MMA_M64_B_ROWS)
     if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
                          f"at M = {m}")
     # (the 16-byte loads carry no L2 eviction hint: with "evict" the four hinted ones)
-    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and aligned and not evict and not bulk_b)
+    wide_b = config.get("wide_b", MMA_M64_WIDE_B and wide_m and aligned and not evict)
     if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or not aligned or evict))):
         raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 or fp8 activations whose "
                          f"data is 16-byte aligned and without evict, got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums, wide_b, predecode, bulk_b)
+                      fragment_sums, wide_b, predecode)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -1111,14 +1102,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     if options.predecode:  # the bf16-activation plan, over the activation decoded into a buffer of the plan's own
-        arranged = bool(options.bulk_b) and options.wgmma and _has_wgmma(b.device)  # (else no bulk copies)
-        plan = _mma_plan(None, b, has_bias, m, n, k, options._replace(predecode=False, bulk_b=options.bulk_b * arranged))
-        if not arranged and not isinstance(a, QTensor):
-            return plan  # bf16 rows as given
-        # arranged: zeros, so the rows past M of the last 64-row image are zeros that the pre-pass never writes
-        rows = (torch.zeros(arranged_b_elements(m, k), dtype=torch.bfloat16, device=b.device) if arranged else
-                torch.empty((m, k // a.fmt.block_size, a.fmt.block_size), dtype=torch.bfloat16, device=b.device))
-        return plan._replace(predecode=Predecode(None, rows, arranged))
+        rows = torch.empty((m, k // a.fmt.block_size, a.fmt.block_size), dtype=torch.bfloat16, device=b.device)
+        plan = _mma_plan(None, b, has_bias, m, n, k, options._replace(predecode=False))
+        return plan._replace(predecode=Predecode(None, rows))
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:
@@ -1155,8 +1141,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     from .mma_gemv import fragment_workspace_sums, program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
-    if not wgmma:  # 128 activation rows per program take wgmma's second descriptor, bulk B its descriptor too
-        options = options._replace(tile_m=MMA_M64_B_ROWS, bulk_b=0)
+    if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
+        options = options._replace(tile_m=MMA_M64_B_ROWS)
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
         options = options._replace(programs_per_sm=MMA_M64_TILE_128_PROGRAMS_PER_SM if options.tile_m > MMA_M64_B_ROWS
                                    else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
@@ -1172,13 +1158,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, wide_m and MMA_M64_UNEVEN_SPLIT))
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
-        wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device, options.bulk_b) if wide_m
+        wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's BULK_B, SPLIT, WGMMA, AHEAD, TILE_M,
-    # CLUSTER, FRAGMENT_SUMS, WIDE_B; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((options.bulk_b, split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums, options.wide_b)
-            if wide_m
+    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER,
+    # FRAGMENT_SUMS, WIDE_B; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
+    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums, options.wide_b) if wide_m
             else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
     consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
@@ -1206,14 +1191,13 @@ def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, devi
             and programs > MMA_CLUSTER_PROGRAMS_PER_SM * _sm_count(device))
 
 
-def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device, bulk_b: int = 0) -> bool:
+def _mma_cluster(m: int, split: int, tile_m: int, programs: int, device: torch.device) -> bool:
     """Whether mma_m64_kernel's SPLIT parts of an output tile sum in a thread-block cluster: `_cluster_sum_runs` with
     its 4 x column groups accumulators on 256 threads, 64 activation rows per program, and the sums' slots beside
-    the B windows (or the `bulk_b` slots) in static shared memory."""
+    the B windows in static shared memory."""
     values = 4 * _mma_column_groups(m)
-    b_bytes = bulk_b_bytes(bulk_b) if bulk_b else m64_exchange_buffer(True)[0]
     return (tile_m == MMA_M64_B_ROWS and _cluster_sum_runs(split, values, 256, programs, device)
-            and cluster_sum_bytes(values, split) + b_bytes <= MMA_CLUSTER_SHARED_BYTES)
+            and cluster_sum_bytes(values, split) + m64_exchange_buffer(True)[0] <= MMA_CLUSTER_SHARED_BYTES)
 
 
 def _mma_gemv_values(row_groups: int, col_groups: int) -> int:
@@ -1267,8 +1251,8 @@ def _mma_operands(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
     if isinstance(a, QTensor):  # predecoded: the plan's bf16 rows, the global scale still a's
         x, xs = (plan.predecode.rows, out) if plan.predecode is not None else (a.data, a.kernel_scale)
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
-    else:  # bf16: itself, or arranged for bulk copies
-        x, xs, x_post = plan.predecode.rows if plan.predecode is not None else a, out, _one(b.device)
+    else:
+        x, xs, x_post = a, out, _one(b.device)
     return x, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else out, out, ws, tickets
 
 
@@ -1305,15 +1289,14 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
 def _predecode_run(key, plan: SplitKPlan, a: QTensor) -> SplitKPlan:
     """Decode activation `a` into the plan's bf16 rows (`Predecode`), launched from the operands' addresses once bound,
     as `_mma_run`; returns the plan, compiled."""
-    from .dequantize import dequantize_args, dequantize_config, dequantize_kernel, dequantize_tensors
+    from .dequantize import dequantize_args, dequantize_config, dequantize_kernel
 
     pre = plan.predecode
-    operands = dequantize_tensors(a, pre.rows)
+    operands = (a.data, a.kernel_scale, pre.rows)
     direct = _direct_launch(pre)
     if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
         return plan
-    args = dequantize_args(a, pre.rows, pre.arranged)
-
+    args = dequantize_args(a, pre.rows)
     if pre.launch is None:
         pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device))
         plan = _LAUNCHES[key] = plan._replace(predecode=pre)

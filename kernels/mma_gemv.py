@@ -80,13 +80,12 @@ from blockscaled.formats import SCALE_LAYOUTS
 from blockscaled.layouts import scale_offset
 
 from .configs import KERNEL_SETTINGS
-from .decode import (BULK_B_RELEASE_PTX, BULK_B_START_PTX, BULK_B_WINDOW_PTX, CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX,
+from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGMENT_ADD_PTX, FRAGMENT_LOAD_PTX,
                      FRAGMENT_ZERO_PTX, GRID_DEPENDENCY_WAIT_PTX,
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
                      MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
-                     WGMMA_STEPS_PTX, BULK_B_WINDOW_BYTES, bulk_b_bytes, k_warp_sum_rounds, m64_exchange_buffer,
-                     mma_b_factor, shared_b_bytes,
+                     WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
 
 # One program: 4 warps of ROW_GROUPS 16-row groups each, so 128 threads and 64 or 128 rows; with
@@ -678,13 +677,11 @@ def ahead_window(first, i, steps, windows, uneven):
 
 
 def window_words(x64, xs, w, f, row, gr, win, lane, q, g, windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT,
-                 WIDE_B=0, BULK_B=0):
-    """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`;
-    with BULK_B zeros, B coming by bulk copy) and its A words (`a_words`)."""
-    a = a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT)
-    b = [torch.zeros_like(a[0], dtype=torch.int64)] if BULK_B else b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A,
-                                                                          A_LAYOUT, EVICT, WIDE_B)
-    return (*pad_slots(b), *a)
+                 WIDE_B=0):
+    """Window `win`'s words of a thread of `mma_m64_kernel` as 10 tensors: its B share (`b_words`, padded by `pad_slots`)
+    and its A words (`a_words`)."""
+    return (*pad_slots(b_words(x64, xs, row, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)),
+            *a_words(w, f, gr, win, lane, q, g, windows, blocks, EVICT))
 
 
 def shared_window_words(x64, xs, w, f, tid, gr, win, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT,
@@ -714,41 +711,6 @@ def m64_exchange(b, win, buffer, ACT_ELEM, WGMMA):
         [*b, window_parity(b[0], win), buffer],
         dtype=torch.int64 if WGMMA else torch.int32, is_pure=False, pack=1,
     )
-
-
-def bulk_b_start(x64, tile_m, first, count, windows, like, BULK_B):
-    """With BULK_B slots (`decode.BULK_B_START_PTX`): the program's B buffer (`decode.bulk_b_bytes`), the global
-    address of its part's first window image in the arranged activation `x64` (int64 words; `decode.arranged_b_index`)
-    and a token, the part's first BULK_B - 1 windows requested. Without BULK_B zeros."""
-    if not BULK_B:
-        zero = torch.zeros_like(like, dtype=torch.int32)
-        return zero, zero.to(torch.int64), zero
-    buffer = shared_buffer(bulk_b_bytes(BULK_B), 256, 128)
-    words = BULK_B_WINDOW_BYTES // 8
-    base = hl.inline_triton("({0} + {1}).to(tl.int64)", args=(x64, (tile_m * windows + first) * words + like * 0),
-                            output_like=torch.zeros_like(like, dtype=torch.int64))
-    token = hl.inline_asm_elementwise(BULK_B_START_PTX[BULK_B], "=r,r,r,l", [buffer, torch.zeros_like(buffer) + count,
-                                                                            base], dtype=torch.int32, is_pure=False,
-                                      pack=1)
-    return buffer, base, token
-
-
-def bulk_b_window(buffer, i, count, base, token, BULK_B):
-    """The descriptor of window i of the part in its slot once the bulk copy is in, a later window requested
-    (`decode.BULK_B_WINDOW_PTX`). Not pure: it waits on mbarriers."""
-    return hl.inline_asm_elementwise(
-        BULK_B_WINDOW_PTX[BULK_B], "=l,r,r,r,l,r",
-        [buffer, torch.zeros_like(buffer) + i, torch.zeros_like(buffer) + count, base, token],
-        dtype=torch.int64, is_pure=False, pack=1)
-
-
-def bulk_b_release(value, buffer, i, BULK_B):
-    """`value` (an accumulator the window's wgmma returned) after the warp's release of window i's slot
-    (`decode.BULK_B_RELEASE_PTX`); without BULK_B `value`."""
-    if not BULK_B:
-        return value
-    return hl.inline_asm_elementwise(BULK_B_RELEASE_PTX[BULK_B], "=r,r,r,r", [buffer, torch.zeros_like(buffer) + i, value],
-                                     dtype=torch.float32, is_pure=False, pack=1)
 
 
 def wgmma_exchange_128(b, b_2, win, buffer, ACT_ELEM):
@@ -882,7 +844,6 @@ def mma_m64_kernel(
     EVICT: hl.constexpr,
     PDL: hl.constexpr,
     COL_GROUPS: hl.constexpr,
-    BULK_B: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
     AHEAD: hl.constexpr,
@@ -954,25 +915,24 @@ def mma_m64_kernel(
         # mxfp8 x mxfp4 at M = 64, 8192^2 took 42.4 instead of 36.0 us; the scales are read after the loop)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
-        b_buffer = shared_buffer(size, 256, align) if not BULK_B else tid
-        bulk_buffer, bulk_base, token = bulk_b_start(x64, tile_m, first, count, windows, tid, BULK_B)
+        b_buffer = shared_buffer(size, 256, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
-                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B, BULK_B)
+                                                              ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 1, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B, BULK_B)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         if AHEAD > 2:
             v0, v1, v2, v3, v4, v5, v6, v7, v8, v9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, 2, steps, windows, uneven), lane, q, g, windows, blocks, K,
-                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B, BULK_B)
+                ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
         for it in hl.tile(count, block_size=1):
             win = first + it.begin
             n0, n1, n2, n3, n4, n5, n6, n7, n8, n9 = window_words(
                 x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
-                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B, BULK_B)
+                windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
@@ -981,8 +941,6 @@ def mma_m64_kernel(
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
                 address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
-            elif BULK_B:
-                address = bulk_b_window(bulk_buffer, it.begin, count, bulk_base, token, BULK_B)
             else:
                 address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)
@@ -991,7 +949,6 @@ def mma_m64_kernel(
                  s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = wgmma_window(frags, address, (
                     s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43,
                     s50, s51, s52, s53, s60, s61, s62, s63, s70, s71, s72, s73), COL_GROUPS)
-                s00 = bulk_b_release(s00, bulk_buffer, it.begin, BULK_B)
                 if TILE_M == 128:  # the same weights on rows 64 .. 127 of the window, 8 KB further
                     (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43,
                      t50, t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = wgmma_window(frags, second_64_rows(

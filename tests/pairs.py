@@ -165,49 +165,6 @@ def dequantizes_every_code_and_scale(fmt, layout, device, min_e8m0=0):
     torch.testing.assert_close(out.view(rows, k).cpu(), want.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
 
 
-def exchange_position(row, k, windows):
-    """Where `mma_m64_kernel`'s wgmma exchange puts activation element (row, k), in bf16 elements of a buffer of
-    8 KB windows (one per 64 rows and 64-K window), derived from the weights' K order: lane q of mma step s holds the
-    window's K 16q + 4s .. + 3, its register 2s + h K 16q + 4s + 2h (+ e), which mma takes at k 2q + 8h (+ e); B is
-    stored K-major in 8-row x 16-byte core matrices, core matrix (row / 8, chunk of 8 k) at 1024 (row / 8) + 128 chunk
-    bytes, its rows 16 bytes apart."""
-    window, kk = divmod(k, 64)
-    q, rest = divmod(kk, 16)
-    s, rest = divmod(rest, 4)
-    h, e = divmod(rest, 2)
-    chunk, within = divmod(16 * s + 2 * q + 8 * h + e, 8)
-    tile, r = divmod(row, 64)
-    byte = (tile * windows + window) * 8192 + 1024 * (r // 8) + 128 * chunk + 16 * (r % 8) + 2 * within
-    return byte // 2
-
-
-def arranges_activations(device, gen):
-    """`dequantize_kernel` with ARRANGE (the arranged B of "bulk_b") writes each element of bf16, nvfp4, mxfp4 and
-    mxfp8 activations, as the natural decode gives it, where the exchange would (`exchange_position`), and nothing
-    else: 70 rows (a second, partial 64-row image) x 320 K, the buffer poisoned."""
-    from blockscaled.kernels.decode import arranged_b_elements
-    from blockscaled.kernels.dequantize import dequantize_args, dequantize_config, dequantize_kernel
-    from blockscaled.reference import dequantize
-
-    rows, k = 70, 320
-    x = torch.randn(rows, k, generator=gen) * 4
-    where = torch.tensor([exchange_position(r, c, k // 64) for r in range(rows) for c in range(k)])
-    for a in (x.to(torch.bfloat16), *(bs.quantize(x, fmt) for fmt in ("nvfp4", "mxfp4", "mxfp8"))):
-        # (the nvfp4 global scale stays with the mma kernel's epilogue)
-        unscaled = a if isinstance(a, torch.Tensor) or a.global_scale is None else bs.QTensor(
-            a.data, a.scale, a.fmt, a.layout, torch.ones(()))
-        want = (a if isinstance(a, torch.Tensor) else dequantize(unscaled, torch.float64)).to(torch.bfloat16).reshape(-1)
-        a = a.to(device)
-        out = torch.full((arranged_b_elements(rows, k),), float("nan"), dtype=torch.bfloat16, device=device)  # poison
-        args = dequantize_args(a, out, True)
-        dequantize_kernel.bind(args).compile_config(dequantize_config(a))(*args)
-        out = out.cpu()
-        torch.testing.assert_close(out[where], want, rtol=0, atol=0)
-        rest = torch.ones(out.numel(), dtype=torch.bool)
-        rest[where] = False
-        assert out[rest].isnan().all(), "the pre-pass wrote past the activation's rows"
-
-
 def assert_split_k_workspaces_zero():
     """Every split-K plan cached so far left its workspace and tickets zero (the next call
     adds into them)."""

@@ -7,7 +7,7 @@ import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e4m3_to_float32_by_multiply, e8m0_to_float32
 from blockscaled.reference import codecs
 
-from pairs import (CPU_TOLERANCE, PAIRS, arranges_activations, assert_split_k_workspaces_zero, backend_used, block_dot_folded,
+from pairs import (CPU_TOLERANCE, PAIRS, assert_split_k_workspaces_zero, backend_used, block_dot_folded,
                    decodes_every_byte, decodes_every_scale, dequantizes_every_code_and_scale, gemv_multiplies_every_code_pair,
                    make_operands, run_and_check)
 
@@ -48,10 +48,6 @@ def test_dequantize_kernel_every_code_and_scale(fmt, layout):
     products are fp32 subnormals (the interpreter's float32 arithmetic flushed some of them; the GPU suite runs
     them all)."""
     dequantizes_every_code_and_scale(fmt, layout, "cpu", min_e8m0={"mxfp4": 2, "mxfp8": 10}.get(fmt, 0))
-
-
-def test_dequantize_kernel_arranges_b(gen):
-    arranges_activations("cpu", gen)
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")

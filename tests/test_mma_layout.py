@@ -12,7 +12,6 @@ import torch
 
 import blockscaled as bs
 from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
-from blockscaled.kernels.decode import bulk_b_bytes
 from blockscaled.layouts.mma import ELEMENTS, SLOTS
 
 from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scale_code_sets, run_and_check
@@ -754,43 +753,6 @@ def test_predecode_options(monkeypatch):
     with pytest.raises(ValueError, match="stage_b runs fp4 / fp8 activations"):  # the bf16 plan's keys only
         api.mma_options_for({"predecode": True, "stage_b": True, "k_warps": 2, "shared_b": False},
                             bs.quantize(x[:1], "nvfp4"), fp4_w, 1, 256)
-
-
-def test_bulk_b_options(monkeypatch):
-    """"bulk_b" (B by bulk copies through 2 to 4 slots) above M = 16 with wgmma: every activation goes through the
-    pre-pass into an arranged buffer of zeros (the rows past M stay zero), the kernel gets the slots as BULK_B after
-    COL_GROUPS and no 16-byte B loads; the cluster sums count the slots' shared memory. Where the device has no
-    wgmma the plan drops it (a bf16 activation then has no pre-pass). Refused at M <= 16, with mma.sync, 128-row
-    tiles, wide_b, predecode False or another number of slots."""
-    from blockscaled.kernels import api
-
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    fp4_w = bs.quantize(torch.randn(10240, 512), "nvfp4").with_data_layout("mma_m16k16")
-    x = torch.randn(64, 512)
-    for as_act in (lambda t: t.to(torch.bfloat16), lambda t: bs.quantize(t, "mxfp8"), lambda t: bs.quantize(t, "nvfp4")):
-        a = as_act(x)
-        for slots in (2, 3, 4):
-            monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-            options = api.mma_options_for({"bulk_b": slots}, a, fp4_w, 64, 10240)
-            assert options.predecode and options.bulk_b == slots and not options.wide_b and options.tile_m == 64
-            plan = api._mma_plan(a, fp4_w, False, 64, 10240, 512, options)
-            assert plan.predecode.arranged and plan.consts[api.MMA_PDL_CONST + 2] == slots
-            rows = plan.predecode.rows
-            assert rows.dtype == torch.bfloat16 and rows.shape == (64 * 512,) and not rows.any()
-            # split 4 in clusters of 4: 3 x 8 accumulators x 256 threads x 4 bytes beside the slots
-            clustered = 3 * 8 * 256 * 4 + bulk_b_bytes(slots) <= api.MMA_CLUSTER_SHARED_BYTES
-            assert plan.split == 4 and api._mma_cluster_size(plan) == (4 if clustered else 1), (slots, plan.split)
-            monkeypatch.setattr(api, "_has_wgmma", lambda device: False)
-            plan = api._mma_plan(a, fp4_w, False, 64, 10240, 512, options)
-            assert plan.consts[api.MMA_PDL_CONST + 2] == 0
-            assert (plan.predecode is None) if isinstance(a, torch.Tensor) else not plan.predecode.arranged
-        assert api.mma_options_for(None, a, fp4_w, 64, 10240).bulk_b == 0
-        for bad in ({"bulk_b": 1}, {"bulk_b": 5}, {"bulk_b": True}, {"bulk_b": 2, "wgmma": False},
-                    {"bulk_b": 2, "tile_m": 128}, {"bulk_b": 2, "wide_b": True}, {"bulk_b": 2, "predecode": False}):
-            with pytest.raises(ValueError, match="bulk_b is 0 or a number of slots"):
-                api.mma_options_for(bad, a, fp4_w, 130 if "tile_m" in bad else 64, 10240)
-        with pytest.raises(ValueError, match="bulk_b is 0 or a number of slots"):
-            api.mma_options_for({"bulk_b": 2}, as_act(x[:16]), fp4_w, 16, 10240)
 
 
 def test_tile_m_options(monkeypatch):
