@@ -755,3 +755,14 @@ def test_tma_m64_probe_feeds_wgmma_without_a_layout_conversion(capfd):
     assert counts["variant"] == tma_m64.DEFAULT_VARIANTS[0]
     # one 64-K window of 128 rows per iteration: 2 dots of K = 32 on two warpgroups, 16 bytes of weights per thread
     assert counts["HGMMA"] == 4 and counts["STS"] == 0 and counts["LDS"] > 0 and counts["spill"] == 0
+
+
+def test_kernel_times_arguments_and_cpu_refusal():
+    """`python -m bench.kernel_times`: formats, shape and variants parse; without a GPU it says it needs one."""
+    from bench import kernel_times
+
+    args = kernel_times.parse_args(["--format", "nvfp4", "w4a16-mxfp4", "-M", "32", "--variants", '[{}, {"split": 4}]'])
+    assert (args.format, args.M, args.N, args.K, args.variants) == (["nvfp4", "w4a16-mxfp4"], 32, 8192, 8192,
+                                                                     [{}, {"split": 4}])
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        kernel_times.main(["--format", "nvfp4"])
