@@ -1272,39 +1272,47 @@ def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
     if plan.predecode is not None:
         plan = _predecode_run(key, plan, a)
     operands = _mma_operands(plan, a, b, bias, out)
-    direct = _direct_launch(plan)
-    if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
+    if _launch_bound(plan, operands):
         return out
     args = _mma_args(plan, operands, out)
     if plan.launch is None:
         plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
                                                               _mma_cluster_size(plan), _mma_pdl(plan)))
-        direct = _direct_launch(plan)
-    plan.launch(*args)
-    if direct is not None:
-        direct.bind(args[:len(operands)])
+    _launch_and_bind(plan, args, len(operands))
     return out
 
 
 def _predecode_run(key, plan: SplitKPlan, a: QTensor) -> SplitKPlan:
     """Decode activation `a` into the plan's bf16 rows (`Predecode`), launched from the operands' addresses once bound,
     as `_mma_run`; returns the plan, compiled."""
-    from .dequantize import dequantize_args, dequantize_config, dequantize_kernel
-
     pre = plan.predecode
     operands = (a.data, a.kernel_scale, pre.rows)
-    direct = _direct_launch(pre)
-    if direct is not None and direct.launch_addresses([t.data_ptr() for t in operands]):
+    if _launch_bound(pre, operands):
         return plan
+    from .dequantize import dequantize_args, dequantize_config, dequantize_kernel  # not on the bound path above
+
     args = dequantize_args(a, pre.rows)
     if pre.launch is None:
         pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device))
         plan = _LAUNCHES[key] = plan._replace(predecode=pre)
-        direct = _direct_launch(pre)
-    pre.launch(*args)
-    if direct is not None:
-        direct.bind(operands)
+    _launch_and_bind(pre, args, len(operands))
     return plan
+
+
+def _launch_bound(plan: SplitKPlan | Predecode, operands) -> bool:
+    """Launch a compiled plan's kernel from the operands' addresses alone where its `DirectLaunch` is bound to them
+    (`DirectLaunch.launch_addresses`); False, launching nothing, where it is not (then `_launch_and_bind`)."""
+    direct = _direct_launch(plan)
+    return direct is not None and direct.launch_addresses([t.data_ptr() for t in operands])
+
+
+def _launch_and_bind(plan: SplitKPlan | Predecode, args, count: int) -> None:
+    """Launch a compiled plan's kernel with all its arguments, then bind its `DirectLaunch` (if any) to the first
+    `count` of them, the caller's tensors, so that `_launch_bound` launches the next calls."""
+    plan.launch(*args)
+    direct = _direct_launch(plan)
+    if direct is not None:
+        direct.bind(args[:count])
 
 
 def _direct_launch(plan: SplitKPlan | Predecode) -> DirectLaunch | None:
