@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import triton
 
 import blockscaled as bs
 from blockscaled.kernels import api, configs
@@ -36,7 +35,6 @@ from blockscaled.kernels.gemv import gemv_kernel
 from .providers import FORMAT_PAIRS, make_operands
 
 H100_SMS = 132
-NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
 H100_REGS_PER_SM = 65536  # what Helion caps maxnreg x threads per program by
 COUNTS = {  # column: SASS opcode pattern
     "BAR": r"BAR\b", "STS": r"STS\b", "LDS": r"LDS(M)?\b", "LDG": r"LDG(STS)?\b", "HMMA": r"HMMA\b", "HGMMA": r"[HQ]GMMA\b",
@@ -133,13 +131,9 @@ def serial_reads(code: list[tuple[str, str]]) -> int:
 
 def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> dict:
     """Compile Helion's Triton code for sm_90 and count the loop's SASS instructions."""
-    return compiled_counts(triton_sm90(code, kernel_fn, args, cfg, folder, name), folder, name)
-
-
-def triton_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str):
-    """Helion's Triton code of `kernel_fn` (written into `folder` as `name`.py) compiled by Triton for sm_90."""
     import importlib.util
 
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -151,12 +145,8 @@ def triton_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str):
     fn = getattr(module, f"_helion_{kernel_fn.__name__}")
     names = list(fn.arg_names)
     tensors = dict(zip(inspect.signature(kernel_fn).parameters, args, strict=True))
-    # reduction and shape sizes Helion passes as constexpr arguments (`_RDIM_SIZE_4 = 16`, `_SHAPE_DIM_5 = 16 *
-    # _BLOCK_SIZE_1` in the host code), evaluated over the module's block sizes
-    dims = {}
-    sizes = {k: getattr(v, "value", v) for k, v in vars(module).items() if k.startswith("_BLOCK_SIZE_")}
-    for k, v in re.findall(r"^\s*(_(?:RDIM_SIZE|SHAPE_DIM)_\d+) = ([\w *+()]+)$", code, re.M):
-        dims[k] = int(eval(v, {"__builtins__": {}}, {**sizes, **dims}))
+    # reduction sizes Helion passes as constexpr arguments (`_RDIM_SIZE_4 = 16` in the host code)
+    dims = {k: int(v) for k, v in re.findall(r"^\s*(_RDIM_SIZE_\d+) = (\d+)$", code, re.M)}
     # persistent pid types: the programs the host launches per SM count, as on an H100
     for multiplier in re.findall(r"^\s*_NUM_SM = helion\.runtime\.get_num_sm\([^)]*\)(?: \* (\d+))?$", code, re.M):
         dims["_NUM_SM"] = H100_SMS * int(multiplier or 1)
@@ -165,24 +155,22 @@ def triton_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str):
                     attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2),
             **({"maxnreg": cfg.config["maxnreg"]} if cfg.config.get("maxnreg") else {})}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-
-
-def disassemble(kernel, folder: Path, name: str) -> str:
-    """The SASS of a Triton kernel compiled for sm_90; its .ptx, .cubin and .sass written into `folder` as `name`.*."""
-    (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
-    (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
-    sass = subprocess.check_output([str(NVDISASM), "-c", str(folder / f"{name}.cubin")], text=True)
-    (folder / f"{name}.sass").write_text(sass)
-    return sass
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return compiled_counts(kernel, folder, name)
 
 
 def compiled_counts(kernel, folder: Path, name: str) -> dict:
     """The K-loop counts (`loop_counts`), registers, spills and shared memory of a Triton kernel compiled for sm_90,
     its .ptx, .cubin and .sass written into `folder` as `name`.*."""
-    sass = disassemble(kernel, folder, name)
+    import triton
+
+    (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
+    (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    sass = subprocess.check_output([str(nvdisasm), "-c", str(folder / f"{name}.cubin")], text=True)
+    (folder / f"{name}.sass").write_text(sass)
     # registers per thread decide how many programs fit on an SM; LOCAL > 0 means spills
-    usage = subprocess.check_output([str(NVDISASM.with_name("cuobjdump")), "-res-usage", str(folder / f"{name}.cubin")],
+    usage = subprocess.check_output([str(nvdisasm.with_name("cuobjdump")), "-res-usage", str(folder / f"{name}.cubin")],
                                     text=True)
     regs, local, static = (int(re.search(rf"\b{key}:(\d+)", usage).group(1)) for key in ("REG", "LOCAL", "SHARED"))
     # shared memory per program (static, as declared in inline PTX, and Triton's dynamic) decides it too
@@ -237,17 +225,6 @@ def mma_kernel_code(args, a, b, variant):
     return code, kernel.fn, kargs, plan, 32 * row_groups
 
 
-def predecode_sass(a, plan, folder: Path, name: str) -> str:
-    """The sm_90 SASS of an mma plan's "predecode" (`dequantize.dequantize_kernel` for activation `a`, a programmatic
-    dependent launch where the plan's mma kernel is one), written into `folder` as `name`.*."""
-    from blockscaled.kernels.dequantize import dequantize_args, dequantize_config, dequantize_kernel
-
-    args = dequantize_args(a, plan.predecode.rows, api._mma_pdl(plan))
-    cfg = dequantize_config(a)
-    kernel = triton_sm90(dequantize_kernel.bind(args).to_triton_code(cfg), dequantize_kernel.fn, args, cfg, folder, name)
-    return disassemble(kernel, folder, name)
-
-
 def main(argv=None):
     status = outside_interpreter("bench.sass", argv)
     if status is not None:
@@ -276,10 +253,6 @@ def main(argv=None):
             per_w = f"{counts['instr'] / weights:6.2f}"
             print(f"{bs.SUPPORTED_PAIRS[pair]:12s} {label[:44]:44s} {counts['instr']:6d} {per_w} "
                   + " ".join(f"{counts[c]:6d}" for c in COLUMNS[2:]))
-            if getattr(plan, "predecode", None) is not None:
-                name = f"{fmt.replace('-', '_')}_{i}_predecode"
-                ops = [op for op, _ in instructions(predecode_sass(a_parts, plan, folder, name))]
-                print(f"{'':12s} {'predecode (dequantize_kernel)':44s} {len(ops):6d}")
     print(f"files: {folder}")
     return 0
 

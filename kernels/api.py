@@ -1291,10 +1291,9 @@ def _predecode_run(key, plan: SplitKPlan, a: QTensor) -> SplitKPlan:
         return plan
     from .dequantize import dequantize_args, dequantize_config, dequantize_kernel  # not on the bound path above
 
-    pdl = _mma_pdl(plan)  # a programmatic dependent launch where the mma kernel after it is one
-    args = dequantize_args(a, pre.rows, pdl)
+    args = dequantize_args(a, pre.rows)
     if pre.launch is None:
-        pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device, pdl=pdl))
+        pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device))
         plan = _LAUNCHES[key] = plan._replace(predecode=pre)
     _launch_and_bind(pre, args, len(operands))
     return plan

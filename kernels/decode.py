@@ -697,9 +697,6 @@ CLUSTER_WAIT_PTX = "barrier.cluster.wait.aligned; mov.u32 $0, 0;"
 GRID_DEPENDENCY_WAIT_PTX = "griddepcontrol.wait; mov.b32 $0, $1;"
 # Output $0 = input $1 (an accumulator, so it comes after the K loop that made it)
 LAUNCH_DEPENDENTS_PTX = "griddepcontrol.launch_dependents; mov.b32 $0, $1;"
-# A programmatic dependent launch's start (`dequantize.dequantize_kernel`): wait for the grid before, then let the next
-# kernel launch at once; output $0: 1
-GRID_START_PTX = "griddepcontrol.wait; griddepcontrol.launch_dependents; mov.b32 $0, 1;"
 
 # Split-K sums of `mma_m64_kernel` in a workspace in fragment order (`mma_gemv.add_fragments`): a thread's 4
 # accumulators of a column group at 16 contiguous bytes, so one vector reduction adds them (sm_90). $1 the address,

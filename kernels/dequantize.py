@@ -7,11 +7,6 @@ bf16 x nvfp4 124). Decoding the activation once, with a kernel of its own, lets 
 its bf16-activation plan. Element x block scale is exact in bf16 (E2M1 has 2 significant bits,
 E4M3 4, E8M0 is a power of two), so the decoded rows are the values the mma kernel's own decode
 feeds its tensor cores; the nvfp4 global scale stays with the mma kernel's epilogue.
-
-With PDL (where the mma kernel after it launches with PDL, M <= 16) the decode is a programmatic dependent launch too:
-it may start while the kernel before it runs, waits for that grid (`griddepcontrol.wait`) before it touches memory, and
-at once lets the mma kernel place its CTAs (`griddepcontrol.launch_dependents`), which then prefetch their first
-weights while the decode runs and wait for its grid in turn.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ import helion.language as hl
 from blockscaled.qtensor import QTensor
 
 from .configs import KERNEL_SETTINGS
-from .decode import ELEMENT_CODES, GRID_START_PTX, e4m3_to_float32, operand_codes
+from .decode import ELEMENT_CODES, e4m3_to_float32, operand_codes
 from .dequant_mm import apply_scale, load_e2m1
 from .tiles import load_data
 
@@ -43,18 +38,12 @@ def dequantize_kernel(
     SCALE: hl.constexpr,
     BLOCK: hl.constexpr,
     LAYOUT: hl.constexpr,
-    PDL: hl.constexpr,
 ) -> torch.Tensor:
     """out [rows, K / BLOCK, BLOCK] (bf16) = the operand's elements times their block scales, in K order."""
     rows = out.size(0)
     for tile_r, g in hl.tile([rows, K // BLOCK]):
-        if PDL:  # the wait before the loads; its output (1) multiplies the values, so Helion keeps it
-            started = hl.inline_asm_elementwise(GRID_START_PTX, "=r,r", [tile_r.index], dtype=torch.int32,
-                                                is_pure=False, pack=1)
         values = apply_scale(load_elements(data, tile_r, g, BLOCK, K, ELEM), scale, tile_r, rows, g, BLOCK, K, SCALE,
                              BLOCK, LAYOUT, BLOCK)
-        if PDL:
-            values = values * started.to(torch.float32).unsqueeze(1)
         out[tile_r, g, :] = values.reshape(tile_r.block_size, g.block_size, BLOCK).to(torch.bfloat16)
     return out
 
@@ -68,10 +57,9 @@ def load_elements(data, rows_tile, g, BLOCK, K, ELEM):
     return e4m3_to_float32(load_data(data, rows_tile, g, BLOCK, K, 1).view(torch.uint8).to(torch.int32))
 
 
-def dequantize_args(a: QTensor, out: torch.Tensor, pdl: bool = False) -> tuple:
-    """`dequantize_kernel`'s arguments for QTensor `a` (k_order data) into `out`, bf16 [rows, K / block, block]; with
-    `pdl` compiled for a programmatic dependent launch."""
-    return (a.data, a.kernel_scale, out, a.K, *operand_codes(a.fmt, a.layout), int(pdl))
+def dequantize_args(a: QTensor, out: torch.Tensor) -> tuple:
+    """`dequantize_kernel`'s arguments for QTensor `a` (k_order data) into `out`, bf16 [rows, K / block, block]."""
+    return (a.data, a.kernel_scale, out, a.K, *operand_codes(a.fmt, a.layout))
 
 
 def dequantize_config(a: QTensor) -> helion.Config:

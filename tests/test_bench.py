@@ -351,28 +351,6 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
         assert len(prefetches) in (2 * windows, 4 * windows), (fmt, m, n, k, variant, len(prefetches))  # 1 or 2 row groups
         assert all(i < ops.index("ACQBULK") for i in prefetches), (fmt, m, n, k, variant)
 
-@pytest.mark.parametrize("fmt, m", [("nvfp4", 16), ("mxfp8", 16), ("mixed", 64)])
-def test_predecode_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m):
-    """The activation's decode before the mma kernel ("predecode") is a programmatic dependent launch where the mma
-    kernel is one (M <= 16): in its sm_90 SASS `griddepcontrol.wait` (ACQBULK) and `launch_dependents` (PREEXIT) come
-    before every global load and store; with "pdl" False, and above M = 16 (no PDL there), neither is there."""
-    from bench import sass
-
-    variants = [{"predecode": True}, {"predecode": True, "pdl": False}]
-    argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", "1024", "-K", "2048", "--variants",
-            json.dumps(variants), "--keep", str(tmp_path)]
-    assert sass.main(argv) == 0
-    capfd.readouterr()
-    for i, variant in enumerate(variants):
-        ops = [op for op, _ in sass.instructions((tmp_path / f"{fmt}_{i}_predecode.sass").read_text())]
-        memory = [j for j, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "ATOM")]
-        assert memory, (fmt, m, variant)
-        if m > 16 or variant.get("pdl") is False:
-            assert "ACQBULK" not in ops and "PREEXIT" not in ops, (fmt, m, variant)
-            continue
-        assert ops.index("ACQBULK") < ops.index("PREEXIT") < memory[0], (fmt, m, variant, ops[:memory[0] + 1])
-
-
 def mma_formats(narrow):
     """The bench formats the mma kernels run with fp4 / fp8 (`narrow`) or bf16 activations."""
     return [f for f, (a, b) in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[a, b] in MMA_PAIRS and (a != "bf16") == narrow]
