@@ -35,14 +35,13 @@ from .providers import (  # noqa: E402
     Unsupported,
     add_llama_argument,
     blockscaled_fn,
-    blockscaled_mma_fn,
-    blockscaled_pairs_fn,
     compile_cell,
     copy_fn,
     cublas_bf16_fn,
     gemlite_fn,
     make_operands,
     operand_bytes,
+    ours_weights,
     scaled_mm_fp8_fn,
     triton_dot_scaled_fn,
     weight_layouts,
@@ -63,10 +62,14 @@ WEIGHT_ONLY = ("d2d_copy_weights", "read_weights")
 EXTRA_COLUMNS = ["timing", "plain_ms", "weights_layout"]
 
 
-def csv_provider(prov: str) -> dict:
+def csv_provider(prov: str, device="cpu") -> dict:
     """The CSV's `provider` and `weights_layout` of a provider of this module: DESIGN.md section 5 names this
-    project's rows "blockscaled" whatever layout their weights take (`weights_layout`, empty for the others)."""
-    return dict(provider="blockscaled" if prov in OURS_LAYOUT else prov, weights_layout=OURS_LAYOUT.get(prov, ""))
+    project's rows "blockscaled" whatever layout their weights take (`weights_layout`: the layout on `device`, empty
+    for the others)."""
+    if prov not in OURS_LAYOUT:
+        return dict(provider=prov, weights_layout="")
+    layout = OURS_LAYOUT[prov]
+    return dict(provider="blockscaled", weights_layout=bs.kernels.weight_data_layout(device) if layout == "default" else layout)
 
 
 def provider_label(row: dict) -> str:
@@ -251,9 +254,8 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
     ours = operand_bytes(pair[0], m, k) + operand_bytes(pair[1], n, k)
     fp8 = float(m * k + n * k)
     providers = {  # name: (builder(x, w, a, b), bytes one call must read)
-        "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
-        "blockscaled_pairs": (lambda x, w, a, b: blockscaled_pairs_fn(a, b, out_dtype), ours),
-        "blockscaled_mma": (lambda x, w, a, b: blockscaled_mma_fn(a, b, out_dtype), ours),
+        "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, ours_weights("blockscaled", b), out_dtype), ours),
+        "blockscaled_k_order": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
         "cublas_bf16": (lambda x, w, a, b: cublas_bf16_fn(x, w, out_dtype), 2.0 * (m * k + n * k)),
         "scaled_mm_fp8_rowwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"), fp8),
         "scaled_mm_fp8_blockwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"), fp8),
@@ -291,7 +293,7 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
     bf16_ms = times.get("cublas_bf16", (None,))[0]
     rows = []
     for prov, (ms, plain_ms, nbytes) in times.items():
-        rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], **csv_provider(prov),
+        rows.append(dict(stamp, pair=pair_name, M=m, N=n, K=k, out_dtype=str(out_dtype).split(".")[1], **csv_provider(prov, operands[0][3].device),
                          median_ms=f"{ms:.5f}", tflops=f"{flops / ms / 1e9:.2f}", gbps=f"{nbytes / ms / 1e6:.1f}",
                          speedup_vs_bf16=f"{bf16_ms / ms:.3f}" if bf16_ms else "",
                          max_rel_err=f"{errs[prov]:.2e}" if errs[prov] is not None else "",

@@ -76,11 +76,27 @@ def per_call_us(fn, calls: int, repeats: int, wait: bool) -> float:
     return best
 
 
-def kernel_args(plan, a, b, bias, out) -> tuple:
-    """The arguments `api._mma_run` gives the plan's compiled launcher (this tree's or an older one's)."""
-    if hasattr(api, "_mma_operands"):
-        return api._mma_args(plan, api._mma_operands(plan, a, b, bias, out), out)
-    return api._mma_args(plan, a, b, bias, out)
+def profile(call, calls: int, lines: int) -> str:
+    """cProfile of `calls` calls of `call`: its `lines` costliest functions by cumulative time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(lines)
+    return text.getvalue()
+
+
+def operands(key, plan, a, b, bias, out) -> tuple:
+    """The tensors `api._mma_run` passes for one call of `plan` (this call's scratch on the current stream)."""
+    work = api.scratch.get(key, plan.workspace, out.device) if plan.workspace is not None else None
+    return api._mma_operands(plan, a, b, bias, out, work)
+
+
+def kernel_args(key, plan, a, b, bias, out) -> tuple:
+    """The arguments `api._mma_run` gives the plan's compiled launcher."""
+    return api._mma_args(plan, operands(key, plan, a, b, bias, out), out)
 
 
 def captured_launch(call):
@@ -92,9 +108,8 @@ def captured_launch(call):
 
     def record_mma(key, plan, a, b, bias, out):
         plan = api._LAUNCHES[key]
-        seen["plan"], seen["args"] = plan, kernel_args(plan, a, b, bias, out)
-        if hasattr(api, "_mma_operands"):
-            seen["addresses"] = [t.data_ptr() for t in api._mma_operands(plan, a, b, bias, out)]
+        seen["plan"], seen["args"] = plan, kernel_args(key, plan, a, b, bias, out)
+        seen["addresses"] = [t.data_ptr() for t in operands(key, plan, a, b, bias, out)]
         plan.launch(*seen["args"])  # through DirectLaunch.__call__
         return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 import blockscaled as bs
-from blockscaled.layouts import mma
 
 # --format choices -> pairs (a format, b format)
 FORMAT_PAIRS = {
@@ -57,15 +56,9 @@ def make_operands(pair, m, n, k, device, seed):
 
 
 def weight_layouts(b, k):
-    """The data layouts of weights `b` that are validated and timed: k_order, for packed
-    fp4 block_pairs (K holds whole block pairs), and for fp4 and fp8 mma_m16k16 (16-row groups,
-    64-K windows)."""
-    weights = {"k_order": b}
-    if b.fmt.is_packed and k % (2 * b.fmt.block_size) == 0:
-        weights["block_pairs"] = b.with_data_layout("block_pairs")
-    if mma.holds(b.fmt.element, b.rows, k):
-        weights["mma_m16k16"] = b.with_data_layout("mma_m16k16")
-    return weights
+    """The weights `b` (k_order) in each data layout that is validated and timed: the device's default
+    (`QTensor.for_device`, what `blockscaled.quantize_weight` gives a user) and k_order (the portable kernels)."""
+    return {"default": b.for_device(), "k_order": b}
 
 
 def compile_cell(pair, m, n, k, out_dtype, device):
@@ -153,25 +146,14 @@ def gemlite_fn(x, w, pair):
     return lambda: layer(xb)
 
 
-# this project's providers (`python -m bench`, the TritonBench operator) by the data layout of the weights they time
-OURS_LAYOUT = {"blockscaled": "k_order", "blockscaled_pairs": "block_pairs", "blockscaled_mma": "mma_m16k16"}
+# this project's providers (`python -m bench`, the TritonBench operator) by the weights they time: "default" is the
+# layout `blockscaled.quantize_weight` gives on the device (`blockscaled.kernels.weight_data_layout`)
+OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order"}
 
 
-def blockscaled_pairs_fn(a, b, out_dtype):
-    """This project with fp4 weights pre-arranged once ("block_pairs"): the decode kernel's layout."""
-    if not b.fmt.is_packed:
-        raise Unsupported(f"{b.fmt.name} weights are not packed fp4; 'blockscaled' already reads them as they are")
-    return blockscaled_fn(a, b.with_data_layout("block_pairs"), out_dtype)
-
-
-def blockscaled_mma_fn(a, b, out_dtype):
-    """This project with fp4 / fp8 weights arranged once as "mma_m16k16": the tensor-core decode
-    kernel, for the pairs it runs (others would time the k_order path again)."""
-    from blockscaled.kernels.api import MMA_PAIRS, _fmt_name
-
-    if bs.SUPPORTED_PAIRS[_fmt_name(a), b.fmt.name] not in MMA_PAIRS:
-        raise Unsupported(f"the mma kernel runs {MMA_PAIRS}")
-    return blockscaled_fn(a, b.with_data_layout("mma_m16k16"), out_dtype)
+def ours_weights(provider, b):
+    """Weights `b` (k_order) as this project's `provider` times them."""
+    return b.for_device() if OURS_LAYOUT[provider] == "default" else b
 
 
 def weight_bytes(b) -> torch.Tensor:

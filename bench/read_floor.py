@@ -12,7 +12,7 @@ group of warps or per program) and `--activation` (`grouped_words` with reads of
 weights, as the M = 16 kernels read their activation). `--multicast` times the M = 16 slice plan's grid (128 programs of
 32 warps) with its activation read beside the weights as plain L2 loads of 512, 256 or 128 B per 512 B of weights, or
 through bulk copies into shared-memory rings, multicast in thread-block clusters (`mcast_words`). H100 results:
-bench/DECODE_NOTES.md, 2026-11-26.
+docs/DECODE_NOTES.md, 2026-11-26.
 """
 
 from __future__ import annotations

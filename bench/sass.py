@@ -1,9 +1,9 @@
 """`python -m bench.sass`: what the small-M kernels' K loop compiles to on sm_90, with no GPU.
 
 For each pair and config variant (the dicts `python -m bench.variants` takes) it builds the
-plan that an H100 would run (sm90 config table, 132 SMs, PTX decodes) for `block_dot`
-(block_pairs fp4 weights) or, with `--backend gemv`, for `gemv` (k_order weights), or with
-`--backend mma` for `mma_gemv` (mma_m16k16 weights, bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups": r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u}), has
+plan that an H100 would run (132 SMs, PTX decodes) for `mma_gemv_kernel` (mma_m16k16 weights,
+bf16, fp4 or fp8 activations; at M > 16 `mma_m64_kernel`; variants: {"max_split": n, "row_groups":
+r, "shared_b": b, "wgmma": w, "ahead": a, "k_warps": k, "unroll": u}), has
 Helion write the Triton code, compiles it for sm_90 with Triton's bundled ptxas,
 disassembles it and counts the instructions of the K loop: all of them, per weight element
 (`per_w`), barriers and shared-memory traffic (layout conversions), tensor-core and
@@ -29,8 +29,6 @@ import torch
 
 import blockscaled as bs
 from blockscaled.kernels import api, configs
-from blockscaled.kernels.block_dot_mm import block_dot_mm_kernel
-from blockscaled.kernels.gemv import gemv_kernel
 
 from .providers import FORMAT_PAIRS, make_operands
 
@@ -52,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("-M", type=int, default=1)
     p.add_argument("-N", type=int, default=8192)
     p.add_argument("-K", type=int, default=8192)
-    p.add_argument("--backend", default="block_dot", choices=["block_dot", "gemv", "mma"])
+    p.add_argument("--backend", default="mma", choices=["mma"], help="the mma kernels (the only ones counted)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
     p.add_argument("--keep", type=Path, default=None, help="folder for the .py, .ptx and .sass files")
     return p.parse_args(argv)
@@ -106,7 +104,7 @@ def loop_counts(sass: str) -> dict:
 def early_loads(ops: list[str]) -> int:
     """Global loads of the loop issued before its first fence or barrier (MEMBAR, BAR): those the B exchange does not
     hold back. mma_m64_kernel, mxfp8 x mxfp4 at M = 64: 2 of 9 in the 36.0-us build, 0 in the 42.4-us one of 4053425,
-    whose instruction count per window was no higher (bench/DECODE_NOTES.md, 2026-11-25)."""
+    whose instruction count per window was no higher (docs/DECODE_NOTES.md, 2026-11-25)."""
     fence = next((i for i, op in enumerate(ops) if re.match(r"(MEM)?BAR\b", op)), len(ops))
     return sum(bool(re.match(COUNTS["LDG"], op)) for op in ops[:fence])
 
@@ -187,29 +185,6 @@ def outside_interpreter(module: str, argv) -> int | None:
                            cwd=Path(__file__).parent.parent)
 
 
-def kernel_code(args, pair, a_parts, b_parts, variant):
-    """(Triton code, kernel function, arguments, plan, weight elements per thread and loop
-    iteration) of the H100 plan of one pair and config variant."""
-    name = bs.SUPPORTED_PAIRS[pair]
-    if args.backend == "mma":
-        return mma_kernel_code(args, a_parts, b_parts, variant)
-    fields = configs.freeze_entry(variant, args.backend)
-    with planned_as_h100():
-        if args.backend == "gemv":
-            plan = api._gemv_plan(name, a_parts, b_parts, False, args.M, args.N, args.K, fields)
-            kernel_fn, block_n, k_step = gemv_kernel, plan.cfg.config["block_sizes"][0], plan.consts[1] * plan.consts[10]
-        else:
-            data_layout = "block_pairs" if b_parts.fmt.is_packed else "k_order"
-            plan = api._block_dot_plan(name, a_parts, b_parts, data_layout, False, args.M, args.N, args.K, fields)
-            kernel_fn, block_n, k_step = block_dot_mm_kernel, plan.cfg.config["block_sizes"][1], 2 * plan.consts[1] * plan.consts[12]
-        out = torch.empty((args.M, args.N), dtype=torch.float32)
-        ws, tickets = plan.workspace or (out, out)
-        kargs = (a_parts.data, a_parts.scale, b_parts.data, b_parts.scale, a_parts.global_scale, b_parts.global_scale,
-                 out, out, ws, tickets, *plan.consts)
-        code = kernel_fn.bind(kargs).to_triton_code(plan.cfg)
-    return code, kernel_fn.fn, kargs, plan, block_n * k_step / (32 * plan.cfg.config.get("num_warps", 4))
-
-
 def mma_kernel_code(args, a, b, variant):
     """kernel_code of the mma backend: `a` the activation (bf16 or QTensor), `b` the
     "mma_m16k16" QTensor, `variant` may set any `_mma_options` key; 32 weights per thread,
@@ -218,7 +193,8 @@ def mma_kernel_code(args, a, b, variant):
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
         out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
-        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out), out)
+        work = api.scratch.get(None, plan.workspace, out.device) if plan.workspace else None
+        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out, work), out)
         kernel = api.mma_kernel(args.M)
         code = kernel.bind(kargs).to_triton_code(plan.cfg)
     row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it
@@ -237,17 +213,9 @@ def main(argv=None):
     for fmt in formats:
         pair = FORMAT_PAIRS[fmt]
         _, _, a, b = make_operands(pair, args.M, args.N, args.K, "cpu", seed=0)
-        if args.backend == "mma":
-            b = b.with_data_layout("mma_m16k16")
-        elif b.fmt.is_packed and args.backend == "block_dot":
-            b = b.with_data_layout("block_pairs")
-        words = args.backend == "gemv"  # as scaled_mm
-        if args.backend == "mma":  # the mma kernel takes the tensors themselves
-            a_parts, b_parts = a, b
-        else:
-            a_parts, b_parts = api._parts(a, b.device, words), api._parts(b, b.device, words)
+        b = b.with_data_layout("mma_m16k16")
         for i, variant in enumerate(args.variants):
-            code, kernel_fn, kargs, plan, weights = kernel_code(args, pair, a_parts, b_parts, variant)
+            code, kernel_fn, kargs, plan, weights = mma_kernel_code(args, a, b, variant)
             counts = compile_sm90(code, kernel_fn, kargs, plan.cfg, folder, f"{fmt.replace('-', '_')}_{i}")
             label = json.dumps(variant, sort_keys=True)
             per_w = f"{counts['instr'] / weights:6.2f}"

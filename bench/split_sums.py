@@ -2,7 +2,7 @@
 
 The M = 64 plans at N = K = 8192 and 8192 x 28672 split K over 4 programs (256 programs of 256 threads, about two per
 SM) that add their fp32 sums into a workspace; the ablation of 6271ff1 put that epilogue at about 6 of 35 us at
-8192^2 (bench/DECODE_NOTES.md, "Ablations"), without separating its parts. This probe runs only an epilogue, on that
+8192^2 (docs/DECODE_NOTES.md, "Ablations"), without separating its parts. This probe runs only an epilogue, on that
 grid (SPLIT parts of N / 128 output tiles, the parts last in the grid as the workspace path orders them), each thread
 holding 32 sums as `mma_m64_kernel`'s accumulators (8 column groups x 4):
 

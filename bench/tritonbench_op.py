@@ -18,8 +18,8 @@ import torch
 from tritonbench.utils.triton_op import BenchmarkOperator, register_benchmark, register_metric
 
 import blockscaled as bs
-from blockscaled.layouts import mma
-from bench.providers import FORMAT_PAIRS, LLAMA_SHAPES, OURS_LAYOUT, add_llama_argument, operand_bytes, quantize_pair
+from bench.providers import (FORMAT_PAIRS, LLAMA_SHAPES, OURS_LAYOUT, add_llama_argument, operand_bytes, ours_weights,
+                              quantize_pair)
 
 PAIRS = {bs.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
 
@@ -83,27 +83,17 @@ class Operator(BenchmarkOperator):
 
     @register_benchmark()
     def blockscaled(self, pair_name, x, w):
+        """What a user gets: weights prepared once for the device (`QTensor.for_device`, as
+        `blockscaled.quantize_weight` does), the fastest kernel there."""
         a, b = self._operands(pair_name, x, w)
+        b = ours_weights("blockscaled", b)
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 
     @register_benchmark()
-    def blockscaled_pairs(self, pair_name, x, w):
-        """fp4 weights pre-arranged once ("block_pairs"), the small-M decode kernel's layout;
-        fp8 weights as they are."""
+    def blockscaled_k_order(self, pair_name, x, w):
+        """k_order weights: the portable kernels (CPU interpreter, other GPUs), as a yardstick."""
         a, b = self._operands(pair_name, x, w)
-        if b.fmt.is_packed:
-            b = b.with_data_layout("block_pairs")
-        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
-        return lambda: bs.scaled_mm(a, b, out=out)
-
-    @register_benchmark()
-    def blockscaled_mma(self, pair_name, x, w):
-        """fp4 and fp8 weights arranged once as "mma_m16k16", the tensor-core decode kernel's
-        layout (every pair and M; N % 128 != 0 above M = 16 reads its k_order copy)."""
-        a, b = self._operands(pair_name, x, w)
-        if mma.holds(b.fmt.element, b.rows, b.K):
-            b = b.with_data_layout("mma_m16k16")
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 

@@ -1,20 +1,12 @@
-"""`python -m bench.variants`: check and time block_dot and gemv config variants in one process.
+"""`python -m bench.variants`: check and time mma plan variants in one process.
 
-Each variant is a dict of config-table fields (`blockscaled.kernels.configs.ENTRY_FIELDS`)
-laid over the default entry of its backend ("backend": "block_dot", the default, or
-"gemv"), e.g. '[{}, {"fold": true}, {"config": {"block_sizes": [16, 256], "num_warps": 4,
-"num_stages": 2}}, {"backend": "gemv", "blocks": 8}]'; `{}` is block_dot's default. The
-mma backend ("mma_m16k16" weights: `--data_layout mma_m16k16`) takes {"backend": "mma",
-"max_split": n, "split": n, "row_groups": r, "shared_b": b, "ahead": a, "k_warps": w, "stage_b": s, "unroll": u, "cluster": c,
-"evict": e, "hoist": h}; above M = 16
-"max_split", "wgmma": w, "ahead": a, "unroll": u, "cluster": c, "evict": e, "hoist": h, "fragment_sums": f; at any M
-"pdl": p and, for fp4 / fp8 activations, "predecode": d, and at
-M <= 16 "pdl_prefetch": n. For
-every M, pair and variant it checks an fp32 output against the fp64 reference (bound 1e-5),
-then on a GPU times a CUDA graph over independent operand sets (cache-cold) against cuBLAS
-bf16 timed the same way in the same process. On a CPU it only checks, at small shapes. This
-is how the entries of kernels/configs/sm90.json were chosen
-(bench/results/h100_block_dot_fold_probe_2026-11-22.log, h100_gemv_probe_2026-11-22.log).
+Each variant is a dict of mma plan keys (`blockscaled.kernels.api._mma_options` lists them), e.g.
+'[{}, {"max_split": 8}, {"k_warps": 8, "shared_b": true}]'; `{}` is the default plan and
+{"backend": null} `scaled_mm`'s own choice. Weights are arranged "mma_m16k16" (`--data_layout
+k_order` times the portable kernels with {"backend": "dequant"}). For every M, pair and variant it
+checks an fp32 output against the fp64 reference (bound 1e-5), then on a GPU times a CUDA graph over
+independent operand sets (cache-cold) against cuBLAS bf16 timed the same way in the same process. On
+a CPU it only checks, at small shapes.
 """
 
 from __future__ import annotations
@@ -49,8 +41,7 @@ def parse_args(argv=None):
     p.add_argument("-K", type=int, default=None, help="default: 8192 on GPU, 256 on CPU")
     add_llama_argument(p, " instead of -N/-K (GPU only)")
     p.add_argument("--variants", type=json.loads, default=[{}], help="JSON list of config-table field dicts")
-    p.add_argument("--data_layout", default="block_pairs", choices=["block_pairs", "k_order", "mma_m16k16"],
-                   help="layout of fp4 weights (fp8 weights are always k_order)")
+    p.add_argument("--data_layout", default="mma_m16k16", choices=["k_order", "mma_m16k16"], help="layout of the weights")
     p.add_argument("--copies", type=int, default=3, help="most independent operand sets per timing")
     p.add_argument("--log", type=Path, default=None, help="append every line to this file too")
     p.add_argument("--jobs", type=int, default=1, help="GPU: compile every cell and variant in this many processes first")
@@ -62,13 +53,13 @@ def parse_args(argv=None):
 
 
 def weights_as(b, data_layout):
-    return b.with_data_layout(data_layout) if b.fmt.is_packed or data_layout == "mma_m16k16" else b
+    return b.with_data_layout(data_layout)
 
 
 def backend_and_fields(variant):
-    """A variant dict as `scaled_mm`'s backend (block_dot unless named; null: `scaled_mm`'s choice) and
+    """A variant dict as `scaled_mm`'s backend (mma unless named; null: `scaled_mm`'s choice) and
     config fields (None if there are none)."""
-    return variant.get("backend", "block_dot"), {key: v for key, v in variant.items() if key != "backend"} or None
+    return variant.get("backend", "mma"), {key: v for key, v in variant.items() if key != "backend"} or None
 
 
 def compile_variant(pair, m, n, k, data_layout, variant, device="cuda"):

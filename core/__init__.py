@@ -1,13 +1,15 @@
 """blockscaled: block-scaled matmul kernels in Helion.
 
     import blockscaled as bs
-    w = bs.quantize(weight, "nvfp4", layout="swizzle_32_4_4")
-    y = bs.scaled_mm(x_bf16, w)            # bf16 x nvfp4 (W4A16)
+    w = bs.quantize_weight(weight, "nvfp4")   # once; the fastest layout for weight.device
+    y = bs.scaled_mm(x_bf16, w)               # bf16 x nvfp4 (W4A16)
 """
 
 from .formats import FORMATS, SCALE_LAYOUTS, BlockFormat, get_format
 from .qtensor import QTensor
+from .weights import quantize_weight
 from blockscaled.reference import dequantize, quantize
 from blockscaled.kernels import SUPPORTED_PAIRS, scaled_mm
 
-__all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "dequantize", "get_format", "quantize", "scaled_mm", "SUPPORTED_PAIRS"]
+__all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "SUPPORTED_PAIRS", "dequantize", "get_format", "quantize",
+           "quantize_weight", "scaled_mm"]

@@ -14,13 +14,12 @@ from blockscaled.layouts import (
     element_codes,
     factor_bytes,
     from_layout,
-    pair_blocks,
+    mma_stored_shape,
     padded_scale_shape,
     stored_scale_shape,
     zero_scale_codes,
     to_layout,
     unarrange_mma_m16k16,
-    unpair_blocks,
 )
 from blockscaled.layouts.mma import ELEMENTS
 
@@ -37,10 +36,12 @@ class QTensor:
     fmt:          the format descriptor (or its name).
     layout:       "rowmajor", "swizzle_32_4_4", "cdna4_16" or "cdna4_32".
     global_scale: float32 scalar tensor for nvfp4, None otherwise.
-    shape:        the logical (rows, K).
-    data_layout:  element order, "k_order" (above), "block_pairs" (fp4: the block-dot
-                  kernel's pre-arranged weights) or "mma_m16k16" (fp4 and fp8: the
-                  tensor-core decode kernel's), see `blockscaled.layouts.data`.
+    shape:        the logical (rows, K); `scale` always describes exactly this shape.
+    data_layout:  element order, "k_order" (above) or "mma_m16k16" (fp4 and fp8: the
+                  tensor-core decode kernel's weights, `blockscaled.layouts.mma`).
+    stored_shape: the (rows, K) that `data` holds: `shape`, except "mma_m16k16" data, which
+                  holds `mma_stored_shape(shape)` (rows to a multiple of 128, K of 64), the
+                  padding all zero codes, so that any N and K take the mma kernels.
     """
 
     data: torch.Tensor
@@ -50,6 +51,7 @@ class QTensor:
     global_scale: torch.Tensor | None = None
     shape: tuple[int, int] | None = None
     data_layout: str = "k_order"
+    stored_shape: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         fmt = get_format(self.fmt)
@@ -61,16 +63,20 @@ class QTensor:
             raise ValueError(f"data: expected a 2-D tensor, got {_describe(self.data)}")
         if self.data.dtype != fmt.storage_dtype:
             raise TypeError(f"data: {fmt.name} data must be {fmt.storage_dtype}, got {self.data.dtype}")
-        rows, cols = self.data.shape
-        k = cols * 2 if fmt.is_packed else cols
+        check_data_layout(self.data_layout)
+        stored_rows, cols = self.data.shape
+        stored_k = cols * 2 if fmt.is_packed else cols
         if self.shape is None:
-            object.__setattr__(self, "shape", (rows, k))
+            object.__setattr__(self, "shape", (stored_rows, stored_k))
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        if self.shape != (rows, k):
-            raise ValueError(f"data: shape {tuple(self.data.shape)} does not hold logical {self.shape} in {fmt.name}")
+        rows, k = self.shape
         if k % fmt.block_size:
             raise ValueError(f"data: K={k} must be a multiple of the {fmt.name} block size {fmt.block_size}")
-        check_data_layout(self.data_layout, k, fmt.block_size, fmt.is_packed, rows)
+        stored = mma_stored_shape(rows, k) if self.data_layout == "mma_m16k16" else (rows, k)
+        object.__setattr__(self, "stored_shape", stored)
+        if (stored_rows, stored_k) != stored:
+            raise ValueError(f"data: shape {tuple(self.data.shape)} does not hold logical {self.shape} in {fmt.name} "
+                             f"{self.data_layout} (stored [rows, K] {list(stored)})")
         if not isinstance(self.scale, torch.Tensor):
             raise TypeError(f"scale: expected a tensor, got {type(self.scale).__name__}")
         if self.scale.dtype != fmt.scale_dtype:
@@ -123,10 +129,11 @@ class QTensor:
         return self._mma_factors(element_codes(self.data_k_order(), self.fmt.element))
 
     def _mma_factors(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`kernel_mma_factors` from this tensor's codes [rows, K]."""
-        zero = (codes.reshape(self.rows, -1, self.fmt.block_size) & ELEMENTS[self.fmt.element].magnitude_mask == 0).all(-1)
-        stored, shift = factor_bytes(self.scale_rowmajor(), self.fmt.scale_encoding, self.fmt.block_size, zero,
-                                     self.fmt.element)
+        """`kernel_mma_factors` from this tensor's stored codes (`stored_shape`, padding included)."""
+        rows, k = self.stored_shape
+        zero = (codes.reshape(rows, -1, self.fmt.block_size) & ELEMENTS[self.fmt.element].magnitude_mask == 0).all(-1)
+        scales = _pad(self.scale_rowmajor().view(torch.uint8), rows, k // self.fmt.block_size).view(self.fmt.scale_dtype)
+        stored, shift = factor_bytes(scales, self.fmt.scale_encoding, self.fmt.block_size, zero, self.fmt.element)
         post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
         if self.global_scale is not None:
             post = post * self.global_scale.reshape(1)
@@ -135,8 +142,13 @@ class QTensor:
     @functools.cached_property
     def k_order_copy(self) -> QTensor:
         """This tensor with k_order data, made once: what kernels other than the mma decode
-        kernel read when the weights are stored "mma_m16k16" (other pairs, N % 128 != 0 above M = 16, CPU)."""
+        kernel read when the weights are stored "mma_m16k16" (CPU, other GPUs, a backend named)."""
         return self.with_data_layout("k_order")
+
+    @property
+    def padded(self) -> bool:
+        """Whether `data` holds zero padding beyond the logical shape (`stored_shape`)."""
+        return self.stored_shape != self.shape
 
     @property
     def rows(self) -> int:
@@ -162,38 +174,48 @@ class QTensor:
         return replace(self, scale=to_layout(self.scale_rowmajor(), layout), layout=layout)
 
     def data_k_order(self) -> torch.Tensor:
-        """The element data in "k_order" regardless of the stored data layout."""
+        """The element data [rows, K] in "k_order" regardless of the stored data layout (padding dropped)."""
         if self.data_layout == "k_order":
             return self.data
-        if self.data_layout == "mma_m16k16":
-            return unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
-        return unpair_blocks(self.data, self.fmt.block_size)
+        data = unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
+        rows, k = self.shape
+        return data[:rows, : self.fmt.data_cols(k)].contiguous() if self.padded else data
 
     def with_data_layout(self, data_layout: str) -> QTensor:
         """The same tensor with its elements stored in `data_layout` (scales are shared).
 
-        "block_pairs" and "mma_m16k16" are pre-arranged weight layouts of the small-M
-        kernels; arrange once per weight, not per call. "mma_m16k16" keeps values, not
-        codes: nvfp4 blocks of scale 0 get zero codes; it raises ValueError for scales its
-        bf16 factors cannot hold (NaN, negative, E8M0 sets spanning over 2^126 for fp4, 2^124
-        for fp8) and for fp8 NaN elements."""
+        "mma_m16k16" is the pre-arranged weight layout of the mma kernels (most callers want
+        `for_device` or `blockscaled.quantize_weight`, which choose it); arrange once per weight,
+        not per call. Rows are padded to a multiple of 128 and K to one of 64 with zero codes.
+        It keeps values, not codes: nvfp4 blocks of scale 0 get zero codes; it raises ValueError
+        for scales its bf16 factors cannot hold (NaN, negative, E8M0 sets spanning over 2^126
+        for fp4, 2^124 for fp8) and for fp8 NaN elements."""
         if data_layout == self.data_layout:
             return self
-        check_data_layout(data_layout, self.K, self.fmt.block_size, self.fmt.is_packed, self.rows)
+        check_data_layout(data_layout)
         data = self.data_k_order()
-        if data_layout == "block_pairs":
-            data = pair_blocks(data, self.fmt.block_size)
         if data_layout == "mma_m16k16":
             element = self.fmt.element
+            rows, k = mma_stored_shape(*self.shape)
             codes = zero_scale_codes(element_codes(data, element), self.scale_rowmajor(), self.fmt.scale_encoding,
                                      self.fmt.block_size)
+            codes = _pad(codes, rows, k)
             arranged = arrange_mma_codes(codes, element).view(self.fmt.storage_dtype)
-            arranged = replace(self, data=arranged, data_layout=data_layout)
+            arranged = replace(self, data=arranged, data_layout=data_layout, stored_shape=None)
             # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
             # keeps it) from the codes at hand rather than un-arranging the data again
             arranged.__dict__["kernel_mma_factors"] = arranged._mma_factors(codes)
             return arranged
-        return replace(self, data=data, data_layout=data_layout)
+        return replace(self, data=data, data_layout=data_layout, stored_shape=None)
+
+    def for_device(self, device: torch.device | str | None = None) -> QTensor:
+        """These weights on `device` (default: where they are), in the data layout the fastest
+        kernel there reads (`blockscaled.kernels.weight_data_layout`): "mma_m16k16" on NVIDIA
+        sm_80+, "k_order" elsewhere. Call once per weight; `data_layout` says what it chose."""
+        from blockscaled.kernels import weight_data_layout
+
+        moved = self if device is None else self.to(device)
+        return moved.with_data_layout(weight_data_layout(moved.device))
 
     def to(self, device: torch.device | str) -> QTensor:
         g = None if self.global_scale is None else self.global_scale.to(device)
@@ -203,6 +225,16 @@ class QTensor:
         from blockscaled.reference import dequantize
 
         return dequantize(self, dtype=dtype)
+
+
+def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`t` [r, c] with zero rows and columns appended up to [rows, cols] (itself where it is that shape)."""
+    r, c = t.shape
+    if (r, c) == (rows, cols):
+        return t
+    out = torch.zeros((rows, cols), dtype=t.dtype, device=t.device)
+    out[:r, :c] = t
+    return out
 
 
 def _describe(x: object) -> str:

@@ -8,15 +8,18 @@ from typing import NamedTuple
 import torch
 
 import helion
+import helion.language as hl
 
 from blockscaled.formats import BlockFormat
+from blockscaled.layouts import to_layout
 from blockscaled.qtensor import QTensor
 
-from . import configs
+from . import configs, scratch
 from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
                      STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
                      staged_b_chunks)
 from .launch import DirectLaunch
+from .scratch import ScratchSpec
 
 # (a, b) format names -> pair name used in results and configs.
 SUPPORTED_PAIRS = {
@@ -110,69 +113,11 @@ class Operand(NamedTuple):
     layout: str
 
 
-def _parts(x, device, words=False) -> Operand:
-    """`words`: the data as int32 words (what gemv reads: 8 fp4, 4 fp8 or 2 bf16 elements each)."""
+def _parts(x, device) -> Operand:
     if isinstance(x, QTensor):
         g = x.kernel_global_scale if x.global_scale is not None else _one(device)
-        return Operand(x.kernel_words if words else x.data, x.kernel_scale, g, x.fmt, x.layout)
-    return Operand(x.view(torch.int32) if words else x, x, _one(device), None, "rowmajor")
-
-
-# The small-M block-dot kernel (block_dot_mm.py): weights in the "block_pairs" data layout
-# take it at every M (the other kernels read k_order only); fp8 weights up to this M.
-BLOCK_DOT_MAX_M = 64
-
-
-def _block_dot_wins(pair: str, m: int, k: int, fb: BlockFormat) -> bool:
-    """k_order weights: fp8 weights at 1 < M <= 64 and mxfp8 x mxfp8 at M = 1. Measured
-    on an H100 (N = K = 8192, bench/results/h100_block_dot_probe.log), block_dot against
-    dequant_mm as a fraction of cuBLAS bf16: M=16 mxfp8 1.12x vs 0.93x, bf16 x mxfp8
-    1.16x vs 1.00x; M=64 0.62x vs 0.32x, 0.62x vs 0.35x; M=1 mxfp8 1.16x vs 1.10x but
-    bf16 x mxfp8 0.99x vs 1.28x. fp4 weights in k_order would need an interleave here:
-    pre-arrange them (`QTensor.with_data_layout("block_pairs")`) instead."""
-    if fb.is_packed or k % (2 * fb.block_size) or m > BLOCK_DOT_MAX_M:
-        return False
-    return m > 1 or pair == "mxfp8xmxfp8"
-
-
-def _block_dot_dtype(fa: BlockFormat | None, fb: BlockFormat, block_m: int, device: torch.device, fold: bool) -> int:
-    """DOT code: fp8 dots when both operands are MX and A is narrow (every value then is
-    E4M3 times a power of two) and the M tile stays below 32, bf16 dots otherwise; float32
-    where the PTX decode cannot run (CPU interpreter, AMD).
-
-    From BM = 32 Triton uses Hopper's fp8 wgmma (sm_90 SASS: QGMMA.64 at M = 17, a 32-row tile;
-    HMMA.16816 at a 16-row one), whose accumulator keeps fewer bits: H100, fp32 output,
-    max_rel_err 4.9e-5 at M = 64 (mxfp8 x mxfp8, K = 8192) and 4.6e-5 at M = 17 (N = 1088,
-    K = 2048) against 1e-7 with the mma.sync fp8 dots at BM = 16
-    (bench/results/h100_gpu_tests_block_dot_2026-11-22.log, h100_gpu_tests_mma_fp8_*_2026-11-23.log).
-    `fold` (scales multiplied into the decoded operands) needs bf16: scaled values leave E4M3."""
-    from .block_dot_mm import DOT_CODES
-
-    if not _ptx_decodes(device):
-        return DOT_CODES["float32"]
-    both_mx = fa is not None and fa.scale_encoding == "e8m0" and fb.scale_encoding == "e8m0"
-    return DOT_CODES["float8_e4m3fn" if both_mx and block_m < 32 and not fold else "bfloat16"]
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-def _split_k(tiles: int, steps: int, max_split: int, programs_per_sm: int, device: torch.device) -> int:
-    """Split-K factor: the largest power of two <= max_split that divides the K steps and
-    keeps the grid within `programs_per_sm` programs per SM. Measured on an H100 (N = K =
-    8192, M = 1, mxfp8 x mxfp4, 128 output tiles): split 1 0.58x, 2 1.04x, 4 1.53x of cuBLAS
-    bf16; 8 instead of 4 programs per SM (split 16 instead of 8) moved fp4 weights by -6% to
-    +3% (bench/results/h100_block_dot_fold_probe_2026-11-22.log). Where that cap held the
-    split low (M = 1, N = 10240: 80 tiles, split 4; N = 57344: 448 tiles, split 1; ncu showed
-    0.65 waves and 22% achieved occupancy at 8192^2), 16 programs per SM and split up to 16
-    gained 19-44% for the five fp4-weight pairs, and moved 8192^2 and 8192 x 28672 by -2% to
-    +11% (bench/results/h100_block_dot_split16_probe_2026-11-22.log)."""
-    split = 1
-    while split * 2 <= max_split and steps % (split * 2) == 0 and tiles * split * 2 <= programs_per_sm * _sm_count(device):
-        split *= 2
-    return split
+        return Operand(x.data, x.kernel_scale, g, x.fmt, x.layout)
+    return Operand(x, x, _one(device), None, "rowmajor")
 
 
 def _split_k8(fa: BlockFormat | None, fb: BlockFormat, m: int) -> bool:
@@ -200,14 +145,14 @@ def scaled_mm(
 ) -> torch.Tensor:
     """C[M, N] = global_a * global_b * dequant(a) @ dequant(b)^T (+ bias).
 
-    a: QTensor [M, K] or a bf16 tensor (W4A16/W8A16); b: QTensor [N, K] (nn.Linear weights).
-    Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
-    `out` (optional) receives the result; `config` overrides the default Helion config, or,
-    for the block_dot and gemv backends, may be a dict of config-table fields laid over the
-    default entry (`configs.ENTRY_FIELDS`: {"config": {...}, "fold": True, "spans": 4, ...}),
-    for the mma backend a dict of plan keys, each described in `_mma_options` (which refuses any other);
-    `backend` ("dequant", "block_dot", "gemv", "mma", "dot_scaled", "dot_scaled_cdna4") overrides
-    the choice by device and shape.
+    a: QTensor [M, K] (k_order) or a bf16 tensor (W4A16 / W8A16); b: QTensor [N, K]
+    (nn.Linear weights), fastest as `blockscaled.quantize_weight` or `QTensor.for_device`
+    prepare it. Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
+    `out` (optional) receives the result. `config`: for the mma kernels a dict of plan keys
+    (`_mma_options` lists them and refuses any other), else a Helion config. `backend` ("mma",
+    "dequant", "dot_scaled", "dot_scaled_cdna4") overrides the choice by device and layout.
+    Calls may overlap (threads, streams, CUDA graphs): no call shares mutable memory with
+    another that can run at the same time (`kernels/scratch.py`).
     """
     pair, m, n, k = _check_args(a, b, out_dtype, bias)
     device = b.device
@@ -216,48 +161,27 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
-        if backend in (None, "mma") and _mma_runs(pair, a, m, n, device):
+        if backend in (None, "mma") and _mma_runs(pair, a, device):
             backend = "mma"
         elif backend == "mma":
-            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} with N % 64 == 0 (M > {MMA_WARP_M}: N % 128 == 0) on "
-                             f"NVIDIA sm_80+, k_order activations; got {pair}, M={m}, N={n} on {device}")
-        else:  # the other pairs, N % 128 != 0 above M = 16, CPU: the other kernels read the k_order copy
+            raise ValueError(f"backend: 'mma' runs {MMA_PAIRS} on NVIDIA sm_80+ with k_order activations; got {pair} "
+                             f"on {device}")
+        else:  # CPU, other GPUs, or a backend asked for by name: the other kernels read the k_order copy
             b = b.k_order_copy
     elif backend == "mma":
-        raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r}")
+        raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r} "
+                         "(prepare them with blockscaled.quantize_weight or QTensor.for_device)")
     if backend is None:
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
-        if b.data_layout == "block_pairs" or (backend == "dequant" and _block_dot_wins(pair, m, k, b.fmt)):
-            backend = "block_dot"
-        elif backend == "dequant" and m == 1 and b.fmt.is_packed:
-            # H100, M = 1, the four Llama-3-70B shapes (bench/results/h100.csv, 2a26452): fp4
-            # weights 2.02x-2.62x of cuBLAS bf16 against 1.03x-2.24x with block_dot on
-            # block_pairs; fp8 weights (044822e) 1.28x-1.35x, below dequant_mm / block_dot at
-            # N >= 10240
-            backend = "gemv"
-    elif backend not in ("block_dot", "mma") and b.data_layout != "k_order":
-        raise ValueError(f"backend: {backend!r} reads k_order data; b is {b.data_layout!r} (use backend='block_dot')")
     if backend == "mma":
-        options = mma_options_for(config, a, b, m, n)
-        key = (backend, pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, device, options)
-        plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
-        return _mma_run(key, plan, a, b, bias, out)
-    words = backend == "gemv"  # gemv reads every operand as int32 words
-    a_parts, b_parts = _parts(a, device, words), _parts(b, device, words)
+        return _mma_call(pair, a, b, m, n, k, out_dtype, bias, out, config)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
+    a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
-    if isinstance(config, dict):
-        if backend not in configs.ENTRY_FIELDS:
-            raise ValueError(f"config: a dict of config-table fields applies to the block_dot and gemv backends, not {backend!r}")
-        config = configs.freeze_entry(config, backend)
     key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)
-    if backend == "block_dot":
-        plan = _LAUNCHES.get(key) or _block_dot_plan(pair, a_parts, b_parts, b.data_layout, bias is not None, m, n, k, config)
-        return _split_k_run(key, plan, _block_dot_kernel, a_parts, b_parts, bias, out)
-    if backend == "gemv":
-        plan = _LAUNCHES.get(key) or _gemv_plan(pair, a_parts, b_parts, bias is not None, m, n, k, config)
-        return _split_k_run(key, plan, _gemv_kernel, a_parts, b_parts, bias, out)
     if backend == "dequant":
         from .dequant_mm import dequant_mm_kernel as kernel
         fa, fb = a_parts.fmt, b_parts.fmt
@@ -292,6 +216,50 @@ def scaled_mm(
 
 
 _LAUNCHES: dict[tuple, object] = {}
+BACKENDS = ("dequant", "mma", "dot_scaled", "dot_scaled_cdna4")
+
+
+def weight_data_layout(device: torch.device | str) -> str:
+    """The data layout of weights whose fastest kernel on `device` is the mma decode kernel:
+    "mma_m16k16" on NVIDIA sm_80 .. sm_90 (Ampere, Ada, Hopper), else "k_order" (the CPU
+    interpreter, AMD, and Blackwell, whose native block-scaled MMA reads k_order operands)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return "mma_m16k16" if _ptx_decodes(device) and (8, 0) <= _capability(device) < (10, 0) else "k_order"
+
+
+def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
+    """The mma kernel on weights stored "mma_m16k16", padding included (`QTensor.stored_shape`): an activation whose K
+    the weights pad gets zero columns, and where they pad N the kernel writes [M, stored N] and the first N columns
+    are copied out (one more launch; only for N % 128 != 0 or K % 64 != 0)."""
+    n_run, k_run = b.stored_shape
+    if k_run != k:
+        a = _pad_k(a, k_run)
+    if n_run == n:
+        return _mma_launch(pair, a, b, m, n, k_run, out_dtype, bias, out, config)
+    bias = None if bias is None else torch.nn.functional.pad(bias, (0, n_run - n))
+    full = torch.empty((m, n_run), dtype=out_dtype, device=out.device)
+    _mma_launch(pair, a, b, m, n_run, k_run, out_dtype, bias, full, config)
+    return out.copy_(full[:, :n])
+
+
+def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
+    options = mma_options_for(config, a, b, m, n)
+    key = ("mma", pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, b.device, options)
+    plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
+    return _mma_run(key, plan, a, b, bias, out)
+
+
+def _pad_k(a, k: int):
+    """Activation `a` [M, K0] with zero elements appended up to K (scales of the new blocks: code 0, any value would do)."""
+    pad = torch.nn.functional.pad
+    if not isinstance(a, QTensor):
+        return pad(a, (0, k - a.shape[1]))
+    f = a.fmt
+    data = pad(a.data.view(torch.uint8), (0, f.data_cols(k) - a.data.shape[1])).view(f.storage_dtype)
+    scales = pad(a.scale_rowmajor().view(torch.uint8), (0, (k - a.K) // f.block_size)).view(f.scale_dtype)
+    return QTensor(data, to_layout(scales, a.layout), f, a.layout, a.global_scale)
 
 
 def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: bool = False):
@@ -306,61 +274,24 @@ class Predecode(NamedTuple):
     """An mma plan's decode of its fp4 / fp8 activation (`dequantize.dequantize_kernel`) before the mma kernel."""
 
     launch: object  # the compiled launcher (None until the plan's first call)
-    rows: torch.Tensor  # the decoded activation, bf16 [M, K / block, block], one buffer per plan (as the workspace)
+    rows: tuple[int, int, int]  # the decoded activation's shape, bf16 [M, K / block, block] (scratch, per call)
 
 
-class SplitKPlan(NamedTuple):
-    """What one block_dot or gemv cache key launches; `launch` is None until first compiled."""
+class MmaPlan(NamedTuple):
+    """What one mma cache key launches; `launch` is None until first compiled."""
 
     launch: object
-    cfg: object
-    consts: tuple  # the kernel's constexpr arguments, in its signature order
+    cfg: object  # the Helion config (warps, unroll)
+    consts: tuple  # the kernel's constexpr arguments: a named tuple in its signature order (`mma_constants`)
     split: int  # split-K factor
-    fold: bool  # block_dot: scales multiplied into the decoded operands
-    m_pad: int  # rows the M loop runs over (>= M)
-    workspace: tuple | None  # split > 1: zeroed float32 [m_pad, N] and int32 tickets, one per tile
+    m: int  # activation rows (which of the two kernels)
+    workspace: ScratchSpec | None  # split > 1: float32 sums and int32 tickets, zero on entry (scratch, per call)
     predecode: Predecode | None = None  # mma: the activation's decode to bf16 before the kernel
 
 
-def _split_k_workspace(m_pad: int, n: int, block_m: int, block_n: int, split: int, device) -> tuple | None:
-    """What `split_k` needs for SPLIT > 1: zeros that every call leaves zero.
-    One per plan (pair, shape, layouts, device): two calls of one plan must not run at the
-    same time on two streams."""
-    if split == 1:
-        return None
-    tiles = (-(-m_pad // block_m), -(-n // block_n))
-    return torch.zeros((m_pad, n), dtype=torch.float32, device=device), torch.zeros(tiles, dtype=torch.int32, device=device)
-
-
-def _block_dot_kernel():
-    from .block_dot_mm import block_dot_mm_kernel
-
-    return block_dot_mm_kernel
-
-
-def _gemv_kernel():
-    from .gemv import gemv_kernel
-
-    return gemv_kernel
-
-
-def _split_k_run(key, plan: SplitKPlan, kernel, a: Operand, b: Operand, bias, out):
-    """Launch a block_dot or gemv plan (split-K inside the kernel: `split_k`)."""
-    ws, tickets = plan.workspace if plan.split > 1 else (out, out)
-    args = (a.data, a.scale, b.data, b.scale, a.global_scale, b.global_scale, bias if bias is not None else out, out, ws,
-            tickets, *plan.consts)
-    if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(kernel(), args, plan.cfg, out.device))
-    plan.launch(*args)
-    return out
-
-
-def _table_entry(backend, pair, m, k, device, config):
-    """(entry, Helion config): the table entry with a frozen field dict laid over it."""
-    entry = configs.table_entry(backend, pair, m, k, configs.arch_key(device))
-    if isinstance(config, tuple):  # config-table fields laid over the entry
-        entry, config = {**entry, **dict(configs.thaw_entry(config))}, None
-    return entry, config if config is not None else configs.entry_config(entry)
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def _ptx_decodes(device: torch.device) -> bool:
@@ -378,363 +309,94 @@ def _has_wgmma(device: torch.device) -> bool:
     return _ptx_decodes(device) and _capability(device) == (9, 0)
 
 
-def _gemv_plan(pair: str, a: Operand, b: Operand, has_bias, m, n, k, config) -> SplitKPlan:
-    """The SplitKPlan of one gemv cache key, not yet compiled."""
-    entry, cfg = _table_entry("gemv", pair, m, k, b.data.device, config)
-    block = b.fmt.block_size
-    blocks = max(s for s in (1, 2, 4, 8, 16, 32, 64) if s <= entry.get("blocks", 1) and (k // block) % s == 0)
-    tiles = m * -(-n // cfg.config["block_sizes"][0])
-    split = _split_k(tiles, k // (block * blocks), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
-    a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
-    b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
-    consts = (k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, has_bias, _ptx_decodes(b.data.device), blocks, split,
-              bool(entry.get("prefetch", False)))
-    workspace = _split_k_workspace(m, n, 1, cfg.config["block_sizes"][0], split, b.data.device)
-    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
-
-
-def _block_dot_plan(pair: str, a: Operand, b: Operand, data_layout, has_bias, m, n, k, config):
-    """The SplitKPlan of one block_dot cache key, not yet compiled."""
-    from .block_dot_mm import DOT_CODES
-
-    block = b.fmt.block_size
-    if k % (2 * block):
-        raise ValueError(f"b: the block_dot backend needs K % {2 * block} == 0 (pairs of {b.fmt.name} blocks), got K={k}")
-    entry, cfg = _table_entry("block_dot", pair, m, k, b.data.device, config)
-    spans = max(s for s in (1, 2, 4, 8) if s <= entry.get("spans", 1) and (k // (2 * block)) % s == 0)
-    bm, bn = cfg.config["block_sizes"][:2]
-    tiles = -(-m // bm) * -(-n // bn)
-    split = _split_k(tiles, k // (2 * block * spans), entry.get("max_split", 1), entry.get("programs_per_sm", 4), b.data.device)
-    fold = bool(entry.get("fold", False))
-    m_pad = max(m, bm) if entry.get("pad_m", False) else m
-    # the M tile Triton gets: the config's, or the next power of two of the rows it covers
-    dot = _block_dot_dtype(a.fmt, b.fmt, min(bm, 1 << (m_pad - 1).bit_length()), b.data.device, fold)
-    narrow_fp4 = sum(f is not None and f.is_packed for f in (a.fmt, b.fmt))
-    a_elem, a_scale, _, a_layout = operand_codes(a.fmt, a.layout)
-    b_elem, b_scale, _, b_layout = operand_codes(b.fmt, b.layout)
-    consts = (
-        k, block, a_elem, a_scale, a_layout, b_elem, b_scale, b_layout, data_layout == "block_pairs", has_bias,
-        dot, 6 * narrow_fp4 if dot == DOT_CODES["float8_e4m3fn"] else 0, spans, split, fold, m, m_pad,
-    )
-    return SplitKPlan(None, cfg, consts, split, fold, m_pad, _split_k_workspace(m_pad, n, bm, bn, split, b.data.device))
-
-
-# The tensor-core decode kernel (mma_gemv.py): fp4 or fp8 weights in the "mma_m16k16" layout, bf16,
-# fp4 or fp8 activations (k_order data, any scale layout). Up to MMA_WARP_M (two column groups
-# of 8) `mma_gemv_kernel`, whose warps each take their own B; above it `mma_m64_kernel`: 8 warps of
-# 16 rows each, one B window of 64 activation rows exchanged through shared memory (a program per 64
-# rows of the activation, so any M: H100, N = K = 8192, x cuBLAS bf16, M = 128 / 256 / 1024 / 4096
-# 0.68-0.82x / 0.45-0.58x / 0.43-0.54x / 0.46-0.53x against 0.10-0.20x / 0.10-0.22x / 0.16-0.39x /
-# 0.16-0.37x for the other kernels on the k_order copy, bench/results/h100_mma_m64_tiles_5aee332_2026-11-24.log).
+# The mma kernels (mma_gemv.py) run every pair on "mma_m16k16" weights: mma_gemv_kernel up to MMA_WARP_M rows,
+# mma_m64_kernel above (M = 128: 0.80x against 0.18x for the k_order kernels, nvfp4 x nvfp4, H100).
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4", "bf16xmxfp8", "mxfp8xmxfp8")
 MMA_WARP_M = 16
 MMA_M64_PROGRAM_ROWS = 128  # weight rows per program of mma_m64_kernel (8 warps x 16)
-# Split-K cap by (column groups, row groups per warp). H100, bf16 x fp4, the four Llama-3-70B
-# shapes, one row group, caps 8 / 16 / 32 / 64 (bench/results/h100_mma_split_probe_a299590_2026-11-22.log):
-# M = 1: 32 fastest at three shapes (e.g. 57344 x 8192 96 / 100 / 96 / 100 us), 16 at 8192^2
-# (21 / 17 / 18 / 18 us); M = 16 with one row group: 8 fastest at all four (8192^2 28 / 37 / 35 /
-# 40 us). M = 16 with two row groups: 16 under the wave rule (below).
+# Split-K cap by (column groups, row groups): 32 at M = 1 was fastest at three of the four Llama-3-70B shapes (H100).
 MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 16}
-# Resident programs per SM (4 warps each) by (narrow activation, column groups, row groups) of
-# the kernels whose split follows the wave rule: the smallest split whose last wave is >= 90%
-# full, else the fullest. From the sm_90 registers (`python -m bench.sass --backend mma`,
-# N = K = 8192; tests/test_bench.py checks them): one row group at M <= 8 30-32 registers
-# (16 programs), 38 for nvfp4 x nvfp4 (12; one group only where N % 128 != 0); two at M = 16
-# 55-64 (8).
-# - M <= 8, one group (bench/results/h100_mma_split_probe_a299590_2026-11-22.log): the slow
-#   cells had a short last wave (10240 x 8192 at split 16: 2560 programs = 1.21 waves, 2.57x
-#   against 2.98x at 32).
-# - M = 16, two groups (h100_mma_m16_variants_8458078_2026-11-23.log), split 8 / 16 x cuBLAS
-#   bf16: 10240 x 8192 (80 row programs: 1280 at split 16 = 1.21 waves) mxfp8 x mxfp4 2.23 /
-#   1.64x, bf16 x mxfp4 2.19 / 1.90x; 8192 x 28672 (64 row programs, 1024 = 0.97 waves)
-#   mxfp4 x mxfp4 1.90 / 2.25x, bf16 x mxfp4 2.22 / 2.90x; 57344 x 8192 within 2%.
+# Resident programs per SM of the wave rule (from the sm_90 register counts): a short last wave cost 14% at
+# 10240 x 8192, M = 1 (split 16: 1.21 waves, 2.57x against 2.98x at split 32).
 MMA_PROGRAMS_PER_SM = {(False, 1, 1): 16, (True, 1, 1): 12, (False, 2, 2): 8, (True, 2, 2): 8}
-# Row groups per warp by (narrow activation, column groups): two groups share one B decode,
-# and at M = 16 one activation load for 32 rows.
-# H100, M = 1, the four Llama-3-70B shapes (10240 / 57344 / 8192^2 x 28672 / 8192^2), one group
-# with the wave rule against two with split up to 64, x cuBLAS bf16:
-# - nvfp4 x nvfp4 (bench/results/h100_mma_row_groups_probe_11d9604_2026-11-22.log): 2.46 /
-#   2.81 / 2.52 / 2.14x against 2.79 / 3.18 / 2.56 / 2.42x.
-# - bf16 x nvfp4 (h100_mma_row_groups_probe_1430831_2026-11-22.log): 2.72 / 3.06 / 3.20 /
-#   2.74x against 2.62 / 3.23 / 3.02 / 2.45x (its B is 4 loads, no decode, to share).
-# M = 16, split up to 8, one group against two (h100_mma_m16_variants_8458078_2026-11-23.log,
-# after the loads-first K loop): nvfp4 x nvfp4 1.79 / 2.01 / 1.62 / 1.58x against 2.22 / 2.57 /
-# 2.12 / 1.62x, bf16 x nvfp4 2.03 / 2.10 / 2.15 / 1.84x against 2.15 / 2.45 / 2.17 / 1.79x.
+# Row groups per warp by (narrow activation, column groups): two share one B decode (nvfp4 x nvfp4, M = 1, 57344 x
+# 8192: 2.81x -> 3.18x).
 MMA_ROW_GROUPS = {(False, 1): 1, (True, 1): 2, (False, 2): 2, (True, 2): 2}
-# B shared through shared memory by (narrow activation, column groups): one load and decode
-# of a window's B per program instead of one per warp. sm_90 K loop (N = K = 8192,
-# `python -m bench.sass --backend mma`): M = 16 fp4 / fp8 activations 326-355 -> 247-255
-# instructions per window, bf16 191 -> 202 with 12 global loads instead of 18; M = 1 fp4 /
-# fp8 259 -> 248, bf16 103 -> 115. H100, x cuBLAS bf16, 10240 x 8192 / 57344 x 8192 /
-# 8192 x 28672 / 8192^2 (bench/results/h100_mma_shared_b_8bb731a_2026-11-23.log):
-# - M = 16, without -> with: nvfp4 x nvfp4 2.27 / 2.56 / 2.32 / 2.07x -> 2.53 / 2.76 / 2.84 /
-#   2.14x, mxfp4 x mxfp4 1.81 / 2.23 / 2.24 / 2.17x -> 2.46 / 2.83 / 3.02 / 2.17x, bf16 x mxfp4
-#   2.25 / 2.53 / 2.87 / 1.95x -> 2.60 / 2.84 / 3.12 / 2.15x (faster or equal in all 20 cells).
-# - M = 1, fp4 / fp8 activations: within -1% .. +3% in 11 of 12 cells, mxfp4 x mxfp4
-#   8192 x 28672 2.86 -> 3.41x. bf16 at M = 1 (more instructions, no decode to share): not timed.
+# B decoded once per program and shared through shared memory, by (narrow activation, column groups): M = 16
+# faster or equal in all 20 cells (mxfp4 x mxfp4, 8192 x 28672: 2.24x -> 3.02x).
 MMA_SHARED_B = {(False, 1): False, (True, 1): True, (False, 2): True, (True, 2): True}
-# mma_m64_kernel (M > MMA_WARP_M): split-K cap and resident programs per SM (8 warps each, 80-112
-# registers) by narrow activation, for the wave rule. H100, M = 64, x cuBLAS bf16, the wave rule
-# with caps 16 / 8 (bench/results/h100_mma_m64_split_77707b8_2026-11-23.log): 10240 x 8192 (80
-# row programs: split 16, 1280 programs, against 8, 640) 0.87-0.92x / 0.99-1.15x; where the rule
-# takes 4 (8192^2, 57344 x 8192, 8192 x 28672) 4 beat 8 and 16 in 12 of 16 cells.
-# Resident programs by (wgmma, fp4 / fp8 activations on fp4 weights): wgmma programs take 78-80
-# registers (3 per SM), mma.sync ones 83-88 (2). Counting 3 changes one shape of the four, 10240 x
-# 8192 (80 row programs: split 4, 320 programs, 0.81 of a wave, instead of 8). H100, M = 64, x cuBLAS
-# bf16, split 8 / 4 there (bench/results/h100_mma_m64_split4_10240_7729809_2026-11-24.log): bf16 x
-# mxfp4 1.20 / 1.33x, bf16 x nvfp4 1.21 / 1.30x, bf16 x mxfp8 1.02 / 1.23x, mxfp8 x mxfp8 1.02 /
-# 1.13x; but nvfp4 x nvfp4 1.33 / 1.19x, mxfp4 x mxfp4 1.37 / 1.29x, mxfp8 x mxfp4 1.35 / 1.26x
-# (204 instructions per window against 117-195: a third program on 56 of the SMs
-# lengthens the slowest). So those three keep counting 2.
+# mma_m64_kernel: split-K cap and resident programs (wgmma 3 per SM, mma.sync 2) by (wgmma, fp4 / fp8 activations
+# on fp4 weights); cap 8 against 16 at 10240 x 8192, M = 64: 0.99-1.15x against 0.87-0.92x.
 MMA_M64_MAX_SPLIT = 8
 MMA_M64_PROGRAMS_PER_SM = {(True, False): 3, (True, True): 2, (False, False): 2, (False, True): 2}
-# With 128 activation rows per program every pair takes 127 sm_90 registers (M = 128, N = K = 8192): 2 programs per
-# SM. Counting 3 for bf16 activations and fp8 weights had split 10240 x 8192 at M = 128 by 4 (320 programs) instead of
-# 8. H100, x cuBLAS bf16, split 4 / 8 (bench/results/h100_mma_m128_split_n10240_k8192_45df7b8_2026-11-24.log): bf16 x
-# mxfp4 0.62 / 0.71x, bf16 x nvfp4 0.62 / 0.71x, mxfp8 x mxfp8 0.69 / 0.75x, bf16 x mxfp8 0.71 / 0.68x.
+# 128 activation rows per program take 127 registers: 2 per SM (bf16 x mxfp4, M = 128, 10240 x 8192: 0.62x -> 0.71x).
 MMA_M64_TILE_128_PROGRAMS_PER_SM = 2
-# Above M = MMA_TILE_128_MAX_M (programs of 64 activation rows over M) no split-K once the programs fill
-# MMA_M64_UNSPLIT_WAVES of a wave: the split's fp32 workspace adds grow with M (M x N x split x 4 bytes), and the wave
-# rule had split 8192^2 at M = 256 / 1024 by 4 and 10240 x 8192 at M = 192 by 8. H100, x cuBLAS bf16, the rule /
-# split 1 (bench/results/h100_mma_m256_split*_b588c23_2026-11-24.log, h100_mma_m192_m1024_split1_*_b588c23_...):
-# M = 256, 8192^2: bf16 x nvfp4 0.50 / 0.61x, bf16 x mxfp4 0.52 / 0.62x, mxfp8 x mxfp8 0.46 / 0.54x; 8192 x 28672: bf16
-# x mxfp4 0.56 / 0.63x, mxfp8 x mxfp8 0.48 / 0.48x; M = 192, 10240 x 8192 (240 programs, 0.61 of a wave): bf16 x
-# mxfp4 0.65 / 0.84x, mxfp8 x mxfp8 0.60 / 0.72x; M = 1024: 0.47 / 0.55x and 0.43 / 0.46x (8192^2), 0.50 / 0.53x and
-# 0.42 / 0.45x (10240 x 8192). Below half a wave the split still wins: M = 192, 8192^2 (192 programs, 0.48 of a
-# wave; split 2) 0.71 / 0.61x and 0.64 / 0.56x.
+# Above MMA_TILE_128_MAX_M no split-K once programs fill half a wave: its workspace adds grow with M (M = 192,
+# 10240 x 8192, bf16 x mxfp4: 0.65x split, 0.84x unsplit).
 MMA_M64_UNSPLIT_WAVES = 0.5
-# mma_m64_kernel's split-K sums in the workspace (where they do not sum in clusters: 8192^2 and 8192 x 28672 at M = 64,
-# and every first call) in fragment order, one `red.global.add.v4.f32` per thread and column group instead of four
-# scalar adds at the outputs' positions (`mma_gemv.add_fragments`). H100, the epilogue alone on the M = 64 grid of
-# N = 8192, split 4 (256 programs of 256 threads, 8.4 MB of sums; bench/results/h100_split_sums_7a33b07_2026-11-27.log):
-# the adds 5.80 -> 4.00 us, with the ticket and the last part's read-back 13.21 -> 8.20 us (launch alone 1.13). The
-# kernel at M = 64, x cuBLAS bf16, scalar / fragment order, A / B / A / B in one process per shape, every cell checked
-# in fp32 (bench/results/h100_mma_m64_fragment_sums_ab_n8192_k{8192,28672}_e79d0d2_2026-11-27.log): 8192^2 faster for
-# all 7 pairs by 2.3-3.5 us (nvfp4 x nvfp4 1.41 -> 1.50-1.54x, bf16 x mxfp4 1.45 -> 1.57x, bf16 x mxfp8 1.17 -> 1.28x);
-# 8192 x 28672 by 3.1-5.3 us (nvfp4 x nvfp4 1.76 -> 1.85x, bf16 x mxfp4 1.90 -> 1.96x, mxfp8 x mxfp8 1.40 -> 1.46x).
+# Split-K sums in the workspace in fragment order, one red.global.add.v4.f32 per 4 sums: the epilogue 13.2 -> 8.2 us
+# (M = 64, N = 8192, split 4).
 MMA_M64_FRAGMENT_SUMS = True
-# mma_m64_kernel loads a thread's 32 bytes of bf16 activation per window with two 16-byte loads (WIDE_B, config
-# "wide_b"; `mma_gemv.wide_words`) where the activation's data is 16-byte aligned, instead of four of 8: half the
-# load instructions and L1 tag lookups of a stream that ncu had at 82% of L1's throughput (bf16 x mxfp4, M = 64,
-# 8192^2: bench/results/h100_ncu_mma_m64_bf16xmxfp4_47a1124_2026-11-27.txt); fp8 activations' 16 bytes in one instead
-# of two. H100, M = 64, without / with twice in one process, every cell checked in fp32
-# (bench/results/h100_mma_m64_wide_b_ab_n8192_k{8192,28672}_84f8d4c_..., ..._wide_b_fp8act_ab_..._ff1901d_...), us:
-# 8192^2 bf16 x nvfp4 29.9 -> 28.3, bf16 x mxfp4 29.2 -> 28.0, bf16 x mxfp8 37.4 -> 37.2, mxfp8 x mxfp4 33.5 / 33.3 ->
-# 32.4 / 32.3, mxfp8 x mxfp8 36.3 -> 36.4; 8192 x 28672 bf16 x nvfp4 84.8 / 86.9 -> 78.4 / 79.2, bf16 x mxfp4 83.0 /
-# 83.3 -> 76.4 / 76.5, bf16 x mxfp8 100.2 -> 100.1, mxfp8 x mxfp4 95.1 / 94.5 -> 94.2 / 93.9, mxfp8 x mxfp8 104.7 /
-# 104.5 -> 103.9 / 104.0.
+# bf16 / fp8 activations in 16-byte loads where 16-byte aligned: bf16 x mxfp4, M = 64, 8192 x 28672: 83.0 -> 76.4 us.
 MMA_M64_WIDE_B = True
-# mma_m64_kernel's wave rule may take a split-K factor that does not divide the K windows (`_mma_split`'s `uneven`):
-# where the power of two leaves one wave of programs under 90% full, the largest factor that still fits one wave.
-# At M = 64, 8192^2 and 8192 x 28672 (64 row programs) that is 6 instead of 4 (384 programs for 396 places) for the
-# pairs counted 3 per SM (bf16 activations, mxfp8 x mxfp8); split 5 (320) was slower than 4 for all 7 pairs. H100,
-# x cuBLAS bf16, split 4 / 6 / 4 / 6 in one process per shape, every cell checked in fp32
-# (bench/results/h100_mma_m64_uneven_split_n8192_k{8192,28672}_e7a1b85_2026-11-27.log), us: 8192^2 bf16 x nvfp4
-# 31.8 / 30.0 / 31.7 / 30.0, bf16 x mxfp4 30.8 / 29.2 / 30.7 / 29.2, bf16 x mxfp8 38.3 / 37.1 / 38.3 / 37.1, mxfp8 x
-# mxfp8 38.4 / 36.3 / 38.2 / 36.3; 8192 x 28672 90.0 / 84.0 / 89.6 / 84.1, 87.5 / 83.3 / 87.6 / 82.6, 106.6 / 99.2 /
-# 106.9 / 98.9, 118.2 / 103.8 / 118.4 / 105.2. The pairs counted 2 keep 4 (256 programs fill 0.97 of 264): with 6,
-# nvfp4 x nvfp4 was as fast at 8192^2 and 3% slower at 8192 x 28672, mxfp4 x mxfp4 5% faster and 6% slower. The
-# rule also takes 5 instead of 4 at 6144 x 4096 (48 row programs) for those pairs at M = 17 .. 64 and every pair at
-# M = 65 .. 128: faster in every cell timed (h100_mma_m{64,128}_uneven_split*_n6144_k4096_{db9f1d9,361f87a}_*.log;
-# M = 64 nvfp4 x nvfp4 17.1 / 18.3 us, M = 128 bf16 x mxfp8 29.4 / 31.7 us).
+# The wave rule may take a split that does not divide K where a power of two leaves a wave under 90% full:
+# 6 instead of 4 at 8192^2, M = 64 (bf16 x nvfp4 31.8 -> 30.0 us).
 MMA_M64_UNEVEN_SPLIT = True
-# Windows whose words are loaded ahead of the one multiplied (AHEAD): mma_m64_kernel 1 .. 3,
-# mma_gemv_kernel 0 or, with shared B (its barrier keeps the loads in place), 1.
+# Windows loaded ahead of the one multiplied: mma_m64_kernel 1 (2-3 no faster), mma_gemv_kernel 0 (1 only with shared B).
 MMA_M64_AHEAD = 1
 MMA_AHEAD = 0
-# fp8 weights at 8 < M <= 16 (a window is twice the bytes of fp4's): split up to 8, no wave rule.
-# H100, M = 16, x cuBLAS bf16, default (wave rule, cap 16) / cap 8 / cap 4
-# (bench/results/h100_mma_fp8_m16_split_2026-11-23.log): 8192^2 mxfp8 x mxfp8 1.43 / 1.53 / 1.28x,
-# bf16 x mxfp8 1.43 / 1.56 / 1.35x; 57344 x 8192 1.66 / 1.74 / 1.83x, 1.66 / 1.80 / 1.82x.
+# fp8 weights at 8 < M <= 16 split up to 8, no wave rule (mxfp8 x mxfp8, 8192^2: 1.53x against 1.43x).
 MMA_FP8_M16_MAX_SPLIT = 8
-# Split-K factors that do not divide the K / 64 windows (config "split": parts of W / split or W / split + 1 windows)
-# are not taken by the wave rule: the fuller last wave did not pay. H100, M = 16, 10240 x 8192 (80 row programs, 8
-# resident per SM: split 8 fills 0.61 of a wave, 12 0.91, 13 0.98), x cuBLAS bf16, split 8 / 13 / 12 / 8 in one process
-# (bench/results/h100_mma_uneven_split_ab_n10240_k8192_8d98a82_2026-11-25.log): bf16 x mxfp4 2.59 / 2.62 / 2.64 /
-# 2.61x, bf16 x nvfp4 2.53 / 2.53 / 2.55 / 2.54x, nvfp4 x nvfp4 2.52 / 2.57 / 2.55 / 2.52x, mxfp4 x mxfp4 2.50 / 2.28 /
-# 2.23 / 2.53x, mxfp8 x mxfp4 2.45 / 2.24 / 2.19 / 2.46x, mxfp8 x mxfp8 1.78 / 1.57 / 1.54 / 1.78x, bf16 x mxfp8 1.80 /
-# 1.57 / 1.54 / 1.80x. What that shape pays instead is the split-K epilogue's ticket and read-back: without them
-# (timing-only probe, the relaxed adds kept) 2-3 us of 25-37 us (h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_
-# 2026-11-25.log: bf16 x mxfp4 25.3 -> 22.3 us, nvfp4 x nvfp4 26.0 -> 24.1, mxfp8 x mxfp8 36.9 -> 33.7; the adds alone
-# cost nothing: 22.6 / 23.9 / 33.5 us with plain stores instead).
-# fp8 weights at 8 < M <= 16 on split-K load one window ahead (AHEAD 1) from K = MMA_FP8_M16_AHEAD_K. H100, M = 16,
-# x cuBLAS bf16, ahead 0 / 1 in one process, two processes each: 8192 x 28672 (split 8, 56 windows per program;
-# h100_mma_near_miss_m16_28672{,_fp8_again}_902c692_2026-11-24.log) mxfp8 x mxfp8 1.73 / 1.81x and 1.78 / 1.86x,
-# bf16 x mxfp8 1.82 / 1.86x and 1.81 / 1.85x; 10240 x 8192 (16 windows per program,
-# h100_mma_near_miss_m16_10240_fp8_902c692_2026-11-24.log) 1.78 / 1.73x and 1.79 / 1.72x: the word loaded ahead pays
-# where programs run long K loops. K between 8192 and 28672 was not timed; 16384 is a boundary between the two.
+# fp8 weights at 8 < M <= 16 on split-K load one window ahead from this K (8192 x 28672: mxfp8 x mxfp8 1.73x ->
+# 1.81x; 10240 x 8192 lost 3%). The wave rule takes powers of two only: uneven splits lost up to 14%.
 MMA_FP8_M16_AHEAD_K = 16384
-# K split over the warps of a program (K_WARPS, `mma_gemv_kernel`) for bf16 activations at M = 1:
-# one launch with no global atomics or tickets. The split-K epilogue (relaxed adds, a CTA barrier,
-# the acq_rel ticket, the last program's reads) cost 0.7-3.6 us of 15-19 us at 8192^2
-# (bench/results/h100_probe_fixed_cost_83d66b2_2026-11-23.log: the same kernel without it).
-# H100, M = 1, one row group, x cuBLAS bf16, split-K default / k_warps 8 / 16, 10240 x 8192 /
-# 57344 x 8192 / 8192 x 28672 / 8192^2 (h100_mma_k_warps_m1{,b}_2026-11-23.log; the split-K column
-# ran a loop 526ff11 had slowed, bench/DECODE_NOTES.md: at 3ff6825 bf16 x mxfp4 read 2.98 / 3.24 /
-# 3.40 / 2.90x):
-# - bf16 x mxfp4 2.85 / 3.35 / 2.93, 3.24 / 3.63 / 3.64, 3.25 / 3.24 / 3.49, 2.73 / 2.86 / 3.04x
-# - bf16 x nvfp4 2.72 / 3.18 / 2.78, 3.18 / 3.53 / 3.59, 3.09 / 3.03 / 3.28, 2.61 / 2.74 / 2.94x
-# - bf16 x mxfp8 1.85 / 1.87 / 1.83, 2.00 / 2.06 / 2.09, 1.95 / 1.73 / 1.98, 1.78 / 1.67 / 1.84x
-# 16 warps lose where their programs (4 per SM at <= 32 registers) make 1.2 waves (10240 x 8192),
-# 8 warps where theirs fill half of one (8192 x 28672). So: the first of MMA_K_WARPS whose
-# programs fill 0.5 to 1 wave or make >= 3 waves, else split-K (`_mma_k_warps`). Not taken:
-# fp4 / fp8 activations with B decoded by each warp every window (nvfp4 x nvfp4 at 2.48-3.18x
-# default against 2.14-3.10x; staged once per warp they take it: `_mma_stage_b`) and M = 16 (B read
-# once per warp: 0.88-3.04x against 2.12-3.11x, h100_mma_k_warps_m16_2026-11-23.log).
+# bf16 activations at M = 1: K split over 16 or 8 warps of a program, summed in shared memory (no split-K epilogue,
+# which cost 0.7-3.6 us of 15-19 us at 8192^2): bf16 x mxfp4 57344 x 8192 3.24x -> 3.64x.
 MMA_K_WARPS = (16, 8)
-# Up to K = 4096 (64 windows) 16 warps from 0.45 of a wave: at 4096^2 (256 programs, 0.48 of a wave) they
-# beat split-K (H100, M = 1, split-K / 16 warps, bench/results/h100_mma_staged_wrap_m1_llama8b_be87657_2026-11-27.log):
-# bf16 x nvfp4 6.3 / 4.5 us, bf16 x mxfp4 5.8 / 4.5, bf16 x mxfp8 9.4 / 8.4; staged (`_mma_stage_b`) nvfp4 x nvfp4
-# 6.1-6.7 / 5.5, mxfp8 x mxfp8 10.4-10.6 / 8.1. At 4096 x 14336 (0.48 too) they do not: bf16 x nvfp4 15.2 /
-# 15.3, bf16 x mxfp4 14.7 / 14.7, bf16 x mxfp8 23.6 / 24.6; staged nvfp4 x nvfp4 15.1 / 16.1, mxfp8 x mxfp4
-# 14.7 / 15.6, mxfp8 x mxfp8 23.6 / 23.4.
+# Up to K = 4096, 16 warps from 0.45 of a wave (4096^2, M = 1, bf16 x nvfp4: 6.3 -> 4.5 us).
 MMA_K_WARPS_SHORT_WINDOWS = 64
 MMA_K_WARPS_SHORT_MIN_WAVES = 0.45
-# K slices with shared B at 8 < M <= 16 (K_WARPS slices of 4 warps, `_mma_k_slices`) for bf16
-# activations and fp8 weights: no split-K epilogue, whose atomics grow with the split (16 at
-# 57344 x 8192). H100, M = 16, x cuBLAS bf16, split-K default / 8 slices of one row group / 4
-# of two, 10240 x 8192 / 57344 x 8192 / 8192 x 28672 / 8192^2
-# (bench/results/h100_mma_k_slices_m16_8a4604e_2026-11-23.log):
-# - bf16 x mxfp4 2.60 / 1.91 / 1.87, 2.93 / 2.80 / 3.22, 3.07 / 2.94 / 1.60, 2.07 / 2.52 / 1.49x
-# - mxfp8 x mxfp8 1.77 / 1.39 / 1.56, 1.79 / 1.86 / 2.02, 1.77 / 1.78 / 1.34, 1.52 / 1.67 / 1.26x
-# - nvfp4 x nvfp4 2.51 / 1.59 / 1.66, 2.86 / 2.36 / 2.79, 2.82 / 2.48 / 1.36, 2.06 / 2.11 / 1.24x
-# So: 4 slices of two row groups where their programs (64 registers x 512 threads: 2 per SM) make
-# >= 1 wave, 8 of one where theirs (1024 threads) fill 0.9-1 wave, and only at K <= 8192: at
-# 8192 x 28672 the split-K epilogue is a small share of the K loop and 8 slices lost 4% for
-# bf16 x mxfp4. Not taken then: fp4 activations with fp4 weights (nvfp4 x nvfp4 within -2% .. +3% where
-# the rule would take slices; with one window ahead they take 8 slices, below), M = 1 (h100_mma_k_slices_m1_8a4604e_2026-11-23.log: fp4 / fp8
-# activations 0.92x-3.36x against the split-K default's 1.76x-3.45x, within 2% at best).
-# 8 slices of one row group load one window ahead (AHEAD 1) for fp4 weights: H100, M = 16, 8192^2, x
-# cuBLAS bf16, ahead 0 / 1 (h100_mma_m16_slices_ahead_7729809_2026-11-24.log): bf16 x mxfp4 2.53 / 2.66x,
-# bf16 x nvfp4 2.46 / 2.56x; fp8 weights lose (bf16 x mxfp8 1.73 / 1.67x, mxfp8 x mxfp8 1.68 / 1.64x:
-# twice the words carried). fp4 / fp8 activations on fp4 weights take 8 slices too, with ahead: split-K /
-# 8 slices / with ahead (h100_mma_m16_narrow_slices_9adf1af_2026-11-24.log) nvfp4 x nvfp4 2.14 / 2.11 /
-# 2.21x, mxfp4 x mxfp4 2.10 / 2.16 / 2.27x, mxfp8 x mxfp4 2.13 / 2.15 / 2.28x. They lost with 4 slices of two
-# then (nvfp4 x nvfp4 at 57344 x 8192 2.86 -> 2.79x, 8389b77) and gain with them since the 9b4b358 loop: H100,
-# M = 16, 57344 x 8192, x cuBLAS bf16, split-K / 4 slices of two, two processes
-# (h100_mma_near_miss_m16_57344{,_again}_902c692_2026-11-24.log): nvfp4 x nvfp4 2.85 / 3.06x and 2.84 / 3.04x,
-# mxfp4 x mxfp4 3.02 / 3.04x and 3.00 / 3.01x, mxfp8 x mxfp4 3.00 / 3.01x and 2.96 / 3.00x (59-63 sm_90
-# registers: 2 programs per SM); with ahead 1 2.77-2.89x, with unroll 2 3.03 / 3.09 / 2.64x. So every pair takes
-# them where the rule does (8 < M <= 16). 1 < M <= 8 takes 8 slices as well (h100_mma_m4_m8_slices_
-# 9adf1af_2026-11-24.log, 8192^2, split-K / 8 slices / with ahead): M = 8 nvfp4 x nvfp4 1.86 / 2.22 /
-# 2.42x, mxfp8 x mxfp4 1.86 / 2.47 / 2.57x, bf16 x mxfp4 2.56 / 2.75 / 2.84x, mxfp8 x mxfp8 1.34 / 1.74 /
-# 1.67x, bf16 x mxfp8 1.62 / 1.77 / 1.71x; M = 4 nvfp4 x nvfp4 2.24 / 2.23 / 2.45x, bf16 x mxfp4 2.68 / 2.75
-# / 2.85x, mxfp8 x mxfp8 1.53 / 1.76 / 1.70x. 4 slices of two were not timed there.
-# 8 slices of one row group also run two windows per K-loop iteration for fp4 weights ("unroll": 2, LLVM
-# unrolls the loop): the window's address arithmetic and loop control are shared by two windows (sm_90, 8192^2,
-# M = 16: bf16 x mxfp4 125 -> 106 instructions per window at 60 registers, nvfp4 x nvfp4 178 -> 167 at 64).
-# H100, 8192^2, x cuBLAS bf16, unroll 1 / 2 (h100_mma_unroll_m8_m16_m64_debc389_2026-11-24.log): M = 16
-# nvfp4 x nvfp4 2.22 / 2.31x, mxfp4 x mxfp4 2.30 / 2.46x, mxfp8 x mxfp4 2.28 / 2.44x, bf16 x nvfp4 2.54 /
-# 2.70x, bf16 x mxfp4 2.65 / 2.84x; M = 8 +4-7% for the same five. fp8 weights: M = 16 -2% (mxfp8 x mxfp8
-# 1.69 / 1.66x), M = 8 +1-2%. Split-K at M = 16 (two row groups) and M = 1 compile to as many instructions
-# per window unrolled; M = 64 gained 0-4% at 10240 x 8192 and 57344 x 8192 and mxfp8 x mxfp8 lost 22% at
-# 10240 x 8192 (84 registers): `MMA_UNROLL` 1 elsewhere.
-# (slices, row groups, resident, waves low, high, ahead for fp4 weights, unroll for fp4 weights)
+# 1 < M <= 16: K slices of 4 warps with shared B instead of split-K, where their programs fill the GPU
+# (slices, row groups, resident, waves low, high, ahead and unroll for fp4 weights; bf16 x mxfp4, M = 16, 8192^2:
+# 2.07x -> 2.52x; with ahead 1 and unroll 2, 2.84x).
 MMA_K_SLICES = ((4, 2, 2, 1.0, float("inf"), 0, 1), (8, 1, 1, 0.9, 1.0, 1, 2))
-# bf16 activations on fp8 weights at 8 < M <= 16, where 8 K slices of one row group would run (8192^2): 4 slices of one
-# row group instead (512-thread programs, one per SM), one window ahead and two per K-loop iteration. H100, M = 16,
-# 8192^2, bf16 x mxfp8, 8 slices (the default) / 4 slices, twice in one process
-# (bench/results/h100_mma_m16_ahead_fp8_n8192_k8192_2a1a0d7_2026-11-26.log): 27.6 / 26.4 us and 27.5 / 26.4 us
-# (1.74x -> 1.81-1.82x of cuBLAS bf16; 28.0 -> 26.8 us in h100_mma_m16_ahead_slices_n8192_k8192_897d47b_2026-11-26.log);
-# as the default, old / new / old / new in one process each (h100_mma_m16_bf16_fp8_slices_ab_n8192_k8192_d037a47_
-# 2026-11-26.log) 27.8 / 26.8 / 27.7 / 26.8 us, 1.73x -> 1.78-1.79x; with ahead 0 or one window per iteration
-# 28.6-32.6 us. mxfp8 x mxfp8 takes 27.3-27.5 us either way (keeps 8 slices); fp4 weights lose 1-3 us with 4 slices.
-# (slices, ahead, unroll)
+# bf16 x fp8 at 8 < M <= 16 where 8 slices would run: 4 slices, ahead 1, unroll 2 (8192^2: 27.6 -> 26.4 us).
 MMA_BF16_FP8_M16_SLICES = (4, 1, 2)
 MMA_K_SLICES_MAX_WINDOWS = 128
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
-# mma_m64_kernel (16 < M <= 64) runs two windows per iteration for fp4 weights from K = MMA_M64_UNROLL_K. H100,
-# M = 64, x cuBLAS bf16, unroll 1 / 2 in one process: at 8192 x 28672 (h100_mma_unroll_m64_95237af_2026-11-24.log)
-# bf16 x nvfp4 1.51 / 1.89x, bf16 x mxfp4 1.52 / 1.92x, mxfp8 x mxfp4 1.66 / 1.76x, mxfp4 x mxfp4 1.75 / 1.79x,
-# nvfp4 x nvfp4 1.68 / 1.68x; at 8192^2, 10240 x 8192 (h100_mma_unroll_m64_8192_10240_c7804d5_2026-11-24.log)
-# and 57344 x 8192 every fp4-weight cell within -4% .. +3%. fp8 weights lose (mxfp8 x mxfp8 at 10240 x 8192
-# 1.14 / 0.90x, 84 registers) or stay within 2%: one window. K between 8192 and 28672 was not timed.
+# mma_m64_kernel runs two windows per iteration for fp4 weights from this K (bf16 x nvfp4, M = 64, 8192 x 28672:
+# 1.51x -> 1.89x; fp8 weights lost up to 22%).
 MMA_M64_UNROLL_K = 16384
-# Activation rows per mma_m64_kernel program above M = 64 ("tile_m"): 128 (the weights decoded once for two
-# wgmma) up to M = MMA_TILE_128_MAX_M, else 64. H100, N = K = 8192, x cuBLAS bf16, 64 / 128
-# (bench/results/h100_mma_m64_tile_m_*_08fdd0c_2026-11-24.log): M = 128 faster for all 7 pairs (nvfp4 x nvfp4
-# 0.80 / 0.88x, bf16 x mxfp8 0.68 / 0.87x: +6% .. +29%); M = 256 slower for the 4 pairs timed (nvfp4 x
-# nvfp4 0.57 / 0.45x: 194 registers, one program per SM where the wave rule counts 2), M = 4096 -12% .. +16%.
+# 128 activation rows per program (one weight decode for two wgmma) up to this M (M = 128, bf16 x mxfp8: 0.68x ->
+# 0.87x; M = 256 lost: 0.57x -> 0.45x for nvfp4 x nvfp4).
 MMA_TILE_128_MAX_M = 128
-# Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own (1 KB at
-# M = 64, sm_90).
+# Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
-# mma_m64_kernel sums its split-K parts in thread-block clusters only above this many programs per SM: the hardware
-# places a cluster's CTAs within one GPC, and grids that the CTA scheduler spreads at two per SM lost in clusters.
-# H100, M = 64, x cuBLAS bf16, cluster / workspace atomics in one process, every cell checked in fp32:
-# - 256 programs (split 4; bench/results/h100_mma_m64_cluster_occupancy_df421c0u_2026-11-24.log, the workspace
-#   path then with the K parts first in the grid): 8192^2 nvfp4 x nvfp4 1.24 / 1.33x, bf16 x mxfp4 1.34 / 1.39x;
-#   8192 x 28672 1.38 / 1.82x, 1.15 / 1.91x. The atomics kernel launched in clusters of 4 took 47.4 us against 36.8
-#   (h100_mma_m64_cluster_launch_n8192_k8192_df421c0_2026-11-24.log), and capping residency at two per SM (dynamic
-#   shared memory) made the clusters slower still (0.99x / 1.03x at 8192^2).
-# - 320 and 640 programs (10240 x 8192, split 4 for bf16 activations and fp8 weights, 8 for fp4 / fp8 activations on
-#   fp4 weights; h100_mma_m64_cluster_n10240_k8192_b085d76_2026-11-25.log): faster in all 7 pairs, bf16 x mxfp4 1.34 ->
-#   1.65x, mxfp8 x mxfp8 1.12 -> 1.36x, nvfp4 x nvfp4 1.32 -> 1.37x.
-# - 1792 programs (57344 x 8192, split 4; h100_mma_m64_cluster_n57344_k8192_93dd6fb_2026-11-25.log): faster in all 7,
-#   nvfp4 x nvfp4 1.56 -> 1.80x, bf16 x mxfp8 1.32 -> 1.57x.
+# Split-K parts sum in thread-block clusters only above this many programs per SM (a cluster's CTAs share one GPC):
+# M = 64, 57344 x 8192, nvfp4 x nvfp4 1.56x -> 1.80x; at 256 programs clusters lost (1.33x -> 1.24x).
 MMA_CLUSTER_PROGRAMS_PER_SM = 2
-# mma_gemv_kernel (M <= 16) sums its split-K parts in thread-block clusters too (same rule, `_mma_gemv_cluster`): the
-# workspace epilogue's ticket and read-back cost 2-3 us of 25-37 us at M = 16, 10240 x 8192 on the H100 (split 8;
-# bench/results/h100_mma_m16_epilogue_ablation_n10240_k8192_8d98a82_2026-11-25.log). H100, M = 16, x cuBLAS bf16,
-# workspace / cluster / workspace / cluster in one process, every cell checked in fp32
-# (bench/results/h100_mma_m16_cluster_ab_133595e_2026-11-25.log): 10240 x 8192 (split 8, 640 programs) bf16 x mxfp4
-# 2.59 / 2.86 / 2.60 / 2.87x, bf16 x nvfp4 2.51 / 2.77 / 2.55 / 2.78x, mxfp4 x mxfp4 2.51 / 2.66 / 2.53 / 2.69x,
-# mxfp8 x mxfp4 2.44 / 2.65 / 2.48 / 2.66x, nvfp4 x nvfp4 2.51 / 2.59 / 2.53 / 2.61x, mxfp8 x mxfp8 1.78 / 1.93 /
-# 1.79 / 1.94x, bf16 x mxfp8 1.79 / 1.96 / 1.79 / 1.95x; 8192 x 28672, fp8 weights (split 8, 512 programs) mxfp8 x
-# mxfp8 1.84 / 1.88 / 1.85 / 1.88x, bf16 x mxfp8 1.78 / 1.81 / 1.78 / 1.81x.
+# mma_gemv_kernel sums its split-K parts in clusters too (M = 16, 10240 x 8192, bf16 x mxfp4: 2.59x -> 2.86x).
 MMA_GEMV_CLUSTER = True
-# L2 eviction hints on the mma kernels' loads (`mma_gemv.eviction`): the weights, read once, evict_first; the
-# activation, read again by every program, evict_last. H100, N = K = 8192, without / with / without, one process each
-# (bench/results/h100_mma_evict_hints_ab_n8192_k8192_686f17d_2026-11-26.log), us: M = 1 bf16 x nvfp4 15.9 / 15.7 / 15.9,
-# bf16 x mxfp4 15.3 / 15.2 / 15.4, nvfp4 x nvfp4 16.0 / 15.9 / 15.9; M = 16 bf16 x nvfp4 17.2 / 16.9 / 17.2, mxfp4 x
-# mxfp4 18.2 / 17.8 / 18.0, mxfp8 x mxfp8 27.4 / 26.9 / 27.4, bf16 x mxfp8 27.3 / 27.0 / 27.3, bf16 x mxfp4 16.4 /
-# 16.6 / 16.4, nvfp4 x nvfp4 and mxfp8 x mxfp4 within 0.1; M = 64 nvfp4 x nvfp4 34.7 / 33.7 / 34.7, bf16 x nvfp4 34.2 /
-# 33.4 / 34.2, bf16 x mxfp4 33.8 in all three. Each hinted load costs sm_90 instructions (its cache policy: M = 1 91 ->
-# 97 per window for nvfp4 x nvfp4, 92 -> 103 for bf16 x nvfp4; M = 16 bf16 x mxfp4 212 -> 246 per two windows).
-# The default at M <= 16 only: in mma_m64_kernel (M > 16) ptxas then issues the K loop's loads of mxfp4 x mxfp4,
-# mxfp8 x mxfp4 and mxfp8 x mxfp8 after the B exchange's fence (sm_90 `early` 1-2 -> 0 at M = 64, 8192^2), the
-# schedule that cost mxfp8 x mxfp4 18% at 4053425 (tests/test_bench.py), and those pairs were not timed with hints.
+# L2 eviction hints up to M = 16: weights evict_first, activation evict_last (M = 64, nvfp4 x nvfp4: 34.7 -> 33.7 us;
+# off above M = 16, where ptxas moved three pairs' loads behind the exchange fence).
 MMA_EVICT = True
-# Programmatic dependent launch (`launch.DirectLaunch` with `pdl`, sm_90+): the mma kernels read %tid.x after
-# `griddepcontrol.wait` and touch no memory before it, and let the next kernel launch after their K loop
-# (`mma_gemv.launch_dependents`). Launched so, a call may start its CTAs while the kernel before it in the stream (or
-# CUDA graph) finishes, as SMs come free, and waits for that kernel's results before its first load; after a kernel
-# that does not trigger early (most torch kernels) it starts when that one ends, as without. Measured: see
-# bench/DECODE_NOTES.md, "Programmatic dependent launch".
+# Programmatic dependent launch at M <= MMA_WARP_M (launch.DirectLaunch): the kernels touch no memory before
+# griddepcontrol.wait; above it off (mma_m64_kernel, M = 64, 8192^2: 34.9 -> 41.5 us with it).
 MMA_PDL = True  # at M <= MMA_WARP_M; above it off by default (mma_m64_kernel, M = 64, 8192^2: 34.9 -> 41.5 us)
-# but not for E8M0-scaled (mx) fp4 / fp8 activations on fp4 weights at 1 < M <= 16 where a program's K loop runs more
-# than this many windows. H100, M = 16, back to back, us, PDL on / off (twice each, one process per shape,
-# bench/results/h100_mma_pdl_*ab_m16_*_a2b8dee_2026-11-27.log), mxfp4 x mxfp4 and mxfp8 x mxfp4: 8192 x 28672 (split
-# 16, 28 windows a program) 54.6-55.6 / 52.9-53.8; 57344 x 8192 (split 2, 64 windows) 101.4-106.0 / 100.6-102.7;
-# but 10240 x 8192 (split 8, 16 windows) 23.4-23.8 / 23.6-24.3 and 8192^2 (8 K slices, 16 windows a warp) 16.7-17.1 /
-# 17.0-17.5. nvfp4 x nvfp4 (E4M3 scales) lost nothing there (53.5-53.7 / 54.2-54.3 at 8192 x 28672).
+# but not for E8M0-scaled fp4 / fp8 activations on fp4 weights at 1 < M <= 16 past this many windows a program
+# (mxfp4 x mxfp4, 8192 x 28672: 52.9-53.8 us without, 54.6-55.6 with).
 MMA_PDL_MX_ACT_MAX_WINDOWS = 16
-MMA_PDL_CONST = 12  # PDL's position among the mma kernels' constexprs (`_mma_plan`): 0 off, 1 + "pdl_prefetch" on
-# Windows of weights each warp asks L2 for before its grid wait (config "pdl_prefetch"), by (fp8 weights, activation
-# column groups): 4 only for fp8 weights at 8 < M <= 16. H100, back to back, one process per shape, A / B / A / B, us
-# (bench/results/h100_mma_pdl_prefetch*_{57e57c7,2e21ad0}_2026-11-27.log):
-# - fp4 weights, M = 16, prefetch 2 / 3 / 4 / 2: every pair slower with 3 or 4 at 8192^2 and 10240 x 8192 (nvfp4 x
-#   nvfp4 17.3 / 17.4 / 17.4 / 17.2 and 24.0 / 24.2 / 24.9 / 23.9).
-# - fp8 weights, M = 16, 2 / 4 / 2 / 4: mxfp8 x mxfp8 at 8192^2 25.1 / 24.2 / 25.1 / 24.1, at 8192 x 28672 85.1 / 84.4 /
-#   85.0 / 84.3, bf16 x mxfp8 at 8192^2 26.5 / 26.2 / 26.3 / 26.1; 10240 x 8192 and 57344 x 8192 0.3-0.7 us faster with 4.
-# - fp8 weights, M = 1 and 8 (other plans), 2 / 4 / 2 / 4 at 8192 x 28672: mxfp8 x mxfp8 79.4 / 85.8 / 79.3 / 85.7 (M = 1)
-#   and 83.9 / 89.1 / 84.1 / 89.2 (M = 8), bf16 x mxfp8 80.4 / 80.9 / 80.2 / 80.9 and 83.5 / 83.6 / 83.4 / 83.6;
-#   at 8192^2, M = 1 bf16 x mxfp8 22.5 / 22.0 / 22.5 / 22.0.
+# Windows of weights each warp asks L2 for before its grid wait, by (fp8 weights, column groups): 4 only for fp8 at
+# 8 < M <= 16 (mxfp8 x mxfp8, 8192^2: 25.1 -> 24.2 us; fp4 weights lost with 3 or 4).
 MMA_PDL_PREFETCH = {(False, 1): 2, (False, 2): 2, (True, 1): 2, (True, 2): 4}
 # config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
 LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
 
 
-# fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 by a kernel of their own
-# (`dequantize.dequantize_kernel`), and the mma kernel runs the bf16-activation plan ("predecode"): mma_m64_kernel
-# decodes its activation once per program, N / 128 times over (sm_90 K loop at 8192^2, M = 64: nvfp4 x nvfp4 195
-# instructions per window, predecoded 128). H100, default / predecode, us, two runs each in one process
-# (bench/results/h100_mma_predecode_ab_n*_k8192_eed34c5_2026-11-27.log): 8192^2 M = 32 nvfp4 x nvfp4 27.3 / 25.3,
-# mxfp4 x mxfp4 27.2 / 24.7, mxfp8 x mxfp4 28.2 / 24.7; M = 64 32.1 / 30.5, 32.6 / 29.4, 32.1 / 29.3; 10240 x 8192
-# M = 32 34.5 / 31.2, 41.1 / 30.6, 34.9 / 30.4, M = 64 43.5 / 35.8, 42.9 / 35.0. Not at M <= 16 (0.2-1.2 us slower
-# with the second launch), nor for fp8 weights (mxfp8 x mxfp8 0.3-3.1 us slower at M = 16, 32 and 64; bf16 x mxfp8
-# is no faster than mxfp8 x mxfp8 in the records either).
+# fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 rows first ("predecode", dequantize.py), then
+# the bf16 plan runs: mma_m64_kernel decoded them again in every program (mxfp4 x mxfp4, M = 32, 10240 x 8192:
+# 41.1 -> 30.6 us). Not at M <= 16 (0.2-1.2 us slower) nor on fp8 weights (0.3-3.1 us slower).
 MMA_PREDECODE_MIN_M = MMA_WARP_M
 
 
@@ -756,10 +418,8 @@ def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
     return narrow and not fp8_weights and 1 < m <= MMA_WARP_M
 
 
-def _mma_runs(pair: str, a, m: int, n: int, device: torch.device) -> bool:
-    return (pair in MMA_PAIRS and n % (64 if m <= MMA_WARP_M else MMA_M64_PROGRAM_ROWS) == 0
-            and _mma_activation(a) and _ptx_decodes(device)
-            and _capability(device) >= (8, 0))
+def _mma_runs(pair: str, a, device: torch.device) -> bool:
+    return pair in MMA_PAIRS and _mma_activation(a) and _ptx_decodes(device) and _capability(device) >= (8, 0)
 
 
 def _mma_activation(a) -> bool:
@@ -795,45 +455,31 @@ class MmaOptions(NamedTuple):
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
-    """`config` may be a dict with "max_split": n (then the largest split up to n, instead of
-    `MMA_MAX_SPLIT` and, where `MMA_PROGRAMS_PER_SM` has the case, the wave rule),
-    "row_groups": 1 or 2 (default `MMA_ROW_GROUPS` by `narrow` (fp4 / fp8 activations) and
-    column groups; 2 needs N % 128 == 0; fp8 weights at 8 < M <= 16: split cap
-    `MMA_FP8_M16_MAX_SPLIT`, no wave rule),
-    "shared_b": bool (default `MMA_SHARED_B`), "ahead":
-    0 or, with shared B, 1 (window w + 1's words loaded before window w's; default MMA_AHEAD) and
-    "k_warps": 1, 2, 4, 8 or 16 (> 1: a program is that many warps on one row group (two with
-    row_groups 2), or with shared B that many K slices of 4 warps on 4 row groups (pairs), up to 8,
-    each over its share of K, summed in shared memory: no split-K across programs, so no
-    "max_split"; default once K is known: `_mma_k_warps` for bf16 activations at M = 1,
-    `_mma_k_slices` (which sets row_groups, shared_b and ahead too) at 1 < M <= 16, where the config
-    sets none of max_split, row_groups, shared_b and ahead; else 1) and
-    "stage_b": bool (fp4 / fp8 activations at M <= 8 with "k_warps" > 1 and without shared B: each warp
-    decodes its K range of the activation once, into shared memory; default at M = 1 for them where
-    the config sets none of the other keys: by `_mma_stage_b` once K is known, else False) and
-    "unroll": 1 or 2 (windows per iteration of the K loop, which LLVM unrolls; default `MMA_UNROLL` by
-    the plan) and "split": n (split-K into exactly n parts instead of "max_split" and the rule, in parts of W / n or
-    W / n + 1 of the K / 64 windows W; at M <= MMA_WARP_M one that does not divide W only without "ahead") and
-    "cluster": bool (default `MMA_GEMV_CLUSTER`: split-K parts sum in a thread-block cluster where
-    `_mma_gemv_cluster` allows it; False: workspace atomics) and "evict": bool (default `MMA_EVICT` up to M = 16,
-    False above: the weights' loads evict_first in L2, the activation's evict_last; any M) and "hoist": bool (with
-    evict: those loads in inline PTX whose cache policies are made once, before the K loop; default `_mma_hoist`) and
-    "pdl": bool (default `MMA_PDL` up to M = 16 where `_mma_pdl_by_plan` allows it, False above: programmatic
-    dependent launch where the device has it; any M) and "pdl_prefetch":
-    0 .. 4 (with pdl at M <= 16, which it turns on: windows of weights each warp asks L2 for before its grid wait;
-    default `MMA_PDL_PREFETCH`: 2, and 4 for fp8 weights at 8 < M <= 16).
-    Above M = MMA_WARP_M (`mma_m64_kernel`) only "max_split" or "split", "wgmma": bool (default True:
-    wgmma on sm_90, mma.sync elsewhere; False: mma.sync), "ahead": 1 .. 3 (windows loaded
-    ahead, default MMA_M64_AHEAD), "unroll", "cluster": bool (default True: with wgmma, the split-K parts of an
-    output tile sum in a thread-block cluster where `_mma_cluster` allows it; False: workspace atomics),
-    "fragment_sums": bool (default `MMA_M64_FRAGMENT_SUMS`: the workspace in fragment order, one vector reduction per
-    4 sums; False: scalar atomic adds at the outputs' positions), "wide_b": bool (default `MMA_M64_WIDE_B` for bf16
-    and fp8 activations whose data is 16-byte aligned (`aligned`): 16-byte loads of a thread's B share) and, above
-    M = 64, "tile_m": 64 or 128 (activation rows per program; 128 with wgmma and ahead 1: one decode of the weights
-    for two wgmma) may be given: one row group per warp, B shared. At any M, for fp4 / fp8 activations, "predecode":
-    bool (default `_mma_predecode`: on fp4 weights above M = 16): the activation decoded to bf16 rows by a kernel of
-    its own (`dequantize.dequantize_kernel`) before the mma kernel, which then runs the bf16-activation options and
-    plan (`mma_options_for` lays the other keys over those)."""
+    """The plan options of `config` (None: the defaults), checked against the keys below; any other key is refused.
+
+    | key           | M         | values                  | default (rule)                                            |
+    |---------------|-----------|-------------------------|-----------------------------------------------------------|
+    | max_split     | any       | int >= 1                | MMA_MAX_SPLIT / MMA_M64_MAX_SPLIT with the wave rule      |
+    | split         | any       | 1 .. K / 64             | by max_split and the wave rule (`_mma_split`)             |
+    | row_groups    | <= 16     | 1, 2 (2: N % 128 == 0)  | MMA_ROW_GROUPS                                            |
+    | shared_b      | <= 16     | bool                    | MMA_SHARED_B                                              |
+    | ahead         | any       | 0 .. 1 (M > 16: 1 .. 3) | MMA_AHEAD / MMA_M64_AHEAD, or by `_mma_k_slices`          |
+    | k_warps       | <= 16     | 1, 2, 4, 8, 16          | `_mma_k_warps` (M = 1), `_mma_k_slices` (1 < M <= 16)     |
+    | stage_b       | <= 8      | bool (fp4/fp8 act.)     | `_mma_stage_b` at M = 1                                   |
+    | unroll        | any       | 1, 2                    | MMA_UNROLL, MMA_M64_UNROLL_K, or by `_mma_k_slices`       |
+    | wgmma         | > 16      | bool                    | True (where the device has it)                            |
+    | tile_m        | > 64      | 64, 128                 | 128 up to MMA_TILE_128_MAX_M                              |
+    | cluster       | any       | bool                    | True: split-K parts sum in clusters where they can        |
+    | evict, hoist  | any       | bool                    | MMA_EVICT up to M = 16; `_mma_hoist`                      |
+    | pdl           | any       | bool                    | MMA_PDL up to M = 16 (`_mma_pdl_by_plan`)                 |
+    | pdl_prefetch  | <= 16     | 0 .. 4 (with pdl)       | MMA_PDL_PREFETCH                                          |
+    | fragment_sums | > 16      | bool                    | MMA_M64_FRAGMENT_SUMS                                     |
+    | wide_b        | > 16      | bool (16-byte aligned)  | MMA_M64_WIDE_B                                            |
+    | predecode     | any       | bool (fp4/fp8 act.)     | `_mma_predecode`: on fp4 weights above M = 16             |
+
+    Above M = 16 a warp runs one row group with shared B. With "predecode" the activation is decoded to bf16 rows
+    first and the bf16-activation options apply (`mma_options_for` lays the other keys over those). `narrow`: fp4 /
+    fp8 activations; `aligned`: the activation's data is 16-byte aligned."""
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
@@ -1004,19 +650,8 @@ def _mma_k_slices(windows: int, n: int, device: torch.device, two_groups: bool =
     return None
 
 
-# At 8 < M <= 16, where 4 K slices of two row groups would run (their 512-thread programs make >= 1 wave: 57344 x 8192,
-# 448 programs at 2 per SM = 1.7 waves), split-K by the wave rule up to CLUSTER_MAX_CTAS (split 2 there: 896 programs
-# of 128 threads, 0.85 of one wave) summed in clusters, where `_mma_gemv_cluster` allows it (`_mma_m16_cluster_split`).
-# H100, M = 16, 57344 x 8192, x cuBLAS bf16, slices / split 2 / slices in one process
-# (bench/results/h100_mma_m16_cluster_split_ab_n57344_k8192_1dac280_2026-11-25.log): nvfp4 x nvfp4 2.92 / 3.06 / 2.89x,
-# mxfp4 x mxfp4 2.90 / 3.20 / 2.88x, mxfp8 x mxfp4 2.86 / 3.16 / 2.86x, bf16 x nvfp4 3.00 / 3.17 / 2.95x, bf16 x mxfp4
-# 3.07 / 3.36 / 3.08x; mxfp8 x mxfp8 (h100_mma_m16_fp8_split2_ab_n57344_k8192_949c0f4_2026-11-25.log) 1.77 / 1.97 /
-# 1.78x; bf16 x mxfp8 (h100_mma_m16_bf16_mxfp8_split2_ab_n57344_k8192_69d2fae_2026-11-25.log) 166.8 / 165.3 / 166.7 us.
-# At 8192 x 28672 (split 16 with workspace atomics, 1024 programs) split 8 in clusters (512) lost for fp4 weights:
-# 2.43-2.64x against 2.88-3.07x (h100_mma_m16_cluster_split_ab_n8192_k28672_1dac280_2026-11-25.log); so did split 16
-# in clusters of 16 (2.36-2.53x against 2.91-3.10x, `decode.CLUSTER_MAX_CTAS`) and split 8 of one row group in
-# clusters of 8, one accumulator per CTA (1.80-1.91x; at 10240 x 8192 2.05-2.22x against 2.60-2.88x, at 8192^2
-# 1.64-1.74x against 2.54-2.91x: h100_mma_m16_one_group_cluster_ab_n*_acc9176_2026-11-25.log).
+# At 8 < M <= 16 where 4 K slices of two row groups would make >= 1 wave: split-K by the wave rule summed in clusters
+# (57344 x 8192, M = 16, mxfp4 x mxfp4: 2.90x -> 3.20x; at 8192 x 28672 it lost, 2.88-3.07x -> 2.43-2.64x).
 def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, cluster: bool,
                            device: torch.device) -> int:
     """At 8 < M <= 16 (two column groups): the split-K factor of programs of 4 warps on
@@ -1027,25 +662,8 @@ def _mma_m16_cluster_split(windows: int, n: int, row_groups: int, narrow: bool, 
     return split if cluster and _mma_gemv_cluster(split, _mma_gemv_values(row_groups, 2), row_programs * split, device) else 0
 
 
-# At 8 < M <= 16, where split-K of two-row-group programs would sum in the workspace on less than
-# MMA_ONE_GROUP_FILL of a wave (N = 4096 and 6144 at K = 4096, N = 4096 at K = 14336: split 16, 0.5-0.7 of a wave;
-# fp8 weights split 8), one row group per warp with split-K in thread-block clusters and one window ahead instead:
-# twice the programs, no workspace atomics. H100, M = 16, us, default / that, one process per shape:
-# - 4096^2 (bench/results/h100_mma_m16_variants_n4096_k4096_713bc5c_2026-11-27.log, cuBLAS bf16 15.9 us, split 8 in
-#   clusters of 8): nvfp4 x nvfp4 10.3 / 8.2, bf16 x mxfp4 9.4 / 7.2, bf16 x mxfp8 12.0 / 9.5, mxfp8 x mxfp8 12.5 / 9.7;
-#   without ahead 8.2 / 8.0 / 9.7 / 10.8, split 4 12.4-13.8, 8 K slices of one row group 8.6-10.7, two row groups at
-#   split 8 9.9-12.5.
-# - 6144 x 4096 (h100_mma_m16_one_group_ab_n6144_k4096_31c9ef2_2026-11-27.log, cuBLAS 21.1 us): nvfp4 x nvfp4 12.5 /
-#   11.1, mxfp4 x mxfp4 12.7 / 10.9, mxfp8 x mxfp4 13.0 / 10.7, bf16 x nvfp4 13.0 / 9.5, bf16 x mxfp4 12.7 / 9.3 (fp8
-#   weights there already sum in clusters: unchanged).
-# - 4096 x 14336 (h100_mma_m16_one_group_ab_n4096_k14336_31c9ef2_2026-11-27.log, cuBLAS 44.6 us): bf16 x nvfp4 20.7 /
-#   19.3, bf16 x mxfp4 19.7 / 19.0, bf16 x mxfp8 30.7 / 25.2, mxfp8 x mxfp8 32.3 / 25.8; but fp4 / fp8 activations on
-#   fp4 weights 20.0 / 20.9 (nvfp4 x nvfp4), 20.8 / 20.8, 20.0 / 20.8 (mxfp8 x mxfp4): one row group decodes the
-#   shared B window for half the weight rows, and over 224 windows that costs more than the workspace. So those pairs
-#   take it up to MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS (K = 4096, the one K where they gained; between 4096 and 14336
-#   not timed).
-# The tuned Llama-3-70B shapes do not take it: their two-row-group split-K fills 0.97 of a wave (8192 x 28672) or
-# sums in clusters (10240 x 8192), and there one row group lost (the comment above `_mma_m16_cluster_split`).
+# 8 < M <= 16: one row group with split-K in clusters where two row groups would split into the workspace on
+# under 0.9 of a wave (4096^2, bf16 x mxfp4: 9.4 -> 7.2 us); fp4 / fp8 activations on fp4 weights up to K = 4096.
 MMA_ONE_GROUP_FILL = 0.9
 MMA_ONE_GROUP_FP4_ON_FP4_MAX_WINDOWS = 64
 
@@ -1069,16 +687,8 @@ def _mma_m16_one_group_split(windows: int, n: int, m: int, narrow: bool, fp4_on_
     return split if _mma_gemv_cluster(split, _mma_gemv_values(1, 2), n // 64 * split, device) else 0
 
 
-# Staged B for fp4 / fp8 activations at M = 1 (`mma_gemv.staged_b`): each warp decodes its K range of the
-# activation into shared memory once, so they run the K_WARPS loop of bf16 activations with B read from
-# shared memory (sm_90, N = K = 8192: nvfp4 x nvfp4 89 instructions per 32 weights at 29 registers,
-# against 246 per 64 for split-K with B exchanged per window). H100, M = 1, x cuBLAS bf16, split-K with
-# shared B (the default before) / staged, 8192^2 / 10240 x 8192 / 57344 x 8192
-# (bench/results/h100_mma_staged_b_m1_2fd43e4_2026-11-24.log): nvfp4 x nvfp4 2.51 / 2.89, 2.90 / 3.08,
-# 3.25 / 3.39x; mxfp4 x mxfp4 2.62 / 3.00, 2.99 / 3.23, 3.35 / 3.57x; mxfp8 x mxfp4 2.61 / 2.99, 2.99 /
-# 3.18, 3.32 / 3.57x; mxfp8 x mxfp8 1.73 / 1.81, 1.94 / 1.96, 1.99 / 2.03x. 8192 x 28672 (57 KB of B)
-# keeps split-K. Asking L2 for each warp's whole weight range before the loop (prefetch.global.L2) took
-# 9-37% longer in all 28 cells at M = 1 (h100_mma_prefetch_m1_7ae20b4_2026-11-24.log): not kept.
+# Staged B for fp4 / fp8 activations at M = 1: each warp decodes its K range of the activation into shared memory
+# once (nvfp4 x nvfp4, M = 1, 8192^2: 2.51x -> 2.89x); 8192 x 28672 (57 KB of B) keeps split-K.
 def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     """Whether a staged B (`mma_gemv.staged_b`) of M rows fits: at most MMA_STAGED_B_MAX_BYTES, and
     at most 16 16-element chunks a lane (`staged_b_chunks`: M x steps / 8, rounded up)."""
@@ -1086,8 +696,8 @@ def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
     return k_warps > 1 and staged_b_bytes(m, k) <= MMA_STAGED_B_MAX_BYTES and staged_b_chunks(m, steps) in MMA_STAGED_B_STORE_PTX
 
 
-def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> SplitKPlan:
-    """The SplitKPlan of one mma cache key: split-K over the 64-K windows, one program per
+def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> MmaPlan:
+    """The MmaPlan of one mma cache key: split-K over the 64-K windows, one program per
     64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
@@ -1102,9 +712,9 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
     if options.predecode:  # the bf16-activation plan, over the activation decoded into a buffer of the plan's own
-        rows = torch.empty((m, k // a.fmt.block_size, a.fmt.block_size), dtype=torch.bfloat16, device=b.device)
         plan = _mma_plan(None, b, has_bias, m, n, k, options._replace(predecode=False))
-        return plan._replace(predecode=Predecode(None, rows))
+        rows = (m, k // a.fmt.block_size, a.fmt.block_size)
+        return plan._replace(predecode=Predecode(None, rows), workspace=(plan.workspace or ScratchSpec())._replace(rows=rows))
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:
@@ -1161,26 +771,28 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
         else _mma_gemv_cluster(split, _mma_gemv_values(options.row_groups, _mma_column_groups(m)), row_programs * split,
                                b.device))
-    # EVICT and PDL after HAS_BIAS; the kernels' last constexprs: mma_m64_kernel's SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER,
-    # FRAGMENT_SUMS, WIDE_B; mma_gemv_kernel's CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B
-    tail = ((split, wgmma, options.ahead, options.tile_m, cluster, options.fragment_sums, options.wide_b) if wide_m
-            else (cluster, options.row_groups, split, options.shared_b, options.ahead, options.k_warps, options.stage_b))
     w_elem, w_scale = operand_codes(b.fmt)[:2]
-    consts = (m, n, k, b.fmt.block_size, w_elem, w_scale, act_elem, act_scale, block_a, a_layout, has_bias,
-              2 if options.hoist else int(options.evict),
-              1 + options.pdl_prefetch if _mma_pdl_by_plan(options.pdl, a, b, m, k // 64 // (split * options.k_warps))
-              and _has_pdl(b.device) else 0,
-              _mma_column_groups(m), *tail)
+    common = dict(M=m, N=n, K=k, BLOCK=b.fmt.block_size, W_ELEM=w_elem, ENCODING=w_scale, ACT_ELEM=act_elem,
+                  ACT_SCALE=act_scale, BLOCK_A=block_a, A_LAYOUT=a_layout, HAS_BIAS=has_bias,
+                  EVICT=2 if options.hoist else int(options.evict),
+                  PDL=1 + options.pdl_prefetch if _mma_pdl_by_plan(options.pdl, a, b, m, k // 64 // (split * options.k_warps))
+                  and _has_pdl(b.device) else 0,
+                  COL_GROUPS=_mma_column_groups(m), CLUSTER=cluster, SPLIT=split, AHEAD=options.ahead)
+    if wide_m:
+        consts = mma_constants(m)(**common, WGMMA=wgmma, TILE_M=options.tile_m, FRAGMENT_SUMS=options.fragment_sums,
+                                  WIDE_B=options.wide_b)
+    else:
+        consts = mma_constants(m)(**common, ROW_GROUPS=options.row_groups, SHARED_B=options.shared_b,
+                                  K_WARPS=options.k_warps, STAGE_B=options.stage_b)
     workspace = None
     if split > 1:  # mma_m64_kernel's fragment order: its column groups (COL_GROUPS x TILE_M / 64) of every output tile
         sums = (fragment_workspace_sums(row_programs, _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS)
                 if wide_m and options.fragment_sums else m * n)
-        workspace = (torch.zeros(sums, dtype=torch.float32, device=b.device),
-                     torch.zeros(row_programs, dtype=torch.int32, device=b.device))
+        workspace = ScratchSpec(sums, row_programs)
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
     cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
-    return SplitKPlan(None, cfg, consts, split, False, m, workspace)
+    return MmaPlan(None, cfg, consts, split, m, workspace)
 
 
 def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:
@@ -1221,18 +833,26 @@ def _mma_pdl_by_plan(pdl: bool | None, a, b: QTensor, m: int, windows: int) -> b
     return not (mx_act and 1 < m <= MMA_WARP_M and windows > MMA_PDL_MX_ACT_MAX_WINDOWS)
 
 
-def _mma_pdl(plan: SplitKPlan) -> bool:
+def _mma_pdl(plan: MmaPlan) -> bool:
     """Whether an mma plan's kernel waits for the grid before it (its PDL) and so launches with PDL."""
-    return plan.consts[MMA_PDL_CONST] > 0
+    return plan.consts.PDL > 0
 
 
-# CLUSTER's place among the constexprs of the two mma kernels (the tails of `_mma_plan`)
-MMA_M64_CLUSTER_CONST, MMA_GEMV_CLUSTER_CONST = -3, -7
-
-
-def _mma_cluster_size(plan: SplitKPlan) -> int:
+def _mma_cluster_size(plan: MmaPlan) -> int:
     """CTAs per thread-block cluster of an mma plan's launch: its split where it sums in clusters, else 1."""
-    return plan.split if plan.consts[MMA_M64_CLUSTER_CONST if plan.m_pad > MMA_WARP_M else MMA_GEMV_CLUSTER_CONST] else 1
+    return plan.split if plan.consts.CLUSTER else 1
+
+
+@functools.lru_cache(maxsize=None)
+def mma_constants(m: int):
+    """The named tuple of the constexpr parameters of `mma_kernel(m)`, in its signature's order: plans fill it by
+    name, and its order is the kernel's."""
+    import collections
+    import inspect
+
+    kernel = mma_kernel(m)
+    names = [name for name, p in inspect.signature(kernel.fn).parameters.items() if p.annotation in (hl.constexpr, "hl.constexpr")]
+    return collections.namedtuple(f"{kernel.fn.__name__}_constants", names)
 
 
 def mma_kernel(m: int):
@@ -1242,21 +862,21 @@ def mma_kernel(m: int):
     return mma_m64_kernel if m > MMA_WARP_M else mma_gemv_kernel
 
 
-def _mma_operands(plan: SplitKPlan, a, b: QTensor, bias, out) -> tuple:
+def _mma_operands(plan: MmaPlan, a, b: QTensor, bias, out, work: scratch.Scratch | None) -> tuple:
     """The mma kernels' tensor arguments as stored, in their order: the activation (data, scale codes, post-scale;
     bf16: itself, `out` and 1), the weights' words, factors and post-scale, bias (or `out`), `out`, workspace and
-    tickets (or `out`)."""
+    tickets (this call's scratch, or `out`)."""
     factors, post = b.kernel_mma_factors
-    ws, tickets = plan.workspace or (out, out)
-    if isinstance(a, QTensor):  # predecoded: the plan's bf16 rows, the global scale still a's
-        x, xs = (plan.predecode.rows, out) if plan.predecode is not None else (a.data, a.kernel_scale)
+    ws, tickets = (work.workspace, work.tickets) if work is not None and work.workspace is not None else (out, out)
+    if isinstance(a, QTensor):  # predecoded: this call's bf16 rows, the global scale still a's
+        x, xs = (work.rows, out) if plan.predecode is not None else (a.data, a.kernel_scale)
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
         x, xs, x_post = a, out, _one(b.device)
     return x, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else out, out, ws, tickets
 
 
-def _mma_args(plan: SplitKPlan, operands: tuple, out) -> tuple:
+def _mma_args(plan: MmaPlan, operands: tuple, out) -> tuple:
     """The kernel's arguments from `_mma_operands`: all flat, the activation as int64 words, then the plan's
     constants."""
     flat = out.view(-1)
@@ -1265,48 +885,50 @@ def _mma_args(plan: SplitKPlan, operands: tuple, out) -> tuple:
             *plan.consts)
 
 
-def _mma_run(key, plan: SplitKPlan, a, b: QTensor, bias, out):
+def _mma_run(key, plan: MmaPlan, a, b: QTensor, bias, out):
     """Launch one call of an mma plan. After the plan's first direct launch its `DirectLaunch` is bound to these
     operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
-    views, no Helion host function."""
+    views, no Helion host function. Workspace, tickets and predecoded rows are this call's (`scratch.get`: per
+    stream, per CUDA-graph capture), never the plan's: calls of one plan may overlap."""
+    work = scratch.get(key, plan.workspace, out.device) if plan.workspace is not None else None
     if plan.predecode is not None:
-        plan = _predecode_run(key, plan, a)
-    operands = _mma_operands(plan, a, b, bias, out)
+        plan = _predecode_run(key, plan, a, work.rows)
+    operands = _mma_operands(plan, a, b, bias, out, work)
     if _launch_bound(plan, operands):
         return out
     args = _mma_args(plan, operands, out)
     if plan.launch is None:
-        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m_pad), args, plan.cfg, out.device,
+        plan = _LAUNCHES[key] = plan._replace(launch=_compile(mma_kernel(plan.m), args, plan.cfg, out.device,
                                                               _mma_cluster_size(plan), _mma_pdl(plan)))
     _launch_and_bind(plan, args, len(operands))
     return out
 
 
-def _predecode_run(key, plan: SplitKPlan, a: QTensor) -> SplitKPlan:
-    """Decode activation `a` into the plan's bf16 rows (`Predecode`), launched from the operands' addresses once bound,
-    as `_mma_run`; returns the plan, compiled."""
+def _predecode_run(key, plan: MmaPlan, a: QTensor, rows: torch.Tensor) -> MmaPlan:
+    """Decode activation `a` into `rows` (this call's bf16 scratch, `Predecode`), launched from the operands' addresses
+    once bound, as `_mma_run`; returns the plan, compiled."""
     pre = plan.predecode
-    operands = (a.data, a.kernel_scale, pre.rows)
+    operands = (a.data, a.kernel_scale, rows)
     if _launch_bound(pre, operands):
         return plan
     from .dequantize import dequantize_args, dequantize_config, dequantize_kernel  # not on the bound path above
 
-    args = dequantize_args(a, pre.rows)
+    args = dequantize_args(a, rows)
     if pre.launch is None:
-        pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), pre.rows.device))
+        pre = pre._replace(launch=_compile(dequantize_kernel, args, dequantize_config(a), rows.device))
         plan = _LAUNCHES[key] = plan._replace(predecode=pre)
     _launch_and_bind(pre, args, len(operands))
     return plan
 
 
-def _launch_bound(plan: SplitKPlan | Predecode, operands) -> bool:
+def _launch_bound(plan: MmaPlan | Predecode, operands) -> bool:
     """Launch a compiled plan's kernel from the operands' addresses alone where its `DirectLaunch` is bound to them
     (`DirectLaunch.launch_addresses`); False, launching nothing, where it is not (then `_launch_and_bind`)."""
     direct = _direct_launch(plan)
     return direct is not None and direct.launch_addresses([t.data_ptr() for t in operands])
 
 
-def _launch_and_bind(plan: SplitKPlan | Predecode, args, count: int) -> None:
+def _launch_and_bind(plan: MmaPlan | Predecode, args, count: int) -> None:
     """Launch a compiled plan's kernel with all its arguments, then bind its `DirectLaunch` (if any) to the first
     `count` of them, the caller's tensors, so that `_launch_bound` launches the next calls."""
     plan.launch(*args)
@@ -1315,7 +937,7 @@ def _launch_and_bind(plan: SplitKPlan | Predecode, args, count: int) -> None:
         direct.bind(args[:count])
 
 
-def _direct_launch(plan: SplitKPlan | Predecode) -> DirectLaunch | None:
+def _direct_launch(plan: MmaPlan | Predecode) -> DirectLaunch | None:
     """The `DirectLaunch` of a compiled plan's launcher (`_compile`; None before it or off CUDA)."""
     return plan.launch.keywords["_launcher"] if isinstance(plan.launch, functools.partial) else None
 

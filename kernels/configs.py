@@ -45,14 +45,8 @@ def _table(arch: str) -> dict:
 
 
 def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
-    """The first entry of the arch's table whose filters match; each entry may name
-    `pairs` and bound `max_m`/`min_k`. Besides "config", block_dot entries carry
-    "spans" (block pairs per loop step), "max_split" (split-K cap), "programs_per_sm" (grid
-    cap for split-K, default 4), "fold" (block scales multiplied into the decoded
-    operands instead of into each dot result) and "pad_m" (M below the M tile runs as a
-    whole tile of masked rows instead of Triton's padding of every dot). gemv entries
-    carry "config", "blocks" (scale blocks per loop step), "max_split" and
-    "programs_per_sm"."""
+    """The first entry of the arch's table for `backend` whose filters match: each entry may
+    name `pairs` and bound `max_m` / `min_k`; its "config" holds the Helion config fields."""
     for entry in _table(arch).get(backend, []):
         if "pairs" in entry and pair not in entry["pairs"]:
             continue
@@ -60,28 +54,6 @@ def table_entry(backend: str, pair: str, m: int, k: int, arch: str) -> dict:
             continue
         return entry
     raise LookupError(f"no default config for backend {backend!r}, pair {pair!r}, M={m} on {arch}")
-
-
-# Fields of a block_dot or gemv table entry besides the filters (`pairs`, `max_m`, `min_k`).
-BLOCK_DOT_FIELDS = ("config", "spans", "max_split", "programs_per_sm", "fold", "pad_m")
-GEMV_FIELDS = ("config", "blocks", "max_split", "programs_per_sm", "prefetch")
-ENTRY_FIELDS = {"block_dot": BLOCK_DOT_FIELDS, "gemv": GEMV_FIELDS}
-
-
-def freeze_entry(fields: dict, backend: str = "block_dot") -> tuple:
-    """Table fields given to `scaled_mm(config=...)`, checked, as a hashable cache-key part."""
-    known = ENTRY_FIELDS[backend]
-    unknown = set(fields) - set(known)
-    if unknown:
-        raise ValueError(f"config: unknown {backend} fields {sorted(unknown)}; expected some of {list(known)}")
-    if "config" in fields and not isinstance(fields["config"], dict):
-        raise ValueError(f"config: 'config' must be a dict of Helion config fields, got {type(fields['config']).__name__}")
-    return tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in fields.items()))
-
-
-def thaw_entry(frozen: tuple) -> dict:
-    """The inverse of `freeze_entry`."""
-    return {k: json.loads(v) for k, v in frozen}
 
 
 def default_config(backend: str, pair: str, m: int, n: int, k: int, arch: str) -> helion.Config:

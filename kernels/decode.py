@@ -676,7 +676,7 @@ WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)
 # Split-K of `mma_m64_kernel` summed in a thread-block cluster: the SPLIT programs of one output tile (the K parts,
 # consecutive in the grid) launched as one cluster of SPLIT CTAs add their partial sums through distributed shared
 # memory instead of fp32 atomics into a global workspace, a ticket and the last part's read-back (which cost about
-# 6 of 35 us at M = 64, N = K = 8192 on the H100: bench/DECODE_NOTES.md, "Ablations"). Every CTA holds the same
+# 6 of 35 us at M = 64, N = K = 8192 on the H100: docs/DECODE_NOTES.md, "Ablations"). Every CTA holds the same
 # `values` accumulators per thread for the same output positions; CTA r owns values c r .. c r + c - 1 (c = values /
 # split) of every thread. Each thread arrives once at the cluster barrier before its K loop (`CLUSTER_ARRIVE_PTX`,
 # so no CTA writes into a peer that has not started) and its `MMA_CLUSTER_SUM_PTX` waits there before storing.

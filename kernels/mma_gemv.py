@@ -62,7 +62,7 @@ With PDL (`api.MMA_PDL`, sm_90+) both kernels make every address from a thread i
 `griddepcontrol.wait` (`grid_wait`), so they touch no memory before it, and after the K loop let the next kernel of
 the stream launch (`launch_dependents`); with PDL > 1 (M <= 16) each lane first asks L2 for its first PDL - 1 windows
 of weights (`prefetch_first_windows`). Launched as programmatic dependent launches (`launch.DirectLaunch`), a call
-overlaps its start with the end of the kernel before it (bench/DECODE_NOTES.md, "Programmatic dependent launch").
+overlaps its start with the end of the kernel before it (docs/DECODE_NOTES.md, "Programmatic dependent launch").
 
 fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
 their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
@@ -860,7 +860,7 @@ def mma_m64_kernel(
     fragments against every column group: with WGMMA (sm_90) one wgmma m64nNk16 per 16 K
     and warpgroup (N = 8 COL_GROUPS, B read from shared memory by the tensor cores), else 8
     mma.sync per 16 K reading B with ld.shared. Window w + AHEAD's words are loaded before window
-    w's barrier (AHEAD 2 and 3 were no faster on the H100: bench/DECODE_NOTES.md).
+    w's barrier (AHEAD 2 and 3 were no faster on the H100: docs/DECODE_NOTES.md).
     With SPLIT > 1 (parts of W / SPLIT or W / SPLIT + 1 of the K / 64 windows W where SPLIT does not divide them: a
     part's loads past its end then read the last window of K, unused) the parts of an output tile add their fp32 sums
     into a workspace (the last by ticket stores), or

@@ -1,9 +1,9 @@
 """Scale layouts and fp4 / fp8 data layouts (`blockscaled.layouts`)."""
 
 from .fp4 import pack_codes, unpack_codes
-from .data import DATA_LAYOUTS, check_data_layout, pair_blocks, unpair_blocks
+from .data import DATA_LAYOUTS, check_data_layout
 from .mma import (arrange_mma_codes, arrange_mma_m16k16, element_bytes, element_codes, factor_bytes, factor_value,
-                  zero_scale_codes, unarrange_mma_m16k16)
+                  mma_stored_shape, zero_scale_codes, unarrange_mma_m16k16)
 from .scales import (
     cdna4_offset,
     cdna4_shuffle,
@@ -22,8 +22,6 @@ from .scales import (
 __all__ = [
     "DATA_LAYOUTS",
     "check_data_layout",
-    "pair_blocks",
-    "unpair_blocks",
     "arrange_mma_codes",
     "arrange_mma_m16k16",
     "unarrange_mma_m16k16",
@@ -31,6 +29,7 @@ __all__ = [
     "element_codes",
     "factor_bytes",
     "factor_value",
+    "mma_stored_shape",
     "zero_scale_codes",
     "pack_codes",
     "unpack_codes",

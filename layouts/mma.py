@@ -81,6 +81,16 @@ ELEMENTS = {
 }
 
 
+# The stored shape pads rows to whole programs of the widest mma kernel (128 weight rows) and K to
+# whole 64-K windows, so every N and K takes the mma kernels; the padding is zero codes.
+PAD_ROWS = 128
+
+
+def mma_stored_shape(rows: int, k: int) -> tuple[int, int]:
+    """The [rows, K] that "mma_m16k16" data of logical [rows, K] holds: zero codes appended."""
+    return -(-rows // PAD_ROWS) * PAD_ROWS, -(-k // WINDOW_K) * WINDOW_K
+
+
 def holds_shape(rows: int, k: int) -> bool:
     """Whether [rows, K] cuts into whole 16-row groups and 64-K windows."""
     return rows % GROUP_ROWS == 0 and k % WINDOW_K == 0

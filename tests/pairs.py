@@ -26,6 +26,8 @@ def make_operands(pair, m, n, k, device, gen, layout="rowmajor", data_layout="k_
     # vary magnitudes per row so block scales differ across blocks
     w = w * torch.exp2(torch.randint(-4, 5, (n, 1), generator=gen)).to(device)
     a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa, layout=layout)
+    if data_layout == "default":  # what a user gets: the device's layout (`bs.quantize_weight`)
+        return a, bs.quantize_weight(w, fb, layout=layout)
     b = bs.quantize(w, fb, layout=layout, data_layout=data_layout)
     return a, b
 
@@ -67,14 +69,6 @@ def mma_plan_staged(pair, m, n, k):
     return {tail[-1] for tail in mma_plan_tails(pair, m, n, k)} == {True}
 
 
-def block_dot_folded(pair, m):
-    """Whether the most recent block_dot plan cached for this pair and M folds its scales."""
-    from blockscaled.kernels import api
-
-    name = bs.SUPPORTED_PAIRS[pair]
-    return [plan.fold for key, plan in api._LAUNCHES.items() if key[:3] == ("block_dot", name, m)][-1]
-
-
 def decodes_every_byte(fmt, device, backend, data_layout="k_order"):
     """Row r of fp4 / fp8 weights repeats byte r ("mma_m16k16" fp8, which holds no NaN: 1.0 for
     the NaN bytes); one-hot activations pick the low (even K) and high (odd K) nibble of
@@ -95,21 +89,6 @@ def decodes_every_byte(fmt, device, backend, data_layout="k_order"):
         out = torch.full((1, 256), float("nan"), device=device)  # poison
         bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend=backend)
         torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
-
-
-def gemv_multiplies_every_code_pair(fmt, device):
-    """fp4 x fp4 (the GPU multiplies in f16x2 there): A holds every byte once, row r of the
-    weights repeats byte r, so output r sums the products of r's two codes with all 16
-    codes of each nibble position: exact (every partial sum is a multiple of 1/4 far
-    below 2^22)."""
-    f = bs.FORMATS[fmt]
-    k = 512
-    a = raw_qtensor(torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(0), unit_scales(f, 1, k, device), fmt)
-    data = torch.arange(256, dtype=torch.uint8, device=device).unsqueeze(1).expand(256, k // 2).contiguous()
-    b = raw_qtensor(data, unit_scales(f, 256, k, device), fmt)
-    out = torch.full((1, 256), float("nan"), device=device)  # poison
-    bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="gemv")
-    torch.testing.assert_close(out, ref_scaled_mm(a, b).float(), rtol=0, atol=0)
 
 
 def raw_qtensor(data, scale_codes, fmt):
@@ -166,14 +145,15 @@ def dequantizes_every_code_and_scale(fmt, layout, device, min_e8m0=0):
 
 
 def assert_split_k_workspaces_zero():
-    """Every split-K plan cached so far left its workspace and tickets zero (the next call
-    adds into them)."""
-    from blockscaled.kernels import api
+    """Every split-K workspace and ticket set handed out so far (`kernels/scratch.py`) is zero again (the next call
+    on that stream adds into it)."""
+    from blockscaled.kernels import scratch
 
-    plans = [plan for plan in api._LAUNCHES.values() if getattr(plan, "workspace", None) is not None]
-    assert plans, "no split-K plan ran"
-    for plan in plans:
-        for t in plan.workspace:
+    torch.cuda.synchronize()
+    sets = [work for work in scratch._eager.values() if work.workspace is not None]
+    assert sets, "no split-K plan ran"
+    for work in sets:
+        for t in (work.workspace, work.tickets):
             assert not t.any(), f"split-K {t.dtype} workspace left non-zero"
 
 

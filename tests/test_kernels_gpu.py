@@ -8,8 +8,8 @@ import torch
 import blockscaled as bs
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
-from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, block_dot_folded, decodes_every_byte,
-                   decodes_every_scale, dequantizes_every_code_and_scale, gemv_multiplies_every_code_pair, make_operands, mma_decodes_activation_nan,
+from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, decodes_every_byte,
+                   decodes_every_scale, dequantizes_every_code_and_scale, make_operands, mma_decodes_activation_nan,
                    mma_decodes_every_activation_code, mma_decodes_every_activation_scale, mma_plan_staged, mma_plan_tails,
                    mma_scale_code_sets, run_and_check)
 
@@ -22,6 +22,18 @@ SHAPES = [(1, 257, 256), (127, 257, 512), (64, 8192, 8192), (4096, 4096, 4096)]
 @pytest.mark.parametrize("m,n,k", SHAPES)
 def test_pairs_fp32_out(pair, m, n, k, gen):
     run_and_check(pair, m, n, k, "cuda", gen)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m,n,k", [(1, 200, 96), (16, 4160, 2080), (64, 4100, 1024), (130, 1000, 352)])
+def test_quantize_weight_takes_the_mma_kernels_at_any_shape(pair, m, n, k, gen):
+    """The quick start's weights (`bs.quantize_weight`) are "mma_m16k16" on Hopper and every N and K runs the mma
+    kernels (padded inside), fp32 within the bound; bf16 output with bias too."""
+    run_and_check(pair, m, n, k, "cuda", gen, data_layout="default")
+    assert backend_used(pair, m) == "mma"
+    run_and_check(pair, m, n, k, "cuda", gen, out_dtype=torch.bfloat16, bias=True, data_layout="default")
+    assert backend_used(pair, m) == "mma"
+    assert bs.quantize_weight(torch.randn(n, k, device="cuda"), pair[1]).data_layout == "mma_m16k16"
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
@@ -39,69 +51,6 @@ def test_swizzled_scales(pair, layout, gen):
 @pytest.mark.parametrize("pair", [("bf16", "nvfp4"), ("mxfp8", "mxfp8")], ids=lambda p: f"{p[0]}x{p[1]}")
 def test_8192_cubed(pair, gen):
     run_and_check(pair, 8192, 8192, 8192, "cuda", gen)
-
-
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 16, 17, 64])
-def test_block_dot_pairs(pair, m, gen):
-    """The small-M kernel with its PTX decodes: block_pairs fp4 weights, fp8 weights as is."""
-    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
-    run_and_check(pair, m, 1000, 2048, "cuda", gen, data_layout=data_layout, backend="block_dot")
-    run_and_check(pair, m, 257, 512, "cuda", gen, out_dtype=torch.bfloat16, bias=True, layout="swizzle_32_4_4",
-                  data_layout=data_layout, backend="block_dot")
-
-
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-def test_block_dot_fold_every_pair(pair, gen):
-    """Scales folded into the decoded operands (bf16 dots) for every pair, not only the
-    pairs whose default config folds."""
-    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
-    for m in (1, 16):
-        run_and_check(pair, m, 1000, 2048, "cuda", gen, layout="swizzle_32_4_4", data_layout=data_layout, backend="block_dot",
-                      config={"fold": True})
-        assert block_dot_folded(pair, m)
-
-
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("fold", [False, True], ids=["scales_on_results", "fold"])
-def test_block_dot_pad_m_every_pair(pair, fold, gen):
-    """pad_m: M = 1 and 5 run as one masked 16-row tile; the poisoned rows past `out` stay NaN."""
-    data_layout = "block_pairs" if bs.FORMATS[pair[1]].is_packed else "k_order"
-    for m in (1, 5):
-        a, b = make_operands(pair, m, 1000, 2048, "cuda", gen, "swizzle_32_4_4", data_layout)
-        ref = ref_scaled_mm(a, b)
-        buf = torch.full((16, 1000), float("nan"), dtype=torch.float32, device="cuda")
-        got = bs.scaled_mm(a, b, out_dtype=torch.float32, out=buf[:m], backend="block_dot", config={"pad_m": True, "fold": fold})
-        assert torch.isnan(buf[m:]).all(), "rows past M were written"
-        assert max_rel_err(got, ref) <= TOLERANCE[torch.float32]
-
-
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-def test_gemv_pairs(pair, gen):
-    """The M = 1 kernel with its PTX decode (the default for fp4 weights at M = 1): split-K
-    at the decode shape, swizzled scales, bias, bf16 out, ragged N, no split."""
-    run_and_check(pair, 1, 8192, 8192, "cuda", gen, layout="swizzle_32_4_4", backend="gemv")
-    assert_split_k_workspaces_zero()
-    run_and_check(pair, 1, 1000, 2048, "cuda", gen, layout="cdna4_32", backend="gemv")
-    run_and_check(pair, 1, 257, 512, "cuda", gen, out_dtype=torch.bfloat16, bias=True, backend="gemv",
-                  config={"max_split": 1})
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gemv_ptx_decodes_every_byte(fmt):
-    decodes_every_byte(fmt, "cuda", "gemv")
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gemv_decodes_every_scale(fmt):
-    """E4M3 scales take the hardware fp8 -> fp32 conversion on the GPU: every code."""
-    decodes_every_scale(fmt, "cuda", "gemv")
-
-
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_gemv_multiplies_every_code_pair(fmt):
-    """fp4 x fp4 multiplies in f16x2 on the GPU (E2M1X8_DOT_PTX): every code pair, exact."""
-    gemv_multiplies_every_code_pair(fmt, "cuda")
 
 
 MMA_PAIRS = [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp4"),
@@ -397,39 +346,10 @@ def test_mma_m64_cluster_sums(pair, m, gen):
         programs = n // 128 * plan.split
         clustered = (plan.split in (2, 4, 8) and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
-        assert plan.consts[api.MMA_M64_CLUSTER_CONST] is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
+        assert plan.consts.CLUSTER is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
         assert launcher.kernel is not None and launcher.launcher.metadata[1] == launcher.cluster  # the direct launch's
         clustered_splits |= {plan.split} if clustered else set()
     assert {2, 4} <= clustered_splits and (m != 64 or 8 in clustered_splits)
-    assert_split_k_workspaces_zero()
-
-
-@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 4, 9, 16])
-def test_mma_gemv_cluster_sums(pair, m, gen):
-    """mma_gemv_kernel's split-K parts summed in thread-block clusters (`api.MMA_GEMV_CLUSTER`): the first call of a
-    shape through Triton's launch, without clusters (the workspace epilogue), the next ones directly in clusters of
-    SPLIT CTAs where the plan takes them; every call matches the reference (poisoned output): the M = 16 default at
-    10240 x 8192 (split 8), split 2, 4 and 8 with one and two row groups, B shared or per warp, an uneven split,
-    bias and bf16 out, split 8 at M <= 8 and with one row group at M = 16 (one accumulator per CTA) and split 16 (the
-    workspace); the workspace stays zero."""
-    clustered_splits = set()
-    cases = [(10240, 1024, {"split": 2, "row_groups": 1, "shared_b": False}, False),
-             (10240, 2048, {"split": 4, "row_groups": 2, "shared_b": True}, True),
-             (10240, 1984, {"split": 8, "row_groups": 2, "shared_b": True}, False),  # 31 windows: parts of 3 or 4
-             (10240, 2048, {"split": 8, "row_groups": 1, "shared_b": True, "cluster": False}, False),
-             (4352, 2048, {"split": 16, "row_groups": 2, "shared_b": True, "k_warps": 1}, True),  # 544 programs
-             (5120, 2048, {"split": 8, "row_groups": 1, "shared_b": True, "k_warps": 1}, False)]
-    if m == 16:
-        cases.append((10240, 8192, None, False))
-    for n, k, config, bias in cases:
-        options, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
-        clustered = plan.consts[-7]
-        assert launcher.cluster == (plan.split if clustered else 1) and launcher.launcher.metadata[1] == launcher.cluster
-        values = 4 * options.row_groups * -(-m // 8)
-        assert clustered is (options.cluster and 1 < plan.split <= 8 and values % plan.split == 0)
-        clustered_splits |= {plan.split} if clustered else set()
-    assert {2, 4, 8} == clustered_splits
     assert_split_k_workspaces_zero()
 
 

@@ -5,7 +5,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import blockscaled as bs
 from blockscaled import layouts
 
 ao_utils = pytest.importorskip("torchao.prototype.mx_formats.utils")
@@ -114,43 +113,3 @@ def test_scale_offset_indexes_every_layout(layout, rows, cols, gen):
 
 # ---- fp4 data layouts ----
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_block_pairs_places_every_element_by_the_documented_rule(fmt):
-    """Element k of pair p sits in byte p*block + (k mod block), low nibble for the first
-    block of the pair, high for the second; checked element by element."""
-    from blockscaled.layouts import pair_blocks, unpair_blocks
-
-    block = bs.FORMATS[fmt].block_size
-    gen = torch.Generator().manual_seed(7)
-    k = 6 * block
-    data = torch.randint(0, 256, (3, k // 2), generator=gen, dtype=torch.uint8)
-    codes = torch.stack([data & 15, data >> 4], dim=-1).reshape(3, k)  # K order
-    paired = pair_blocks(data, block)
-    nibbles = torch.stack([paired & 15, paired >> 4], dim=-1)  # [rows, byte, low/high]
-    for kk in range(k):
-        p, rest = divmod(kk, 2 * block)
-        which, j = divmod(rest, block)
-        assert torch.equal(nibbles[:, p * block + j, which], codes[:, kk]), kk
-    assert torch.equal(unpair_blocks(paired, block), data)
-
-
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-def test_qtensor_data_layout_round_trip_and_dequantize(fmt):
-    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(3))
-    q = bs.quantize(x, fmt, layout="swizzle_32_4_4")
-    p = bs.quantize(x, fmt, layout="swizzle_32_4_4", data_layout="block_pairs")
-    assert p.data_layout == "block_pairs" and not torch.equal(p.data, q.data)
-    assert torch.equal(p.dequantize(), q.dequantize())
-    assert torch.equal(q.with_data_layout("block_pairs").data, p.data)
-    assert torch.equal(p.with_data_layout("k_order").data, q.data)
-    assert torch.equal(p.data_k_order(), q.data)
-
-
-def test_data_layout_errors():
-    x = torch.randn(2, 96)
-    with pytest.raises(ValueError, match="applies to packed fp4 formats only"):
-        bs.quantize(x, "mxfp8", data_layout="block_pairs")
-    with pytest.raises(ValueError, match=r"needs K % 64 == 0"):
-        bs.quantize(x, "mxfp4", data_layout="block_pairs")
-    with pytest.raises(ValueError, match="data_layout: expected one of"):
-        bs.quantize(x, "mxfp4", data_layout="marlin")

@@ -47,8 +47,9 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
     like the PTX, times its rows' factors, placed where the PTX ISA's A-fragment layout
     puts it (a0,a1: row g, k 2q, 2q+1; a2,a3: row g+8; a4..a7: k + 8), with the mma's
     logical k mapped to the activation K the lane loads (2q + i -> 16q + 4s + i,
-    2q + 8 + i -> 16q + 4s + 2 + i)."""
-    n, k = b.shape
+    2q + 8 + i -> 16q + 4s + 2 + i). The stored (padded) rows and K are decoded too; the logical ones returned."""
+    rows, cols = b.shape
+    n, k = b.stored_shape
     factors, _ = b.kernel_mma_factors
     f = factor_value(factors.view(torch.uint8), b.fmt.scale_encoding)
     blocks = 64 // b.fmt.block_size
@@ -68,7 +69,8 @@ def emulate_fragments(b: bs.QTensor) -> torch.Tensor:
                         for half in range(2):
                             value = bf16_bits_value(torch.tensor((bits >> (16 * half)) & 0xFFFF)) * factor
                             w[16 * gr + row, 64 * win + 16 * q + 4 * s + kk + half] = value
-    return w
+    assert not w[rows:].any() and not w[:, cols:].any(), "padding decodes to nonzero values"
+    return w[:rows, :cols]
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
@@ -415,8 +417,8 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
     for fragment_sums, sums in ((True, 1024 // 128 * -(-m // 64) * groups * 1024), (False, m * 1024)):
         config = {"max_split": 4, "fragment_sums": fragment_sums}
         plan = api._mma_plan(x, b, False, m, 1024, 2048, api.mma_options_for(config, x, b, m, 1024))
-        assert (plan.split, plan.consts[-2], plan.workspace[0].numel()) == (4, fragment_sums, sums), config
-        assert plan.consts[api.MMA_M64_CLUSTER_CONST] is False and api._mma_cluster_size(plan) == 1  # 32 programs
+        assert (plan.split, plan.consts[-2], plan.workspace.sums) == (4, fragment_sums, sums), config
+        assert plan.consts.CLUSTER is False and api._mma_cluster_size(plan) == 1  # 32 programs
 
 
 def test_uneven_split(monkeypatch):
@@ -447,7 +449,7 @@ def test_uneven_split(monkeypatch):
     for config, split in (({"split": 6}, 6), ({"split": 6, "ahead": 2}, 6), ({"split": 128}, 128), (None, 4)):
         m64 = api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for(config, x64, b, 64, 8192))
         # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS, WIDE_B); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
-        assert m64.split == split and m64.consts[-7] == split and m64.consts[api.MMA_M64_CLUSTER_CONST] is False, config
+        assert m64.split == split and m64.consts[-7] == split and m64.consts.CLUSTER is False, config
     with pytest.raises(ValueError, match="at most the K / 64 = 128"):
         api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for({"split": 129}, x64, b, 64, 8192))
 
@@ -823,7 +825,7 @@ def test_cluster_options(monkeypatch):
         b = bs.quantize(torch.randn(n, 128), "mxfp4").with_data_layout("mma_m16k16")
         x = torch.randn(m, 128, dtype=torch.bfloat16)
         plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options(config, m, n, False))
-        assert (plan.split, plan.consts[api.MMA_M64_CLUSTER_CONST]) == (split, cluster), (m, n, config)
+        assert (plan.split, plan.consts.CLUSTER) == (split, cluster), (m, n, config)
     for bad, m in (({"cluster": 1}, 16), ({"cluster": 1}, 64)):
         with pytest.raises(ValueError, match="cluster must be a bool"):
             api._mma_options(bad, m, 8192, False)
@@ -1373,7 +1375,7 @@ def test_pdl_by_plan(monkeypatch):
         a, b = acts[act], weights[weight]
         plan = api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
         windows = k // 64 // (plan.split * plan.consts[-2])  # a program's (K_WARPS: a warp's) windows
-        return plan.consts[api.MMA_PDL_CONST], windows
+        return plan.consts.PDL, windows
 
     on = 1 + api.MMA_PDL_PREFETCH[False, 2]
     for act in ("mxfp4", "mxfp8"):
@@ -1411,10 +1413,9 @@ def test_launch_only_configs_keep_the_default_plan(monkeypatch):
                        (bf16, 64, 8192, 8192)):
         default, off = plan(x, m, n, k), plan(x, m, n, k, {"pdl": False})
         variants = [(off, 0), (plan(x, m, n, k, {"pdl_prefetch": 0}), 1) if m <= 16 else (plan(x, m, n, k, {"pdl": True}), 1)]
-        assert default.consts[api.MMA_PDL_CONST] == (1 + api.MMA_PDL_PREFETCH[False, api._mma_column_groups(m)] if m <= 16 else 0)
+        assert default.consts.PDL == (1 + api.MMA_PDL_PREFETCH[False, api._mma_column_groups(m)] if m <= 16 else 0)
         for other, pdl in variants:
-            assert other.consts[api.MMA_PDL_CONST] == pdl
-            assert [c for i, c in enumerate(other.consts) if i != api.MMA_PDL_CONST] == [
-                c for i, c in enumerate(default.consts) if i != api.MMA_PDL_CONST], (m, n, k, pdl)
+            assert other.consts.PDL == pdl
+            assert other.consts._replace(PDL=0) == default.consts._replace(PDL=0), (m, n, k, pdl)
             assert (other.split, other.cfg) == (default.split, default.cfg)
     assert plan(nvfp4, 1, 8192, 8192).consts[-1] is True  # staged B

@@ -1,0 +1,22 @@
+"""W4A4 / W4A8: activations quantized to nvfp4 or mxfp8 (pure torch today), the mma kernels above M = 16 decode
+them to bf16 rows first ("predecode", `blockscaled/kernels/dequantize.py`).
+
+    python examples/quantized_activations.py [M]
+"""
+
+import sys
+
+import torch
+from _common import DEVICE, compare_with_cublas
+
+import blockscaled as bs
+from blockscaled.reference import max_rel_err, scaled_mm as reference
+
+m = int(sys.argv[1]) if len(sys.argv) > 1 else 64
+n = k = 4096 if DEVICE == "cuda" else 128
+weight, x = torch.randn(n, k, device=DEVICE), torch.randn(m, k, device=DEVICE)
+for fa, fb in (("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")):
+    a, w = bs.quantize(x, fa), bs.quantize_weight(weight, fb)
+    y = bs.scaled_mm(a, w, out_dtype=torch.float32)
+    print(f"{fa} x {fb}: max_rel_err vs fp64 {max_rel_err(y, reference(a, w)):.2e}")
+    compare_with_cublas(lambda: bs.scaled_mm(a, w), x.to(torch.bfloat16), weight.to(torch.bfloat16))

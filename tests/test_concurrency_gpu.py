@@ -1,0 +1,152 @@
+"""Calls of one plan that overlap on the GPU: two threads, two streams, CUDA graphs side by side.
+
+Each case shares one weight tensor (so one plan: pair, shape, layouts, device) between two
+callers with activations of their own; every result is compared with its own fp64 reference.
+Before `kernels/scratch.py`, plans owned their split-K workspace and predecoded rows, and on an
+H200 nvfp4 x nvfp4 at M = 64, N = K = 8192 returned 14 wrong results of 60 this way.
+
+Only the public API (and `config` keys that name a plan family) is used, so the file also runs
+against older trees.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+pytestmark = pytest.mark.gpu
+
+CALLS = 30
+BOUND = 1e-5  # fp32 output (tests/pairs.py TOLERANCE)
+N = K = 8192
+
+# (activation format, weight format, M, config): every plan family with a workspace or a pre-pass
+CASES = {
+    "split_k_workspace_m64": ("nvfp4", "nvfp4", 64, {"cluster": False, "predecode": False}),
+    "predecode_m64": ("nvfp4", "nvfp4", 64, None),  # the default: predecode, then split-K in clusters
+    "split_k_workspace_m32_mixed": ("mxfp8", "mxfp4", 32, {"cluster": False}),
+    "split_k_workspace_m16": ("bf16", "mxfp4", 16, {"max_split": 8, "cluster": False}),
+    "split_k_workspace_m1": ("bf16", "nvfp4", 1, {"max_split": 16, "cluster": False}),
+    "cluster_sums_m16": ("nvfp4", "nvfp4", 16, {"max_split": 8}),
+    "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
+}
+
+
+def _operands(fa, fb, m, seeds):
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    w = torch.randn(N, K, device="cuda", generator=gen)
+    b = bs.quantize(w, fb)
+    acts = []
+    for seed in seeds:
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        x = torch.randn(m, K, device="cuda", generator=g) * (1 + seed % 7)
+        acts.append(x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa))
+    return acts, b
+
+
+def _call(case):
+    """(scaled_mm closure over (a, out), the weights, the activations of two callers)."""
+    fa, fb, m, config = CASES[case]
+    acts, b = _operands(fa, fb, m, (1, 2))
+    if config == "dequant":
+        return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dequant")), b, acts
+    b = b.with_data_layout("mma_m16k16")
+    return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=config)), b, acts
+
+
+def _poisoned(m):
+    return [torch.full((m, N), float("nan"), device="cuda") for _ in range(CALLS)]
+
+
+def _check(outs, a, b, who):
+    ref = ref_scaled_mm(a, b)
+    errs = [max_rel_err(o, ref) for o in outs]
+    wrong = [i for i, e in enumerate(errs) if not e <= BOUND]
+    assert not wrong, f"{who}: {len(wrong)} of {len(outs)} results wrong (max_rel_err up to {max(errs):.3g})"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_threads_two_streams(case):
+    """The issue's scenario: two Python threads, each on its own stream, CALLS calls each."""
+    fn, b, acts = _call(case)
+    m = CASES[case][2]
+    for a in acts:  # compile outside the race
+        fn(a, torch.empty(m, N, device="cuda"))
+    torch.cuda.synchronize()
+    outs = [_poisoned(m) for _ in acts]
+    start = threading.Barrier(len(acts))
+    errors = []
+
+    def worker(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                start.wait()
+                for out in outs[i]:
+                    fn(acts[i], out)
+            stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(acts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, a in enumerate(acts):
+        _check(outs[i], a, b, f"{case} thread {i}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_thread_alternating_streams(case):
+    """One thread enqueues call after call on two streams in turn: they overlap on the GPU for certain."""
+    fn, b, acts = _call(case)
+    m = CASES[case][2]
+    streams = [torch.cuda.Stream() for _ in acts]
+    outs = [_poisoned(m) for _ in acts]
+    torch.cuda.synchronize()
+    for j in range(CALLS):
+        for i, s in enumerate(streams):
+            with torch.cuda.stream(s):
+                fn(acts[i], outs[i][j])
+    torch.cuda.synchronize()
+    for i, a in enumerate(acts):
+        _check(outs[i], a, b, f"{case} stream {i}")
+
+
+@pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
+@pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16"])
+def test_two_graphs_replayed_side_by_side(case, same_capture_stream):
+    """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
+    time on two streams, twice; then each graph replayed alone after the other's inputs changed."""
+    fn, b, acts = _call(case)
+    m = CASES[case][2]
+    for a in acts:
+        fn(a, torch.empty(m, N, device="cuda"))  # compile outside the capture
+    torch.cuda.synchronize()
+    outs = [_poisoned(m) for _ in acts]
+    graphs = []
+    capture_streams = [torch.cuda.Stream()] * 2 if same_capture_stream else [torch.cuda.Stream(), torch.cuda.Stream()]
+    for i, a in enumerate(acts):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=capture_streams[i]):
+            for out in outs[i]:
+                fn(a, out)
+        graphs.append(g)
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in acts]
+    for _ in range(2):
+        for o in outs:
+            for t in o:
+                t.fill_(float("nan"))
+        torch.cuda.synchronize()
+        for g, s in zip(graphs, streams):
+            with torch.cuda.stream(s):
+                g.replay()
+        torch.cuda.synchronize()
+        for i, a in enumerate(acts):
+            _check(outs[i], a, b, f"{case} graph {i}")
