@@ -15,6 +15,7 @@ from blockscaled.layouts import (
     factor_bytes,
     from_layout,
     mma_stored_shape,
+    pad_to,
     padded_scale_shape,
     stored_scale_shape,
     zero_scale_codes,
@@ -132,7 +133,7 @@ class QTensor:
         """`kernel_mma_factors` from this tensor's stored codes (`stored_shape`, padding included)."""
         rows, k = self.stored_shape
         zero = (codes.reshape(rows, -1, self.fmt.block_size) & ELEMENTS[self.fmt.element].magnitude_mask == 0).all(-1)
-        scales = _pad(self.scale_rowmajor().view(torch.uint8), rows, k // self.fmt.block_size).view(self.fmt.scale_dtype)
+        scales = pad_to(self.scale_rowmajor().view(torch.uint8), rows, k // self.fmt.block_size).view(self.fmt.scale_dtype)
         stored, shift = factor_bytes(scales, self.fmt.scale_encoding, self.fmt.block_size, zero, self.fmt.element)
         post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
         if self.global_scale is not None:
@@ -199,7 +200,7 @@ class QTensor:
             rows, k = mma_stored_shape(*self.shape)
             codes = zero_scale_codes(element_codes(data, element), self.scale_rowmajor(), self.fmt.scale_encoding,
                                      self.fmt.block_size)
-            codes = _pad(codes, rows, k)
+            codes = pad_to(codes, rows, k)
             arranged = arrange_mma_codes(codes, element).view(self.fmt.storage_dtype)
             arranged = replace(self, data=arranged, data_layout=data_layout, stored_shape=None)
             # check the scales now, and fill `kernel_mma_factors`' cache (where cached_property
@@ -225,16 +226,6 @@ class QTensor:
         from blockscaled.reference import dequantize
 
         return dequantize(self, dtype=dtype)
-
-
-def _pad(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """`t` [r, c] with zero rows and columns appended up to [rows, cols] (itself where it is that shape)."""
-    r, c = t.shape
-    if (r, c) == (rows, cols):
-        return t
-    out = torch.zeros((rows, cols), dtype=t.dtype, device=t.device)
-    out[:r, :c] = t
-    return out
 
 
 def _describe(x: object) -> str:

@@ -43,7 +43,8 @@ def stored_scale_shape(layout: str, rows: int, cols: int) -> tuple[int, ...]:
     return (rows_p // 32, cols_p * 32)
 
 
-def _pad(scales: torch.Tensor, rows_p: int, cols_p: int) -> torch.Tensor:
+def pad_to(scales: torch.Tensor, rows_p: int, cols_p: int) -> torch.Tensor:
+    """[rows, cols] with zeros appended up to [rows_p, cols_p] (itself where it is that shape)."""
     rows, cols = scales.shape
     if (rows, cols) == (rows_p, cols_p):
         return scales
@@ -78,7 +79,7 @@ def swizzle_32_4_4(scales: torch.Tensor) -> torch.Tensor:
     """[rows, cols] -> flat buffer of rows_p * cols_p codes in SWIZZLE_32_4_4 order."""
     rows, cols = scales.shape
     rows_p, cols_p = padded_scale_shape("swizzle_32_4_4", rows, cols)
-    padded = _as_bytes(_pad(scales, rows_p, cols_p))
+    padded = _as_bytes(pad_to(scales, rows_p, cols_p))
     # logical (rb*128 + q*32 + i, cb*4 + j) -> storage order (rb, cb, i, q, j)
     tiles = padded.view(rows_p // 128, 4, 32, cols_p // 4, 4).permute(0, 3, 2, 1, 4)
     return tiles.reshape(-1).view(scales.dtype)
@@ -119,7 +120,7 @@ def cdna4_shuffle(scales: torch.Tensor, mfma_nonkdim: int) -> torch.Tensor:
     """[rows, cols] -> [rows_p // 32, cols_p * 32] in AMD CDNA4 MFMA scale order."""
     rows, cols = scales.shape
     rows_p, cols_p, view, perm = _cdna4_plan(mfma_nonkdim, rows, cols)
-    padded = _as_bytes(_pad(scales, rows_p, cols_p))
+    padded = _as_bytes(pad_to(scales, rows_p, cols_p))
     out = padded.view(view).permute(perm).contiguous().view(rows_p // 32, cols_p * 32)
     return out.view(scales.dtype)
 

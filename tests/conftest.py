@@ -9,7 +9,17 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 
+# The inner-loop tier (`bash scripts/test.sh -m quick`): everything but the files and tests below, which compile
+# kernels for sm_90 with ptxas (test_bench.py: ~10 minutes on 2 cores), run whole scripts or sweep every byte through
+# the interpreter (20-30 s each). CI runs them all.
+NOT_QUICK_FILES = {"test_bench.py", "test_examples.py"}
+NOT_QUICK_TESTS = {"test_every_byte_and_scale_cpu", "test_k_slices_options", "test_split_fills_the_last_wave"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name not in NOT_QUICK_FILES and item.originalname not in NOT_QUICK_TESTS and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.quick)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (H100/H200); run on the GPU machine, see README")

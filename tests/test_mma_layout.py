@@ -210,10 +210,11 @@ def test_values_kept(fmt, gen):
 
 
 def test_bad_shapes_and_formats():
+    """QTensor pads any [N, K] (tests/test_weights.py); the arrangement itself takes whole groups and windows."""
     with pytest.raises(ValueError, match="rows % 16"):
-        bs.quantize(torch.randn(24, 128), "mxfp4", data_layout="mma_m16k16")
+        arrange_mma_m16k16(torch.zeros(24, 64, dtype=torch.uint8))
     with pytest.raises(ValueError, match="K % 64"):
-        bs.quantize(torch.randn(32, 96), "mxfp4", data_layout="mma_m16k16")
+        arrange_mma_m16k16(torch.zeros(32, 48, dtype=torch.uint8))
     with pytest.raises(ValueError, match="element: 'mma_m16k16' holds"):
         arrange_mma_m16k16(torch.zeros(16, 64, dtype=torch.uint8), "bf16")
 
@@ -745,8 +746,11 @@ def test_predecode_options(monkeypatch):
         bf16_plan = api._mma_plan(x.to(torch.bfloat16), fp4_w, False, 64, 256, 2048,
                                   api.mma_options_for(None, x.to(torch.bfloat16), fp4_w, 64, 256))
         assert plan.consts == bf16_plan.consts and plan.predecode.launch is None
-        rows = plan.predecode.rows
-        assert rows.dtype == torch.bfloat16 and rows.shape == (64, 2048 // a.fmt.block_size, a.fmt.block_size)
+        shape = (64, 2048 // a.fmt.block_size, a.fmt.block_size)  # bf16 rows: per call, not the plan's (scratch.py)
+        assert plan.predecode.rows == shape and plan.workspace.rows == shape
+        assert plan.workspace._replace(rows=None) == (bf16_plan.workspace or api.ScratchSpec())
+        work = api.scratch.get(None, plan.workspace, torch.device("cpu"))
+        assert work.rows.dtype == torch.bfloat16 and work.rows.shape == shape
         assert api._mma_plan(a, fp4_w, False, 64, 256, 2048,
                              api.mma_options_for({"predecode": False}, a, fp4_w, 64, 256)).predecode is None
     for bad, a in (({"predecode": True}, x.to(torch.bfloat16)), ({"predecode": 1}, acts["nvfp4"])):
