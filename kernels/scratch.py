@@ -17,8 +17,8 @@ that reads it (the kernels leave it zero for the next call in that graph). Dropp
 set at any time is safe: later calls of that capture get a new zeroed set, and the freed block
 returns to the graph's pool in stream order, as any intermediate tensor does.
 
-Host cost: one dict lookup and `torch.cuda.current_stream` per call (the eager rows); the
-capture rows add `cuStreamGetCaptureInfo` (capture only, so nothing at replay).
+Host cost: two raw queries (current stream, capturing) and one dict lookup per call that has
+scratch; the capture rows add `cuStreamGetCaptureInfo` (at capture only, so nothing at replay).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
     """The scratch of one call of plan `key` on the current stream of `device` (see the module's table)."""
     if device.type != "cuda":
         return _make(spec, device)
-    stream = torch.cuda.current_stream(device).cuda_stream
-    if not torch.cuda.is_current_stream_capturing():
+    stream = _current_stream(device)
+    if not _capturing():
         found = _eager.get((key, stream))
         if found is None:
             with _lock:
@@ -89,6 +89,15 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
         else:
             _captured.move_to_end(slot)
     return found
+
+
+def _current_stream(device: torch.device) -> int:
+    """The handle of the current stream of `device` (the raw query: `torch.cuda.current_stream` builds an object)."""
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _capturing() -> bool:
+    return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def clear() -> None:

@@ -485,19 +485,14 @@ def fake_tritonbench(monkeypatch):
 
 def test_operator_module_registers_and_runs(fake_tritonbench):
     module = tb_runner.load_operator_module()
-    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_pairs": False, "blockscaled_mma": False}
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_k_order": False}
     args = types.SimpleNamespace(device="cpu")
     op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
     inputs = list(op.get_input_iter())
     assert len(inputs) == 1 and op.get_x_val(inputs[0]) == ("mxfp8xmxfp4", 3, 32, 64)
     got, base = op.blockscaled(*inputs[0])(), op.cublas_bf16(*inputs[0])()
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
-    torch.testing.assert_close(op.blockscaled_pairs(*inputs[0])().float(), got.float(), rtol=0, atol=0)
-    torch.testing.assert_close(op.blockscaled_mma(*inputs[0])().float(), got.float(), rtol=0, atol=0)
-    fp8 = module.Operator(args, ["--pair", "bf16xmxfp8", "-M", "3", "--n", "32", "--k", "64"])  # fp8 weights arranged too
-    fp8_inputs = list(fp8.get_input_iter())
-    torch.testing.assert_close(fp8.blockscaled_mma(*fp8_inputs[0])().float(), fp8.blockscaled(*fp8_inputs[0])().float(),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(op.blockscaled_k_order(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     assert op.flops("blockscaled", inputs[0], None) == 2 * 3 * 32 * 64
     metrics = types.SimpleNamespace(latency=1.0)  # ms
     fn = op.blockscaled(*inputs[0])
@@ -642,18 +637,6 @@ def test_gpu_tests_classify_reads_the_summary_line():
     assert runner.classify(1, "F\n1 failed in 0.10s\n") == "FAIL"
     assert runner.classify(5, "no tests ran in 0.01s\n") == "FAIL"  # an id that no longer exists
     assert runner.classify(0, "") == "SKIP"  # nothing passed
-
-
-def test_tma_m64_probe_feeds_wgmma_without_a_layout_conversion(capfd):
-    """bench.tma_m64 compiles for sm_90 here: the weights' bytes go from TMA's shared memory straight into wgmma's
-    register-A layout (shared-memory loads, no stores: no conversion through shared memory in the K loop)."""
-    from bench import tma_m64
-
-    assert tma_m64.main(["--sass"]) == 0
-    (counts,) = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
-    assert counts["variant"] == tma_m64.DEFAULT_VARIANTS[0]
-    # one 64-K window of 128 rows per iteration: 2 dots of K = 32 on two warpgroups, 16 bytes of weights per thread
-    assert counts["HGMMA"] == 4 and counts["STS"] == 0 and counts["LDS"] > 0 and counts["spill"] == 0
 
 
 def test_kernel_times_arguments_and_cpu_refusal():

@@ -23,8 +23,8 @@ def fake_cuda(monkeypatch):
         return scratch.Scratch(object(), object(), object())
 
     monkeypatch.setattr(scratch, "_make", make)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=state.stream))
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: state.capture is not None)
+    monkeypatch.setattr(scratch, "_current_stream", lambda device: state.stream)
+    monkeypatch.setattr(scratch, "_capturing", lambda: state.capture is not None)
     monkeypatch.setattr(scratch, "capture_id", lambda stream: state.capture if state.capture != "unreadable" else None)
     scratch.clear()
     yield state
