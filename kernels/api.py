@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -172,6 +173,7 @@ def scaled_mm(
         raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r} "
                          "(prepare them with blockscaled.quantize_weight or QTensor.for_device)")
     if backend is None:
+        _warn_k_order_weights(device)
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
@@ -227,6 +229,18 @@ def weight_data_layout(device: torch.device | str) -> str:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return "mma_m16k16" if _ptx_decodes(device) and (8, 0) <= _capability(device) < (10, 0) else "k_order"
+
+
+_warned_k_order = set()
+
+
+def _warn_k_order_weights(device: torch.device) -> None:
+    """Once per device: k_order weights where the mma kernels would run run the portable kernels instead."""
+    if device.type == "cuda" and device not in _warned_k_order and weight_data_layout(device) == "mma_m16k16":
+        _warned_k_order.add(device)
+        warnings.warn(f"b: k_order weights on {device} take the portable kernels; weights prepared with "
+                      "blockscaled.quantize_weight (or QTensor.for_device) take the mma kernels, 3x faster at decode",
+                      stacklevel=3)
 
 
 def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):

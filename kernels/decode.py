@@ -182,18 +182,39 @@ def operand_codes(fmt: BlockFormat | None, layout: str = "rowmajor") -> tuple[in
 # multiply) per register applies the row's factor f = scale * 2^(decode_shift - shift),
 # subnormals kept.
 def _a_registers_e2m1(word: str, r: list[str]) -> str:
-    return (f"and.b32 {r[0]}, {word}, 0x81C081C0; shl.b32 t, {word}, 3; and.b32 {r[1]}, t, 0x81C081C0; "
-            f"shl.b32 t, {word}, 6; and.b32 {r[2]}, t, 0x81C081C0; shr.b32 t, {word}, 4; and.b32 {r[3]}, t, 0x00C000C0; "
-            f"shr.b32 t, {word}, 5; and.b32 t, t, 0x01000100; or.b32 {r[3]}, {r[3]}, t; "
-            f"shl.b32 t, {word}, 1; and.b32 t, t, 0x80008000; or.b32 {r[3]}, {r[3]}, t; ")
+    """PTX: an E2M1 word of the "mma_m16k16" layout into registers r[0..3], each bf16x2(code * 2^-126); the bit
+    placement is drawn in `blockscaled.layouts.mma`. 11 integer ops."""
+    return " ".join([
+        f"and.b32 {r[0]}, {word}, 0x81C081C0;",  # reg 0: its codes already sit under the bf16 fields
+        f"shl.b32 t, {word}, 3;",
+        f"and.b32 {r[1]}, t, 0x81C081C0;",  # reg 1: 3 bits up
+        f"shl.b32 t, {word}, 6;",
+        f"and.b32 {r[2]}, t, 0x81C081C0;",  # reg 2: 6 bits up
+        f"shr.b32 t, {word}, 4;",
+        f"and.b32 {r[3]}, t, 0x00C000C0;",  # reg 3: e0, m (bits 11, 10 -> 7, 6)
+        f"shr.b32 t, {word}, 5;",
+        "and.b32 t, t, 0x01000100;",
+        f"or.b32 {r[3]}, {r[3]}, t;",  # reg 3: e1 (bit 13 -> 8)
+        f"shl.b32 t, {word}, 1;",
+        "and.b32 t, t, 0x80008000;",
+        f"or.b32 {r[3]}, {r[3]}, t;",  # reg 3: sign (bit 14 -> 15)
+    ]) + " "
 
 
 def _a_registers_e4m3(word: str, r: list[str]) -> str:
-    return f"mov.b64 {{lo, hi}}, {word}; " + "".join(
-        f"and.b32 {r[2 * h]}, {half}, 0x87F087F0; shl.b32 t, {half}, 4; and.b32 t, t, 0x80F080F0; "
-        f"shr.b32 u, {half}, 4; and.b32 u, u, 0x07000700; or.b32 {r[2 * h + 1]}, t, u; "
-        for h, half in enumerate(("lo", "hi"))
-    )
+    """PTX: an E4M3 int64 word of the "mma_m16k16" layout into registers r[0..3], each bf16x2(value * 2^-120):
+    per 32-bit half, one register under the bf16 fields and one 4 bits off. 6 integer ops per half."""
+    lines = [f"mov.b64 {{lo, hi}}, {word};"]  # the two 32-bit halves: registers 0, 1 and 2, 3
+    for h, half in enumerate(("lo", "hi")):
+        lines += [
+            f"and.b32 {r[2 * h]}, {half}, 0x87F087F0;",  # sign at 15, exponent and mantissa at 4-10 of each half
+            f"shl.b32 t, {half}, 4;",
+            "and.b32 t, t, 0x80F080F0;",  # the other register's sign and low bits, 4 up
+            f"shr.b32 u, {half}, 4;",
+            "and.b32 u, u, 0x07000700;",  # and its high bits, 4 down
+            f"or.b32 {r[2 * h + 1]}, t, u;",
+        ]
+    return " ".join(lines) + " "
 
 
 def _mma_a_fragments(element: int, factor_shift: int, factor_bias: int) -> str:

@@ -1,72 +1,41 @@
-"""Decode (and any M) on bf16 tensor cores: fp4 or fp8 weights in the "mma_m16k16" layout, bf16 / fp4 / fp8 activations.
+"""The mma kernels: fp4 / fp8 weights in the "mma_m16k16" layout on bf16 tensor cores; bf16, fp4 or fp8 activations.
 
-`mma_gemv_kernel` runs M <= 16 (below); `mma_m64_kernel` M > 16, a program per 64 activation rows (its docstring).
+| kernel            | M       | program                                    | MMA                                   |
+|-------------------|---------|--------------------------------------------|---------------------------------------|
+| `mma_gemv_kernel` | <= 16   | 4 warps x ROW_GROUPS 16-row weight groups  | mma.sync m16n8k16, activation as B    |
+| `mma_m64_kernel`  | > 16    | 8 warps x 16 rows, TILE_M activation rows  | wgmma m64nNk16 (sm_90), else mma.sync |
 
-Each warp multiplies one 16-row group of weights (two with ROW_GROUPS = 2): per 64-K window a thread loads 4 int32
-words (its A fragments of 4 mma.sync m16n8k16 steps, `blockscaled.layouts.mma`), decodes
-each word into 4 bf16x2 registers with 11 integer ops and 4 bf16x2 FMAs (with -0: exact
-products) by its rows' scale factors (`decode.MMA_A_FRAGMENTS_PTX`), and runs the 4 mma.sync with the
-activation as the B operand: 8 activation rows per column group, so M = 1 uses one group
-(every column the same row) and M <= 16 two, both from one decode.
+The weights are the A operand. Per 64-K window a thread loads one word per mma step (int32 of 8 E2M1 codes, int64 of
+8 E4M3 codes: `blockscaled.layouts.mma`), places the codes under bf16's fields with 11 (E2M1) or 6 (E4M3) integer ops
+and multiplies them by its rows' scale factors with bf16x2 FMAs (`decode.MMA_A_FRAGMENTS_PTX`): every element x
+scale is exact in bf16, and the fp32 result is scaled by `post` = 2^shift x global scale at the end. fp4 / fp8
+activations are decoded into the B registers the same way (`decode.MMA_B_FRAGMENTS_PTX`). mma.sync flushes bf16
+subnormals: activation values below 2^-126 count as zero on these kernels (the other backends keep them).
 
-The mma fragments tie values to lanes, which Triton's tensor layouts do not promise. So
-every tensor here holds one value per thread (`[128]`, indexed by the thread's own
-%tid.x), and each thread computes its addresses from its lane: no value crosses threads
-outside the mma itself. sm_90 K loop (N = K = 8192, M = 1, bf16 x mxfp4): 91 instructions per 32
-weights, 4 HMMA, 32 registers, no shared memory (`python -m bench.sass --backend mma`).
+The mma fragments tie values to lanes, which Triton's tensor layouts do not promise, so every tensor here holds one
+value per thread (`[threads]`, indexed by the thread's own %tid.x) and each thread computes its addresses from its
+lane: no value crosses threads outside the mma and the inline-PTX exchanges.
 
-fp4 and fp8 activations (nvfp4, mxfp4, mxfp8; any scale layout) are decoded into the B
-registers in the same way (`decode.MMA_B_FRAGMENTS_PTX`), exact: every E2M1 x E4M3, E2M1 x
-E8M0 and E4M3 x E8M0 value from 2^-126 up is a bf16. mma.sync flushes bf16 subnormals, so
-activation values below 2^-126 (E8M0 blocks of scale 2^-127, blocks whose largest |x| <
-2^-123) count as zero here; the other backends keep them. With ROW_GROUPS = 2 each warp runs
-two 16-row groups on one B.
+Constexpr knobs (the plan fills them by name, `api.mma_constants`; why each default: `docs/PLANS.md`):
 
-B is the same for the 4 warps of a program. With SHARED_B each thread loads and decodes 8
-elements of the window's B (all column groups), writes them as bf16 into shared memory and,
-after one CTA barrier, reads its lanes' registers back (`decode.MMA_SHARED_B_PTX`, inline
-PTX: Triton has no shared memory of its own to offer here); otherwise each warp loads (and
-decodes) its lanes' 16 elements per column group itself. sm_90 K loop at M = 16, two row
-groups: 247-255 instructions per window instead of 326-355 for fp4 / fp8 activations, 12
-global loads instead of 18 for bf16. With shared B, AHEAD = 1 loads window w + 1's words
-before window w's barrier (72-77 registers at M = 16 instead of 56-61).
+| knob          | what it does                                                                                   |
+|---------------|------------------------------------------------------------------------------------------------|
+| ROW_GROUPS    | 16-row weight groups per warp sharing one B (1 or 2)                                           |
+| SHARED_B      | the program decodes each window's B once and shares it through shared memory (one barrier)     |
+| STAGE_B       | each warp decodes its K range of the activation into shared memory once, before the K loop     |
+| AHEAD         | windows whose words are loaded before the current one's barrier                                |
+| SPLIT         | programs along K; sums added into `workspace` (zero on entry and exit), last ticket stores     |
+| CLUSTER       | the SPLIT parts run as one thread-block cluster and sum through distributed shared memory      |
+| K_WARPS       | K split inside the program (warps, or K slices of 4 warps with SHARED_B), summed in shared mem |
+| EVICT         | L2 hints: weights evict_first, activation evict_last (2: inline PTX, policies made once)       |
+| PDL           | touch no memory before `griddepcontrol.wait`, let the next kernel launch after the K loop;     |
+|               | PDL - 1 windows of weights asked of L2 before the wait                                         |
+| WGMMA, TILE_M | mma_m64_kernel: wgmma with the weights as register A; 64 or 128 activation rows per program    |
+| FRAGMENT_SUMS | mma_m64_kernel's split-K workspace in fragment order (vector reductions)                       |
+| WIDE_B        | mma_m64_kernel: a thread's bf16 / fp8 B share in 16-byte loads                                 |
 
-With STAGE_B (fp4 / fp8 activations at M <= 8, K split over the warps) each warp decodes its K range
-of the activation into shared memory once, before its K loop (`staged_b`), and reads its lanes' B
-registers there every window with two ld.shared.v4: the loop of bf16 activations, without per-window
-activation loads or decodes, and no CTA barrier. The default at M = 1 where B fits (`api._mma_stage_b`):
-H100, 8192^2, x cuBLAS bf16, nvfp4 x nvfp4 2.51 -> 2.89x, mxfp4 x mxfp4 2.62 -> 3.00x (2fd43e4).
-
-Split-K: SPLIT programs share a row of 64 * ROW_GROUPS rows along K and add their fp32 sums
-into a workspace (masked adds); the last one (by ticket, as `split_k`) scales, adds bias and
-stores. With CLUSTER the SPLIT programs run as one thread-block cluster and sum through distributed
-shared memory instead (`gemv_cluster_store`; H100, M = 16, 10240 x 8192: 2.51-2.59x -> 2.59-2.87x for fp4
-weights, 1.78-1.79x -> 1.93-1.96x for fp8, `api.MMA_GEMV_CLUSTER`). With K_WARPS > 1 the split is inside the program instead: K_WARPS warps on the same
-16 * ROW_GROUPS rows, each over its K_WARPS-th of K, summed through shared memory
-(`decode.MMA_K_WARP_SUM_PTX`): no workspace, atomics or ticket. With SHARED_B the K_WARPS are K
-slices of the 4 warps, each exchanging its own B (own buffers, a named barrier). The split-K
-epilogue cost 0.7-3.6 us of 15-19 us at N = K = 8192, M = 1 (H100); bf16 activations at M = 1 take
-K_WARPS 8 or 16 by default, every pair at 1 < M <= 16 4 or 8 K slices where they fill the GPU
-(`api._mma_k_slices`: M = 16 bf16 x mxfp4 2.55x / 3.24x at 8192^2 / 57344 x 8192, d0017ad; nvfp4 x
-nvfp4 at 57344 x 8192 2.85x -> 3.06x, 65807ec).
-H100, CUDA-graph replay, the four Llama-3-70B shapes (bench/results/h100.csv, 2026-11-23), x cuBLAS
-bf16: M = 1 2.45x-3.41x (3ff6825), bf16 activations 2.96x-3.65x with K_WARPS (0f702e6); M = 16
-2.11x-3.12x (3ff6825).
-
-With EVICT (`api.MMA_EVICT`, the default up to M = 16) the weights' loads ask L2 to evict their lines first and the
-activation's to keep theirs (`eviction`): H100, 8192^2, 1-3% faster in 7 of 13 cells, within 1% in 5, bf16 x mxfp4 at
-M = 16 1.2% slower (686f17d). EVICT 2 (`api._mma_hoist`) makes those loads inline PTX whose cache policies are made
-once, before the K loop (`hinted_loads`).
-
-With PDL (`api.MMA_PDL`, sm_90+) both kernels make every address from a thread id passed through
-`griddepcontrol.wait` (`grid_wait`), so they touch no memory before it, and after the K loop let the next kernel of
-the stream launch (`launch_dependents`); with PDL > 1 (M <= 16) each lane first asks L2 for its first PDL - 1 windows
-of weights (`prefetch_first_windows`). Launched as programmatic dependent launches (`launch.DirectLaunch`), a call
-overlaps its start with the end of the kernel before it (docs/DECODE_NOTES.md, "Programmatic dependent launch").
-
-fp8 weights (mxfp8, W_ELEM e4m3) load one int64 word per step instead of an int32 and place
-their codes with 6 integer ops per 4 (`decode.MMA_A_FRAGMENTS_PTX`); everything else is
-shared. H100 (5edc44b), x cuBLAS bf16: M = 1 1.74x-1.99x, M = 16 1.53x-1.81x.
+Launched by `launch.DirectLaunch` (clusters, programmatic dependent launch); the workspace, tickets and any predecoded
+activation rows come from `scratch.get`, per stream and per CUDA-graph capture.
 """
 
 from __future__ import annotations

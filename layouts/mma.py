@@ -16,6 +16,17 @@ the bits already where the decode wants them:
   mantissa bits, so `word & 0x81C081C0` is bf16(code * 2^-126) (the E2M1 subnormal lands on
   the bf16 subnormal). Registers 1 and 2 are the same after a shift left by 3 and 6,
   register 3 takes three shifts: 11 integer ops per 8 codes (`decode.MMA_A_FRAGMENTS_PTX`).
+  Each 16-bit half of an E2M1 word, code of register r as (s.r, e1.r, e0.r, m.r):
+
+      bit   15   14   13   12   11   10    9    8    7    6    5    4    3    2    1    0
+            s.0  s.3  e1.3 s.1  e0.3 m.3  s.2  e1.0 e0.0 m.0  e1.1 e0.1 m.1  e1.2 e0.2 m.2
+      bf16  sign [---------- exponent (8 bits) ----------]  [------- mantissa (7) --------]
+
+      reg 0 = word & 0x81C0                      (s.0 -> 15, e1 e0 m.0 stay at 8 7 6)
+      reg 1 = (word << 3) & 0x81C0               (12 -> 15, 5 4 3 -> 8 7 6)
+      reg 2 = (word << 6) & 0x81C0               (9 -> 15, 2 1 0 -> 8 7 6)
+      reg 3 = (word >> 4) & 0x00C0 | (word >> 5) & 0x0100 | (word << 1) & 0x8000
+                                                 (11 10 -> 7 6, 13 -> 8, 14 -> 15)
 
 The scales become one byte per (row, block), `factor_bytes`: the exponent field (mx) or a
 normalized 5-bit exponent and 3 mantissa bits (nvfp4) of the bf16 factor

@@ -94,3 +94,17 @@ def test_padded_weights_take_the_portable_kernels_on_cpu(gen):
     out = bs.scaled_mm(x, w, out_dtype=torch.float32)
     assert out.shape == (3, 40)
     assert max_rel_err(out, ref_scaled_mm(x, w)) <= 1e-5
+
+
+def test_k_order_weights_on_a_gpu_warn_once(monkeypatch):
+    """Weights quantized without the device's layout still run, with one warning per device naming the fast call."""
+    monkeypatch.setattr(api, "weight_data_layout", lambda device: "mma_m16k16" if device.type == "cuda" else "k_order")
+    monkeypatch.setattr(api, "_warned_k_order", set())
+    with pytest.warns(UserWarning, match="b: k_order weights on cuda:0 .*quantize_weight"):
+        api._warn_k_order_weights(torch.device("cuda", 0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        api._warn_k_order_weights(torch.device("cuda", 0))  # once
+        api._warn_k_order_weights(torch.device("cpu"))  # the CPU's own layout
