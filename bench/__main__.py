@@ -169,7 +169,7 @@ def main(argv=None):
             pair_name = bs.SUPPORTED_PAIRS[pair]
             x, w, a, b = make_operands(pair, m, n, k, device, seed=1000 + n_shape)
             ref = ref_scaled_mm(a, b)
-            weights = weight_layouts(b, k)
+            weights = weight_layouts(b)
             ok = True
             for data_layout, bw in weights.items():
                 try:

@@ -90,8 +90,7 @@ def profile(call, calls: int, lines: int) -> str:
 
 def operands(key, plan, a, b, bias, out) -> tuple:
     """The tensors `api._mma_run` passes for one call of `plan` (this call's scratch on the current stream)."""
-    work = api.scratch.get(key, plan.workspace, out.device) if plan.workspace is not None else None
-    return api._mma_operands(plan, a, b, bias, out, work)
+    return api._mma_operands(plan, a, b, bias, out, api._work(key, plan, out.device))
 
 
 def kernel_args(key, plan, a, b, bias, out) -> tuple:

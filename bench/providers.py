@@ -55,10 +55,10 @@ def make_operands(pair, m, n, k, device, seed):
     return (x, w, *quantize_pair(pair, x, w))
 
 
-def weight_layouts(b, k):
-    """The weights `b` (k_order) in each data layout that is validated and timed: the device's default
-    (`QTensor.for_device`, what `blockscaled.quantize_weight` gives a user) and k_order (the portable kernels)."""
-    return {"default": b.for_device(), "k_order": b}
+def weight_layouts(b):
+    """The weights `b` (k_order) as each of this project's providers validates and times them (`ours_weights`), by
+    `OURS_LAYOUT` name."""
+    return {OURS_LAYOUT[provider]: ours_weights(provider, b) for provider in OURS_LAYOUT}
 
 
 def compile_cell(pair, m, n, k, out_dtype, device):
@@ -66,7 +66,7 @@ def compile_cell(pair, m, n, k, out_dtype, device):
     their compiled binaries land in Triton's on-disk cache. Nothing is checked here: the
     timing process validates every cell itself."""
     _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
-    for bw in weight_layouts(b, k).values():
+    for bw in weight_layouts(b).values():
         bs.scaled_mm(a, bw, out_dtype=out_dtype)
     if b.data.is_cuda:
         torch.cuda.synchronize()

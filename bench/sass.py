@@ -193,8 +193,7 @@ def mma_kernel_code(args, a, b, variant):
         options = api.mma_options_for(variant or None, a, b, args.M, args.N)
         plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
         out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
-        work = api.scratch.get(None, plan.workspace, out.device) if plan.workspace else None
-        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out, work), out)
+        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out, api._work(None, plan, out.device)), out)
         kernel = api.mma_kernel(args.M)
         code = kernel.bind(kargs).to_triton_code(plan.cfg)
     row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it

@@ -114,12 +114,11 @@ class QTensor:
 
     @functools.cached_property
     def kernel_words(self) -> torch.Tensor:
-        """The data as int32 words (8 fp4 or 4 fp8 elements each), what gemv reads; for
-        "mma_m16k16" data (what mma_gemv reads) flat, fp8 as int64 words (one A fragment
-        each); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
-        if self.data_layout == "mma_m16k16":
-            return self.data.view(torch.int32 if ELEMENTS[self.fmt.element].word_bits == 32 else torch.int64).view(-1)
-        return self.data.view(torch.int32)
+        """"mma_m16k16" data as the mma kernels read it: flat words, one A fragment each (int32 of 8 fp4 codes,
+        int64 of 8 fp8); cached like `kernel_scale` (a view per call costs ~1 us of host time)."""
+        if self.data_layout != "mma_m16k16":
+            raise ValueError(f"data_layout: the mma words belong to 'mma_m16k16' data, this is {self.data_layout!r}")
+        return self.data.view(torch.int32 if ELEMENTS[self.fmt.element].word_bits == 32 else torch.int64).view(-1)
 
     @functools.cached_property
     def kernel_mma_factors(self) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,10 +17,7 @@ def quantize_weight(weight: torch.Tensor, fmt: str | BlockFormat, *, data_layout
     padded internally for any N and K; "k_order" elsewhere). The result's `data_layout` says
     which; `QTensor.with_data_layout` converts.
     """
-    from blockscaled.kernels import weight_data_layout
     from blockscaled.reference import quantize
 
     q = quantize(weight, fmt, **options)
-    if data_layout is None:
-        data_layout = weight_data_layout(weight.device)
-    return q.with_data_layout(data_layout)
+    return q.for_device() if data_layout is None else q.with_data_layout(data_layout)

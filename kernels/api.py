@@ -12,7 +12,7 @@ import helion
 import helion.language as hl
 
 from blockscaled.formats import BlockFormat
-from blockscaled.layouts import to_layout
+from blockscaled.layouts import pad_to, to_layout
 from blockscaled.qtensor import QTensor
 
 from . import configs, scratch
@@ -172,8 +172,9 @@ def scaled_mm(
     elif backend == "mma":
         raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r} "
                          "(prepare them with blockscaled.quantize_weight or QTensor.for_device)")
-    if backend is None:
+    elif backend is None:
         _warn_k_order_weights(device)
+    if backend is None:
         backend = select_backend(device)
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
@@ -231,13 +232,16 @@ def weight_data_layout(device: torch.device | str) -> str:
     return "mma_m16k16" if _ptx_decodes(device) and (8, 0) <= _capability(device) < (10, 0) else "k_order"
 
 
-_warned_k_order = set()
+_checked_k_order = set()  # devices whose first k_order weights were checked (`_warn_k_order_weights`)
 
 
 def _warn_k_order_weights(device: torch.device) -> None:
-    """Once per device: k_order weights where the mma kernels would run run the portable kernels instead."""
-    if device.type == "cuda" and device not in _warned_k_order and weight_data_layout(device) == "mma_m16k16":
-        _warned_k_order.add(device)
+    """Once per device, at its first call with k_order weights: warn where the mma kernels would run (those weights
+    take the portable kernels instead)."""
+    if device in _checked_k_order:
+        return
+    _checked_k_order.add(device)
+    if weight_data_layout(device) == "mma_m16k16":
         warnings.warn(f"b: k_order weights on {device} take the portable kernels; weights prepared with "
                       "blockscaled.quantize_weight (or QTensor.for_device) take the mma kernels, 3x faster at decode",
                       stacklevel=3)
@@ -267,12 +271,11 @@ def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
 
 def _pad_k(a, k: int):
     """Activation `a` [M, K0] with zero elements appended up to K (scales of the new blocks: code 0, any value would do)."""
-    pad = torch.nn.functional.pad
     if not isinstance(a, QTensor):
-        return pad(a, (0, k - a.shape[1]))
+        return pad_to(a, a.shape[0], k)
     f = a.fmt
-    data = pad(a.data.view(torch.uint8), (0, f.data_cols(k) - a.data.shape[1])).view(f.storage_dtype)
-    scales = pad(a.scale_rowmajor().view(torch.uint8), (0, (k - a.K) // f.block_size)).view(f.scale_dtype)
+    data = pad_to(a.data.view(torch.uint8), a.rows, f.data_cols(k)).view(f.storage_dtype)
+    scales = pad_to(a.scale_rowmajor().view(torch.uint8), a.rows, k // f.block_size).view(f.scale_dtype)
     return QTensor(data, to_layout(scales, a.layout), f, a.layout, a.global_scale)
 
 
@@ -287,8 +290,7 @@ def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: boo
 class Predecode(NamedTuple):
     """An mma plan's decode of its fp4 / fp8 activation (`dequantize.dequantize_kernel`) before the mma kernel."""
 
-    launch: object  # the compiled launcher (None until the plan's first call)
-    rows: tuple[int, int, int]  # the decoded activation's shape, bf16 [M, K / block, block] (scratch, per call)
+    launch: object  # the compiled launcher (None until the plan's first call); the rows: the plan's `workspace.rows`
 
 
 class MmaPlan(NamedTuple):
@@ -597,7 +599,7 @@ def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
     # `aligned`: activation data that 16-byte loads of a thread's share may read (bf16 and fp8, not fp4: one word)
     aligned = m > MMA_WARP_M and not (narrow and a.fmt.is_packed) and (a.data if narrow else a).data_ptr() % 16 == 0
     options = _mma_options(config, m, n, narrow, not b.fmt.is_packed, aligned)
-    if options.predecode:  # the bf16-activation options, over rows that the plan allocates (16-byte aligned)
+    if options.predecode:  # the bf16-activation options, over rows from scratch.get (16-byte aligned)
         rest = {key: value for key, value in config.items() if key != "predecode"} if config else None
         options = _mma_options(rest or None, m, n, False, not b.fmt.is_packed, m > MMA_WARP_M)._replace(predecode=True)
     return options
@@ -725,10 +727,10 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     MMA_TILE_128_MAX_M no split once the programs fill MMA_M64_UNSPLIT_WAVES of a wave. Where they
     leave stage_b None (fp4 / fp8 activations at M = 1), B is staged with one row group, no shared B and
     `_mma_k_warps`'s warps where `_mma_stage_b` allows it."""
-    if options.predecode:  # the bf16-activation plan, over the activation decoded into a buffer of the plan's own
+    if options.predecode:  # the bf16-activation plan, over the activation decoded into each call's scratch rows
         plan = _mma_plan(None, b, has_bias, m, n, k, options._replace(predecode=False))
         rows = (m, k // a.fmt.block_size, a.fmt.block_size)
-        return plan._replace(predecode=Predecode(None, rows), workspace=(plan.workspace or ScratchSpec())._replace(rows=rows))
+        return plan._replace(predecode=Predecode(None), workspace=(plan.workspace or ScratchSpec())._replace(rows=rows))
     wide_m = m > MMA_WARP_M
     fp4_on_fp4 = isinstance(a, QTensor) and b.fmt.is_packed  # fp4 / fp8 activations on fp4 weights
     if options.stage_b is None:
@@ -857,14 +859,19 @@ def _mma_cluster_size(plan: MmaPlan) -> int:
     return plan.split if plan.consts.CLUSTER else 1
 
 
-@functools.lru_cache(maxsize=None)
 def mma_constants(m: int):
     """The named tuple of the constexpr parameters of `mma_kernel(m)`, in its signature's order: plans fill it by
     name, and its order is the kernel's."""
+    return _kernel_constants(m > MMA_WARP_M)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_constants(wide_m: bool):
+    """`mma_constants` of one of the two kernels, built once each."""
     import collections
     import inspect
 
-    kernel = mma_kernel(m)
+    kernel = mma_kernel(MMA_WARP_M + 1 if wide_m else 1)
     names = [name for name, p in inspect.signature(kernel.fn).parameters.items() if p.annotation in (hl.constexpr, "hl.constexpr")]
     return collections.namedtuple(f"{kernel.fn.__name__}_constants", names)
 
@@ -899,12 +906,17 @@ def _mma_args(plan: MmaPlan, operands: tuple, out) -> tuple:
             *plan.consts)
 
 
+def _work(key, plan: MmaPlan, device: torch.device) -> scratch.Scratch | None:
+    """This call's scratch of `plan` (`scratch.get`), None for a plan that needs none."""
+    return scratch.get(key, plan.workspace, device) if plan.workspace is not None else None
+
+
 def _mma_run(key, plan: MmaPlan, a, b: QTensor, bias, out):
     """Launch one call of an mma plan. After the plan's first direct launch its `DirectLaunch` is bound to these
     operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
     views, no Helion host function. Workspace, tickets and predecoded rows are this call's (`scratch.get`: per
     stream, per CUDA-graph capture), never the plan's: calls of one plan may overlap."""
-    work = scratch.get(key, plan.workspace, out.device) if plan.workspace is not None else None
+    work = _work(key, plan, out.device)
     if plan.predecode is not None:
         plan = _predecode_run(key, plan, a, work.rows)
     operands = _mma_operands(plan, a, b, bias, out, work)

@@ -39,10 +39,6 @@ class ScratchSpec(NamedTuple):
     tickets: int = 0
     rows: tuple[int, ...] | None = None
 
-    @property
-    def zeroed(self) -> bool:
-        return self.sums > 0
-
 
 class Scratch(NamedTuple):
     workspace: torch.Tensor | None

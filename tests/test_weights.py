@@ -99,7 +99,7 @@ def test_padded_weights_take_the_portable_kernels_on_cpu(gen):
 def test_k_order_weights_on_a_gpu_warn_once(monkeypatch):
     """Weights quantized without the device's layout still run, with one warning per device naming the fast call."""
     monkeypatch.setattr(api, "weight_data_layout", lambda device: "mma_m16k16" if device.type == "cuda" else "k_order")
-    monkeypatch.setattr(api, "_warned_k_order", set())
+    monkeypatch.setattr(api, "_checked_k_order", set())
     with pytest.warns(UserWarning, match="b: k_order weights on cuda:0 .*quantize_weight"):
         api._warn_k_order_weights(torch.device("cuda", 0))
     import warnings
