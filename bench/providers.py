@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 import blockscaled as bs
@@ -149,6 +151,8 @@ def gemlite_fn(x, w, pair):
 # this project's providers (`python -m bench`, the TritonBench operator) by the weights they time: "default" is the
 # layout `blockscaled.quantize_weight` gives on the device (`blockscaled.kernels.weight_data_layout`)
 OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order"}
+# the k_order provider times the portable kernels on purpose: its one-time warning would only repeat per process
+warnings.filterwarnings("ignore", message="b: k_order weights on", category=UserWarning)
 
 
 def ours_weights(provider, b):
