@@ -35,6 +35,7 @@ from .providers import (  # noqa: E402
     Unsupported,
     add_llama_argument,
     blockscaled_fn,
+    dynamic_fn,
     compile_cell,
     copy_fn,
     cublas_bf16_fn,
@@ -65,11 +66,12 @@ EXTRA_COLUMNS = ["timing", "plain_ms", "weights_layout"]
 def csv_provider(prov: str, device="cpu") -> dict:
     """The CSV's `provider` and `weights_layout` of a provider of this module: DESIGN.md section 5 names this
     project's rows "blockscaled" whatever layout their weights take (`weights_layout`: the layout on `device`, empty
-    for the others)."""
+    for the others); with the activation quantized in the call, "blockscaled_dynamic"."""
     if prov not in OURS_LAYOUT:
         return dict(provider=prov, weights_layout="")
     layout = OURS_LAYOUT[prov]
-    return dict(provider="blockscaled", weights_layout=bs.kernels.weight_data_layout(device) if layout == "default" else layout)
+    name = "blockscaled_dynamic" if prov == "blockscaled_dynamic" else "blockscaled"  # issue #60's rows
+    return dict(provider=name, weights_layout=bs.kernels.weight_data_layout(device) if layout == "default" else layout)
 
 
 def provider_label(row: dict) -> str:
@@ -256,6 +258,9 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
     providers = {  # name: (builder(x, w, a, b), bytes one call must read)
         "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, ours_weights("blockscaled", b), out_dtype), ours),
         "blockscaled_k_order": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
+        # the bf16 activation quantized on every call (`activation_format`): its bytes read in bf16
+        "blockscaled_dynamic": (lambda x, w, a, b: dynamic_fn(x, ours_weights("blockscaled", b), pair[0], out_dtype),
+                                ours - operand_bytes(pair[0], m, k) + 2.0 * m * k),
         "cublas_bf16": (lambda x, w, a, b: cublas_bf16_fn(x, w, out_dtype), 2.0 * (m * k + n * k)),
         "scaled_mm_fp8_rowwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "rowwise"), fp8),
         "scaled_mm_fp8_blockwise": (lambda x, w, a, b: scaled_mm_fp8_fn(x, w, out_dtype, "blockwise"), fp8),

@@ -52,7 +52,8 @@ def quantize_pair(pair, x, w):
 
 def make_operands(pair, m, n, k, device, seed):
     gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(m, k, device=device, generator=gen, dtype=torch.float32)
+    # bf16 values: the activation `blockscaled_dynamic` quantizes (x in bf16) gives a's codes exactly
+    x = torch.randn(m, k, device=device, generator=gen, dtype=torch.float32).to(torch.bfloat16).float()
     w = torch.randn(n, k, device=device, generator=gen, dtype=torch.float32)
     return (x, w, *quantize_pair(pair, x, w))
 
@@ -78,6 +79,15 @@ def blockscaled_fn(a, b, out_dtype):
     m, n = a.shape[0], b.shape[0]
     out = torch.empty((m, n), dtype=out_dtype, device=b.device)
     return lambda: bs.scaled_mm(a, b, out_dtype=out_dtype, out=out)
+
+
+def dynamic_fn(x, b, fmt_name: str, out_dtype):
+    """`scaled_mm` of the bf16 activation `x` quantized to `fmt_name` on every call (`activation_format`)."""
+    if fmt_name == "bf16":
+        raise Unsupported("bf16 activations are not quantized")
+    x = x.to(torch.bfloat16)
+    out = torch.empty((x.shape[0], b.shape[0]), dtype=out_dtype, device=b.device)
+    return lambda: bs.scaled_mm(x, b, out_dtype=out_dtype, out=out, activation_format=fmt_name)
 
 
 def cublas_bf16_fn(x, w, out_dtype):
@@ -150,7 +160,7 @@ def gemlite_fn(x, w, pair):
 
 # this project's providers (`python -m bench`, the TritonBench operator) by the weights they time: "default" is the
 # layout `blockscaled.quantize_weight` gives on the device (`blockscaled.kernels.weight_data_layout`)
-OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order"}
+OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order", "blockscaled_dynamic": "default"}
 # the k_order provider times the portable kernels on purpose: its one-time warning would only repeat per process
 warnings.filterwarnings("ignore", message="b: k_order weights on", category=UserWarning)
 

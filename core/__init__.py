@@ -7,8 +7,8 @@
 
 from .formats import FORMATS, SCALE_LAYOUTS, BlockFormat, get_format
 from .qtensor import QTensor
-from .weights import quantize_weight
-from blockscaled.reference import dequantize, quantize
+from .weights import quantize, quantize_weight
+from blockscaled.reference import dequantize
 from blockscaled.kernels import SUPPORTED_PAIRS, scaled_mm
 
 __all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "SUPPORTED_PAIRS", "dequantize", "get_format", "quantize",

@@ -1,4 +1,5 @@
-"""`quantize_weight`: nn.Linear weights quantized once, in the layout the fastest kernel on their device reads."""
+"""`quantize`: block-scaled quantization (the Helion kernel on a GPU); `quantize_weight`: nn.Linear weights
+quantized once, in the layout the fastest kernel on their device reads."""
 
 from __future__ import annotations
 
@@ -17,7 +18,40 @@ def quantize_weight(weight: torch.Tensor, fmt: str | BlockFormat, *, data_layout
     padded internally for any N and K; "k_order" elsewhere). The result's `data_layout` says
     which; `QTensor.with_data_layout` converts.
     """
-    from blockscaled.reference import quantize
-
     q = quantize(weight, fmt, **options)
     return q.for_device() if data_layout is None else q.with_data_layout(data_layout)
+
+
+QUANTIZE_BACKENDS = ("kernel", "reference")
+
+
+def quantize(x: torch.Tensor, fmt: str | BlockFormat, *, scale_rounding: str = "floor", layout: str = "rowmajor",
+             global_scale: torch.Tensor | float | None = None, data_layout: str = "k_order",
+             backend: str | None = None) -> QTensor:
+    """Quantize `x` [rows, K] (bf16, fp16 or fp32) to a `QTensor`: the same codes and scales, bit for bit, as
+    `blockscaled.reference.quantize` (its docstring defines the formats, the roundings and NaN / Inf).
+
+    | argument       | values                                       | default                                   |
+    |----------------|----------------------------------------------|-------------------------------------------|
+    | scale_rounding | "floor" (OCP MX), "rceil" (mx formats)       | "floor"                                   |
+    | layout         | "rowmajor", "swizzle_32_4_4", "cdna4_16/32"  | "rowmajor": the scales as stored          |
+    | global_scale   | nvfp4: a number > 0 or a one-element tensor  | amax / (6 * 448), computed on the device  |
+    | data_layout    | "k_order", "mma_m16k16"                      | "k_order" (activations)                   |
+    | backend        | "kernel" (`kernels/quantize.py`), "reference" | "kernel" on CUDA, else "reference"       |
+
+    Nothing waits on the host: a tensor `global_scale` (a checkpoint's `input_scale`) is read by the kernel."""
+    from blockscaled.reference.quantize import check_quantize_args, quantize as reference_quantize
+
+    if backend is None:
+        backend = "kernel" if isinstance(x, torch.Tensor) and x.is_cuda else "reference"
+    if backend not in QUANTIZE_BACKENDS:
+        raise ValueError(f"backend: expected one of {QUANTIZE_BACKENDS} or None, got {backend!r}")
+    if backend == "reference":
+        return reference_quantize(x, fmt, scale_rounding=scale_rounding, layout=layout, global_scale=global_scale,
+                                  data_layout=data_layout)
+    fmt = check_quantize_args(x, fmt, scale_rounding, global_scale)
+    from blockscaled.kernels.quantize import quantize as kernel_quantize
+
+    data, scale, g = kernel_quantize(x, fmt, scale_rounding, layout, global_scale)
+    q = QTensor(data, scale, fmt, layout, g, (x.shape[0], x.shape[1]))
+    return q if data_layout == "k_order" else q.with_data_layout(data_layout)

@@ -143,6 +143,9 @@ def scaled_mm(
     out: torch.Tensor | None = None,
     config=None,
     backend: str | None = None,
+    activation_format: str | None = None,
+    scale_rounding: str = "floor",
+    activation_global_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """C[M, N] = global_a * global_b * dequant(a) @ dequant(b)^T (+ bias).
 
@@ -154,7 +157,19 @@ def scaled_mm(
     "dequant", "dot_scaled", "dot_scaled_cdna4") overrides the choice by device and layout.
     Calls may overlap (threads, streams, CUDA graphs): no call shares mutable memory with
     another that can run at the same time (`kernels/scratch.py`).
+
+    With `activation_format` ("nvfp4", "mxfp4", "mxfp8") `a` is the float activation (bf16, fp16 or fp32 [M, K]),
+    quantized on every call as `blockscaled.quantize(a, activation_format, scale_rounding=scale_rounding,
+    global_scale=activation_global_scale)` would (nvfp4: its global scale computed on the device unless given, a
+    checkpoint's `input_scale`): the same codes and scales, then the GEMM. On the mma kernels the quantize kernel
+    writes the quantized activation already decoded to bf16 (element x block scale, exact) for their
+    bf16-activation plan, the global scale applied in their epilogue: one launch before the GEMM.
     """
+    a_post = None
+    if activation_format is not None:
+        a, a_post = _quantized_activation(a, b, activation_format, scale_rounding, activation_global_scale, backend)
+    elif activation_global_scale is not None or scale_rounding != "floor":
+        raise ValueError("scale_rounding, activation_global_scale: they apply only with activation_format")
     pair, m, n, k = _check_args(a, b, out_dtype, bias)
     device = b.device
     if out is None:
@@ -179,7 +194,7 @@ def scaled_mm(
         if backend != "dequant" and pair in DEQUANT_ONLY_PAIRS:
             backend = "dequant"
     if backend == "mma":
-        return _mma_call(pair, a, b, m, n, k, out_dtype, bias, out, config)
+        return _mma_call(pair, a, b, m, n, k, out_dtype, bias, out, config, a_post)
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
     a_parts, b_parts = _parts(a, device), _parts(b, device)
@@ -247,7 +262,40 @@ def _warn_k_order_weights(device: torch.device) -> None:
                       stacklevel=3)
 
 
-def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
+def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale, backend: str | None):
+    """`scaled_mm`'s float activation `x` quantized to `fmt_name`: (bf16 rows of element x block scale, the global
+    scale [1]) where the mma kernels will run, else (the QTensor, None)."""
+    from blockscaled.formats import FORMATS
+    from blockscaled.reference.quantize import check_quantize_args
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"a: with activation_format, a is the float activation [M, K], got {type(x).__name__}")
+    if fmt_name not in FORMATS or not FORMATS[fmt_name].is_scaled:
+        raise ValueError(f"activation_format: expected one of 'nvfp4', 'mxfp4', 'mxfp8' or None, got {fmt_name!r}")
+    if not isinstance(b, QTensor):
+        raise TypeError(f"b: expected a QTensor (weights [N, K]), got {type(b).__name__}")
+    if (fmt_name, b.fmt.name) not in SUPPORTED_PAIRS:
+        pairs = ", ".join(f"{x} x {y}" for x, y in SUPPORTED_PAIRS if x != "bf16")
+        raise ValueError(f"activation_format: {fmt_name} activations on {b.fmt.name} weights are not supported; "
+                         f"supported pairs: {pairs}")
+    if x.dim() == 2 and x.shape[1] != b.shape[1]:
+        raise ValueError(f"b: K={b.shape[1]} does not match a's K={x.shape[1]}")
+    try:
+        fmt = check_quantize_args(x, fmt_name, scale_rounding, global_scale)
+    except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument
+        raise type(e)(str(e).replace("x:", "a:", 1)) from None
+    pair = SUPPORTED_PAIRS[fmt_name, b.fmt.name]
+    if (b.data_layout == "mma_m16k16" and backend in (None, "mma") and pair in MMA_PAIRS and x.is_cuda
+            and _ptx_decodes(x.device) and _capability(x.device) >= (8, 0)):
+        from .quantize import quantize_decoded
+
+        return quantize_decoded(x, fmt, scale_rounding, global_scale)
+    from blockscaled.weights import quantize
+
+    return quantize(x, fmt, scale_rounding=scale_rounding, global_scale=global_scale), None
+
+
+def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post=None):
     """The mma kernel on weights stored "mma_m16k16", padding included (`QTensor.stored_shape`): an activation whose K
     the weights pad gets zero columns, and where they pad N the kernel writes [M, stored N] and the first N columns
     are copied out (one more launch; only for N % 128 != 0 or K % 64 != 0)."""
@@ -255,18 +303,19 @@ def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
     if k_run != k:
         a = _pad_k(a, k_run)
     if n_run == n:
-        return _mma_launch(pair, a, b, m, n, k_run, out_dtype, bias, out, config)
+        return _mma_launch(pair, a, b, m, n, k_run, out_dtype, bias, out, config, a_post)
     bias = None if bias is None else torch.nn.functional.pad(bias, (0, n_run - n))
     full = torch.empty((m, n_run), dtype=out_dtype, device=out.device)
-    _mma_launch(pair, a, b, m, n_run, k_run, out_dtype, bias, full, config)
+    _mma_launch(pair, a, b, m, n_run, k_run, out_dtype, bias, full, config, a_post)
     return out.copy_(full[:, :n])
 
 
-def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config):
+def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post=None):
+    """`a_post`: a bf16 activation's post-scale ([1] fp32: a quantized activation's global scale), else 1."""
     options = mma_options_for(config, a, b, m, n)
     key = ("mma", pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, b.device, options)
     plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
-    return _mma_run(key, plan, a, b, bias, out)
+    return _mma_run(key, plan, a, b, bias, out, a_post)
 
 
 def _pad_k(a, k: int):
@@ -883,7 +932,7 @@ def mma_kernel(m: int):
     return mma_m64_kernel if m > MMA_WARP_M else mma_gemv_kernel
 
 
-def _mma_operands(plan: MmaPlan, a, b: QTensor, bias, out, work: scratch.Scratch | None) -> tuple:
+def _mma_operands(plan: MmaPlan, a, b: QTensor, bias, out, work: scratch.Scratch | None, a_post=None) -> tuple:
     """The mma kernels' tensor arguments as stored, in their order: the activation (data, scale codes, post-scale;
     bf16: itself, `out` and 1), the weights' words, factors and post-scale, bias (or `out`), `out`, workspace and
     tickets (this call's scratch, or `out`)."""
@@ -893,7 +942,7 @@ def _mma_operands(plan: MmaPlan, a, b: QTensor, bias, out, work: scratch.Scratch
         x, xs = (work.rows, out) if plan.predecode is not None else (a.data, a.kernel_scale)
         x_post = a.kernel_global_scale if a.global_scale is not None else _one(b.device)
     else:
-        x, xs, x_post = a, out, _one(b.device)
+        x, xs, x_post = a, out, _one(b.device) if a_post is None else a_post
     return x, xs, x_post, b.kernel_words, factors, post, bias if bias is not None else out, out, ws, tickets
 
 
@@ -911,7 +960,7 @@ def _work(key, plan: MmaPlan, device: torch.device) -> scratch.Scratch | None:
     return scratch.get(key, plan.workspace, device) if plan.workspace is not None else None
 
 
-def _mma_run(key, plan: MmaPlan, a, b: QTensor, bias, out):
+def _mma_run(key, plan: MmaPlan, a, b: QTensor, bias, out, a_post=None):
     """Launch one call of an mma plan. After the plan's first direct launch its `DirectLaunch` is bound to these
     operands' positions, and later calls launch with their addresses alone (`DirectLaunch.launch_addresses`): no
     views, no Helion host function. Workspace, tickets and predecoded rows are this call's (`scratch.get`: per
@@ -919,7 +968,7 @@ def _mma_run(key, plan: MmaPlan, a, b: QTensor, bias, out):
     work = _work(key, plan, out.device)
     if plan.predecode is not None:
         plan = _predecode_run(key, plan, a, work.rows)
-    operands = _mma_operands(plan, a, b, bias, out, work)
+    operands = _mma_operands(plan, a, b, bias, out, work, a_post)
     if _launch_bound(plan, operands):
         return out
     args = _mma_args(plan, operands, out)

@@ -5,7 +5,7 @@ bit for bit; the deliberate differences are listed in the README and pinned by t
 - RCEIL rounds the scale exponent up from the fp32 bit fields (exactly what the hardware
   `cvt.rp.satfinite.ue8m0x2.f32` does); torchao's eager fallback takes ceil(log2(.)) in
   fp32, which rounds some values just above a power of two down (|log2| > ~2^-24 ulp).
-- NaN elements encode as fp4 code 0; their block's scale is NaN (E8M0 255 / E4M3 0x7F),
+- NaN elements encode as fp4 code 0 / E4M3 0x7F (either sign bit); their block's scale is NaN (E8M0 255 / E4M3 0x7F),
   so the whole block dequantizes to NaN either way.
 - nvfp4 on an all-zero tensor takes global scale 1.0 (torchao divides 0 by 0 -> NaN).
 """
@@ -36,11 +36,18 @@ def _check_input(x: torch.Tensor, fmt: BlockFormat) -> None:
         raise ValueError(f"x: K={x.shape[1]} must be a multiple of the {fmt.name} block size {fmt.block_size}")
 
 
+def _e4m3_canonical_nan(x: torch.Tensor) -> torch.Tensor:
+    """float32 (|x| <= 448 or NaN) -> float8_e4m3fn, NaN as 0x7F whatever its sign bit (x86 makes inf / inf -NaN,
+    CUDA +NaN)."""
+    codes = torch.where(torch.isnan(x), 0x7F, x.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32))
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn)
+
+
 def _encode_elements(scaled: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """Scaled float32 values (already clamped) -> stored element data."""
     if fmt.element == "e2m1":
         return pack_fp4(encode_e2m1(scaled))
-    return scaled.to(fmt.storage_dtype)
+    return _e4m3_canonical_nan(scaled)
 
 
 def mx_scale_floor(amax: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
@@ -97,10 +104,34 @@ def _quantize_nvfp4(x: torch.Tensor, fmt: BlockFormat, global_scale):
     global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(())
     blocks = x.to(torch.float32).reshape(rows, k // fmt.block_size, fmt.block_size)
     block_scale = blocks.abs().amax(dim=-1) / fmt.elem_max
-    scale_fp8 = (block_scale / global_scale).clamp(E4M3_MIN_NORMAL, E4M3_MAX).to(torch.float8_e4m3fn)
+    scale_fp8 = _e4m3_canonical_nan((block_scale / global_scale).clamp(E4M3_MIN_NORMAL, E4M3_MAX))
     reciprocal = (1.0 / global_scale) / scale_fp8.to(torch.float32)
     scaled = (blocks * reciprocal.unsqueeze(-1)).clamp(-fmt.elem_max, fmt.elem_max)
     return _encode_elements(scaled.reshape(rows, k), fmt), scale_fp8, global_scale
+
+
+def check_quantize_args(x, fmt, scale_rounding: str, global_scale) -> BlockFormat:
+    """The format descriptor of `fmt`, once `x`, `scale_rounding` and `global_scale` are checked against it (a
+    tensor global scale is not read: that would wait on the device)."""
+    fmt = get_format(fmt)
+    if not fmt.is_scaled:
+        raise ValueError(f"fmt: {fmt.name!r} is not a block-scaled format")
+    _check_input(x, fmt)
+    if scale_rounding not in SCALE_ROUNDINGS:
+        raise ValueError(f"scale_rounding: expected one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
+    if global_scale is None:
+        return fmt
+    if not fmt.global_scale:
+        raise ValueError(f"global_scale: {fmt.name} has no global scale")
+    if isinstance(global_scale, torch.Tensor):
+        if global_scale.numel() != 1 or not global_scale.is_floating_point():
+            raise ValueError(f"global_scale: expected one float value, got a {global_scale.dtype} tensor of shape "
+                             f"{tuple(global_scale.shape)}")
+        if global_scale.device != x.device and global_scale.device.type != "cpu":
+            raise ValueError(f"global_scale: on {global_scale.device}, x on {x.device}; expected one device")
+    elif not isinstance(global_scale, (int, float)) or not 0 < global_scale < float("inf"):
+        raise ValueError(f"global_scale: expected a finite number > 0 or a one-element tensor, got {global_scale!r}")
+    return fmt
 
 
 def quantize(
@@ -118,22 +149,15 @@ def quantize(
     2^(floor(log2 amax) - emax)) or "rceil" (2^ceil(log2(amax / elem_max)), no
     saturation of the largest element). nvfp4: two-level, E4M3 block scales per 16 over
     an fp32 `global_scale` (default amax / (6 * 448)); `scale_rounding` does not apply.
-    `layout` is the scale layout; `data_layout` the fp4 element order ("block_pairs" for
-    weights that the small-M decode kernel reads).
+    `layout` is the scale layout; `data_layout` the element order ("mma_m16k16" for the mma
+    kernels' weights).
     """
     from blockscaled.qtensor import QTensor
 
-    fmt = get_format(fmt)
-    if not fmt.is_scaled:
-        raise ValueError(f"fmt: {fmt.name!r} is not a block-scaled format")
-    _check_input(x, fmt)
-    if scale_rounding not in SCALE_ROUNDINGS:
-        raise ValueError(f"scale_rounding: expected one of {SCALE_ROUNDINGS}, got {scale_rounding!r}")
+    fmt = check_quantize_args(x, fmt, scale_rounding, global_scale)
     if fmt.global_scale:
         data, scale, g = _quantize_nvfp4(x, fmt, global_scale)
     else:
-        if global_scale is not None:
-            raise ValueError(f"global_scale: {fmt.name} has no global scale")
         data, scale, g = _quantize_mx(x, fmt, scale_rounding)
     q = QTensor(data, to_layout(scale, layout), fmt, layout, g, (x.shape[0], x.shape[1]))
     return q.with_data_layout(data_layout)

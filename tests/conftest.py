@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 # kernels for sm_90 with ptxas (test_bench.py: ~10 minutes on 2 cores), run whole scripts or sweep every byte through
 # the interpreter (20-30 s each). CI runs them all.
 NOT_QUICK_FILES = {"test_bench.py", "test_examples.py"}
-NOT_QUICK_TESTS = {"test_every_byte_and_scale_cpu", "test_k_slices_options", "test_split_fills_the_last_wave"}
+NOT_QUICK_TESTS = {"test_every_byte_and_scale_cpu", "test_kernel_codes_equal_the_reference_cpu", "test_k_slices_options", "test_split_fills_the_last_wave"}
 
 
 def pytest_collection_modifyitems(config, items):

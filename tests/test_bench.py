@@ -148,7 +148,8 @@ def test_plot_from_csv_draws_one_commits_rows(tmp_path, monkeypatch):
 
 def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path):
     """DESIGN.md section 5: this project's rows read provider "blockscaled" whatever layout its weights take; the
-    layout they had goes to `weights_layout` (the device's default for `blockscaled`; empty for baselines)."""
+    layout they had goes to `weights_layout` (the device's default for `blockscaled`; empty for baselines); the rows
+    with the activation quantized in the call (issue #60) read "blockscaled_dynamic"."""
     assert set(cli.OURS_LAYOUT) == {p for p in cli.PROVIDERS if p.startswith("blockscaled")}
     rows = [dict.fromkeys(cli.COLUMNS, "1") | dict(timing="cudagraph", plain_ms="1") | cli.csv_provider(p)
             for p in cli.PROVIDERS]
@@ -159,8 +160,10 @@ def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path
         got = list(cli.csv.DictReader(f))
     assert "\r" not in raw and raw.splitlines()[0] == ",".join(cli.COLUMNS + cli.EXTRA_COLUMNS)
     assert [(r["provider"], r["weights_layout"]) for r in got] == [
-        ("blockscaled", "k_order"), ("blockscaled", "k_order"), *[(p, "") for p in cli.PROVIDERS[2:]]]
-    assert [cli.provider_label(r) for r in got[:3]] == ["blockscaled[k_order]", "blockscaled[k_order]", "cublas_bf16"]
+        ("blockscaled", "k_order"), ("blockscaled", "k_order"), ("blockscaled_dynamic", "k_order"),
+        *[(p, "") for p in cli.PROVIDERS[3:]]]
+    assert [cli.provider_label(r) for r in got[:4]] == ["blockscaled[k_order]", "blockscaled[k_order]",
+                                                        "blockscaled_dynamic[k_order]", "cublas_bf16"]
     old = tmp_path / "old" / "h100.csv"
     old.parent.mkdir()
     old.write_text(",".join(cli.COLUMNS + ["timing", "plain_ms"]) + "\n")

@@ -1,0 +1,73 @@
+"""`python -m bench.quantize`: the quantize kernels against a device-to-device copy, and the time they add to a GEMM.
+
+1. Quantize (`blockscaled.quantize` on the GPU, `kernels/quantize.py`) of a bf16 [rows, K] tensor per format:
+   bytes read + written over the time, as a fraction of a device-to-device copy of the input measured in the same
+   process (`frac_of_copy_bw`). nvfp4 twice: with a static global scale (a checkpoint's `input_scale`) and with
+   the global scale computed on the device (one more pass over the input).
+2. (`python -m bench --providers cublas_bf16 blockscaled blockscaled_dynamic` times the GEMM with it.)
+
+Rows go to bench/results/<gpu>_quantize.csv: DESIGN.md section 5's columns with pair `quantize_<format>` and
+the extra column frac_of_copy_bw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import torch
+
+import blockscaled as bs
+
+from .__main__ import COLUMNS, RESULTS, git_commit, result_name, time_ms
+
+FIELDS = COLUMNS + ["frac_of_copy_bw"]
+CASES = (("nvfp4", "floor", True), ("nvfp4", "floor", False), ("mxfp4", "floor", False), ("mxfp4", "rceil", False),
+         ("mxfp8", "floor", False), ("mxfp8", "rceil", False))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
+    p.add_argument("--no-record", action="store_true")
+    args = p.parse_args(argv)
+    gpu = torch.cuda.get_device_name()
+    stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, out_dtype="", provider="blockscaled",
+                 tflops="", speedup_vs_bf16="", max_rel_err="")
+    rows = []
+    for shape in args.shapes:
+        m, k = (int(v) for v in shape.split("x"))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        copy_dst = torch.empty_like(x)
+        copy_ms = time_ms(lambda: copy_dst.copy_(x), False)
+        copy_bw = 2 * x.numel() * 2 / copy_ms / 1e6
+        print(f"{shape}: device-to-device copy {copy_ms * 1e3:.1f} us, {copy_bw:.0f} GB/s (read + write)")
+        for fmt, rounding, static in CASES:
+            g = {"global_scale": bs.quantize(x, fmt).global_scale} if static else {}
+            ref = bs.quantize(x.cpu(), fmt, scale_rounding=rounding, backend="reference", **g) if m * k <= 2**26 else None
+            q = bs.quantize(x, fmt, scale_rounding=rounding, **g)
+            if ref is not None and not (torch.equal(q.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
+                                        and torch.equal(q.scale.view(torch.uint8).cpu(), ref.scale.view(torch.uint8))):
+                raise SystemExit(f"{fmt} {rounding}: the kernel's codes differ from the reference's")
+            ms = time_ms(lambda: bs.quantize(x, fmt, scale_rounding=rounding, **g), False)
+            nbytes = x.numel() * 2 + q.data.numel() * q.data.element_size() + q.scale.numel()
+            gbps = nbytes / ms / 1e6
+            label = f"{fmt} {rounding}" + (" static global scale" if static else " device global scale" if fmt == "nvfp4" else "")
+            print(f"  {label:34s} {ms * 1e3:8.1f} us {gbps:7.0f} GB/s  {gbps / copy_bw:.2f} of copy"
+                  + ("  (codes = reference)" if ref is not None else ""))
+            rows.append(dict(stamp, pair=f"quantize_{fmt}", M=m, N="", K=k,
+                             median_ms=f"{ms:.5f}", gbps=f"{gbps:.1f}", frac_of_copy_bw=f"{gbps / copy_bw:.3f}",
+                             provider=f"blockscaled_{rounding}" + ("_static_gs" if static else "")))
+    if not args.no_record:
+        path = RESULTS / f"{result_name(gpu)}_quantize.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n", extrasaction="ignore")
+            if new:
+                wr.writeheader()
+            wr.writerows(rows)
+        print(f"appended {len(rows)} rows to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""Quantization on the GPU: nvfp4, mxfp4 and mxfp8 in one Helion kernel, bit-exact with `reference.quantize`.
+
+| operand        | shape                          | dtype                        | notes                                    |
+|----------------|--------------------------------|------------------------------|------------------------------------------|
+| x              | [rows, K]                      | bf16, fp16, fp32             | read as [rows, K / block, block]         |
+| data (out)     | [rows, K / 2] / [rows, K]      | uint8 (E2M1 pairs) / E4M3    | k_order: even K in the low nibble        |
+| scale (out)    | the layout's stored shape      | E8M0 (mx) / E4M3 (nvfp4)     | written in place through `scale_offset`  |
+| global_scale   | [1]                            | fp32 (nvfp4)                 | read on the device: no host sync         |
+
+Every rounding is the reference's, done in integer arithmetic where a float cast could differ between the
+GPU and the Triton interpreter: the E8M0 exponent from the fp32 bit fields, fp32 -> E4M3 round-to-nearest-even
+from the bits (subnormals included), E2M1 by midpoint comparisons, and nvfp4's three divisions as IEEE
+`div_rn` (Triton's `/` on fp32 is `div.full.f32`, 2 ulp). NaN: a block with a NaN gets the NaN scale code
+(E8M0 255, E4M3 0x7F) and its elements encode as +0 (fp4) or 0x7F (fp8), whatever the NaN's sign bit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import helion
+import helion.language as hl
+
+from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
+from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_shape
+
+from .configs import KERNEL_SETTINGS
+from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
+
+# Formats by code (the kernel's FMT constexpr)
+NVFP4, MXFP4, MXFP8 = 0, 1, 2
+FORMAT_CODES = {"nvfp4": NVFP4, "mxfp4": MXFP4, "mxfp8": MXFP8}
+# 8 rows x 512 elements a program: a 2-8 KB read, whole 128-byte lines per row (H200 timing: bench/quantize.py)
+QUANTIZE_ROWS = 8
+QUANTIZE_K = 512
+
+
+def _div_rn(a, b):
+    """IEEE fp32 division rounded to nearest even, as torch divides on CPU and GPU."""
+    return hl.inline_triton("tl.math.div_rn({0}, {1})", args=(a, b), output_like=a)
+
+
+def _f32(bits):
+    return bits.view(torch.float32)
+
+
+def _e8m0_scale(amax, FMT: int, RCEIL: bool):
+    """(E8M0 code, the multiplier its elements are scaled by) per block from amax >= 0 (NaN: code 255).
+    floor: 2^(floor(log2 amax) - emax), the multiplier 1 / max(scale, 2^-126) (0 where the scale is Inf);
+    rceil: 2^ceil(log2(amax / elem_max)), the multiplier as the reference's (1 at code 0, NaN at 255)."""
+    emax = 2 if FMT == MXFP4 else 8
+    nan = amax != amax
+    if RCEIL:
+        descale = _div_rn(amax, torch.full_like(amax, 6.0 if FMT == MXFP4 else 448.0))
+        bits = descale.view(torch.int32)
+        exp_field = (bits >> 23) & 0xFF
+        mantissa = bits & 0x7FFFFF
+        subnormal = (mantissa > 0x400000).to(torch.int32) - 127  # d < 2^-126: -126 above 2^-127, else <= -127
+        ceil_log2 = torch.where(exp_field == 0, subnormal, exp_field - 127 + (mantissa != 0).to(torch.int32))
+        code = torch.clamp(ceil_log2, -127, 127) + 127
+        code = torch.where(exp_field == 255, 254, code)  # Inf (NaN below)
+        multiplier = _f32(torch.where(code == 254, 0x400000, (254 - code) << 23))
+        multiplier = torch.where(code == 0, 1.0, multiplier)
+        code = torch.where(nan, 255, code)
+        multiplier = torch.where(nan, float("nan"), multiplier)
+    else:
+        unbiased = ((amax.view(torch.int32) >> 23) & 0xFF) - 127 - emax
+        code = torch.where(nan, 255, torch.clamp(unbiased, -127, 128) + 127)
+        # 1 / 2^(code - 127) for code 1 .. 253 (code <= 253 - emax here but for NaN), 2^126 at code 0
+        multiplier = _f32(torch.where(code == 0, 253 << 23, (254 - code) << 23))
+        multiplier = torch.where(nan, 0.0, multiplier)  # v / Inf: finite -> 0, NaN and Inf -> NaN
+    return code, multiplier
+
+
+def _e4m3_bits(y):
+    """fp32 -> E4M3 byte (int32), round to nearest even, for |y| <= 448 or NaN (-> 0x7F, sign dropped).
+
+    Normal (|y| >= 2^-6): rebias the exponent (127 -> 7) and round the 23-bit mantissa to 3 at bit 20.
+    Subnormal: the significand 1.m shifted to units of 2^-9, rounded half to even; 8 carries into 0x08."""
+    bits = y.view(torch.int32)
+    sign = (bits >> 24) & 0x80
+    a = bits & 0x7FFFFFFF
+    normal = (a + 0x7FFFF + ((a >> 20) & 1) - (120 << 23)) >> 20
+    e = a >> 23
+    significand = torch.where(e > 0, (a & 0x7FFFFF) | 0x800000, 0)
+    shift = torch.clamp(141 - e, 21, 25)  # e <= 120 here; from 25 on every significand rounds to 0
+    q = significand >> shift
+    rem = significand - (q << shift)
+    half = 1 << (shift - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(torch.int32)
+    code = torch.where(a >= 0x3C800000, normal, q) | sign
+    return torch.where(a > 0x7F800000, 0x7F, code)
+
+
+def _e2m1_codes(y):
+    """fp32 -> E2M1 code (int32), nearest, ties to even, saturating at 6; -0 keeps its sign, NaN -> 0."""
+    mag = torch.abs(y)
+    code = ((mag > 0.25).to(torch.int32) + (mag >= 0.75).to(torch.int32) + (mag > 1.25).to(torch.int32)
+            + (mag >= 1.75).to(torch.int32) + (mag > 2.5).to(torch.int32) + (mag >= 3.5).to(torch.int32)
+            + (mag > 5.0).to(torch.int32))
+    sign = (y.view(torch.int32) >> 28) & 0x8
+    return code | torch.where(y != y, 0, sign)
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def quantize_kernel(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    decoded: torch.Tensor,
+    FMT: hl.constexpr,
+    RCEIL: hl.constexpr,
+    LAYOUT: hl.constexpr,
+    DECODED: hl.constexpr,
+    BF16_BITS: hl.constexpr,
+) -> torch.Tensor:
+    """x [rows, K / BLOCK, BLOCK] -> data [rows, K / BLOCK, BLOCK (/ 2 packed)] and the flat scale buffer, or with
+    DECODED, bf16 `decoded` [rows, K / BLOCK, BLOCK] = element x block scale (exact in bf16; the nvfp4 global scale
+    not applied), what `dequantize.dequantize_kernel` makes of that data and scale."""
+    rows, groups, block = x.size(0), x.size(1), x.size(2)
+    for tile_r, g in hl.tile([rows, groups]):
+        if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
+            v = (x[tile_r, g, :].to(torch.int32) << 16).view(torch.float32)
+        else:
+            v = x[tile_r, g, :].to(torch.float32)
+        amax = torch.amax(torch.abs(v), dim=-1)
+        # Triton's max drops NaN; the reference's amax keeps it
+        nan = torch.amax((v != v).to(torch.int32), dim=-1) > 0
+        amax = torch.where(nan, float("nan"), amax)
+        if FMT == NVFP4:
+            gs = global_scale[0]
+            s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), torch.full_like(amax, 1.0) * gs)
+            s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
+            code = _e4m3_bits(s)
+            s_value = _f32(((code & 0x7F) << 20) + (120 << 23))  # the code's value (normal: s >= 2^-6)
+            inv_g = _div_rn(torch.full_like(amax, 1.0), torch.full_like(amax, 1.0) * gs)
+            multiplier = torch.where(code == 0x7F, float("nan"), _div_rn(inv_g, s_value))
+        else:
+            code, multiplier = _e8m0_scale(amax, FMT, RCEIL)
+        scaled = v * multiplier[:, :, None]
+        if DECODED:
+            if FMT == NVFP4:
+                scale_value = e4m3_to_float32(code)
+            else:
+                scale_value = e8m0_to_float32(code)
+            if FMT == MXFP8:
+                clamped = torch.where(scaled != scaled, scaled, torch.clamp(scaled, -448.0, 448.0))
+                values = e4m3_to_float32(_e4m3_bits(clamped))
+            else:
+                values = e2m1_to_float32(_e2m1_codes(scaled))
+            decoded[tile_r, g, :] = (values * scale_value[:, :, None]).to(torch.bfloat16)
+        elif FMT == MXFP8:
+            clamped = torch.where(scaled != scaled, scaled, torch.clamp(scaled, -448.0, 448.0))
+            data[tile_r, g, :] = _e4m3_bits(clamped).to(torch.uint8)
+        else:
+            codes = _e2m1_codes(scaled).reshape(tile_r.block_size, g.block_size, block // 2, 2)
+            low, high = hl.split(codes)
+            data[tile_r, g, :] = (low | (high << 4)).to(torch.uint8)
+        if not DECODED:
+            r = tile_r.index[:, None]
+            c = g.index[None, :]
+            off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, groups)
+            hl.store(scale, [off], code.to(torch.uint8), extra_mask=(r < rows) & (c < groups))
+    return data
+
+
+def global_scale_of(x: torch.Tensor) -> torch.Tensor:
+    """nvfp4's per-tensor scale amax / (6 * 448) as a [1] fp32 tensor on x's device (1.0 where x is all zeros), with
+    no host sync: one max-abs reduction (the reference's `nvfp4_global_scale`, without its fp32 copy of x)."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
+    return torch.where(amax == 0, 1.0, amax / (6.0 * 448.0))
+
+
+def quantize_config(fmt: BlockFormat) -> helion.Config:
+    """QUANTIZE_ROWS rows x QUANTIZE_K elements a program."""
+    return helion.Config(block_sizes=[QUANTIZE_ROWS, QUANTIZE_K // fmt.block_size], num_warps=4, num_stages=1)
+
+
+_LAUNCHES: dict[tuple, object] = {}
+
+
+def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> torch.Tensor:
+    """The kernel's [1] fp32 global scale: given (a number, or a tensor: not read here), computed on the device, or
+    1 (mx formats: unused)."""
+    if not fmt.global_scale:
+        return _one(x.device)
+    if global_scale is None:
+        return global_scale_of(x)
+    return torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
+
+
+def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
+    """x [rows, K] as the kernel reads it: [rows, K / block, block], bf16 as int16 bits."""
+    x = x.contiguous().view(x.shape[0], -1, fmt.block_size)
+    return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+
+
+def _launch(args: tuple, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        from .api import _compile
+
+        launch = _LAUNCHES[key] = _compile(quantize_kernel, args, quantize_config(fmt), device)
+    launch(*args)
+
+
+def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str, global_scale):
+    """(data, scale, global scale) of `x` [rows, K] (checked by the caller) from `quantize_kernel`, as
+    `reference.quantize` makes them: data in k_order, scales stored in `layout` (zero padding included)."""
+    rows, k = x.shape
+    cols = k // fmt.block_size
+    g = _global_scale(x, fmt, global_scale)
+    data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
+    padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
+    scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
+                                                    device=x.device)
+    args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g, g,
+            FORMAT_CODES[fmt.name], scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False), x.device)
+    return data, scale, g.reshape(()) if fmt.global_scale else None
+
+
+def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, global_scale):
+    """(bf16 [rows, K] of element x block scale, the global scale [1]) of `x` quantized as `quantize` does, in one
+    launch: what the mma kernels' bf16-activation plans read (`scaled_mm(..., activation_format=...)`)."""
+    rows, k = x.shape
+    cols = k // fmt.block_size
+    g = _global_scale(x, fmt, global_scale)
+    decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
+    args = (_blocks(x, fmt), g, g, g, decoded.view(rows, cols, fmt.block_size), FORMAT_CODES[fmt.name],
+            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True), x.device)
+    return decoded, g
+
+
+@functools.lru_cache(maxsize=None)
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones(1, dtype=torch.float32, device=device)

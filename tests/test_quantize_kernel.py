@@ -1,0 +1,184 @@
+"""The quantize kernel (`kernels/quantize.py`) bit for bit against the reference quantizer, and `scaled_mm` with
+`activation_format` against quantize-then-GEMM. CPU: the Triton interpreter; GPU: the same checks at size."""
+
+import pytest
+import torch
+
+import blockscaled as bs
+from blockscaled.kernels.quantize import quantize_decoded
+from blockscaled.reference import dequantize, max_rel_err, scaled_mm as ref_scaled_mm
+
+CASES = [("nvfp4", "floor"), ("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp8", "floor"), ("mxfp8", "rceil")]
+cuda = pytest.mark.gpu
+
+
+def _hostile(rows: int, k: int, gen, device="cpu") -> torch.Tensor:
+    """Random magnitudes over 2^-40 .. 2^40 per element, then rows of hostile blocks: zeros, NaN, +-Inf, -0, fp32
+    subnormals, values past every format's range, exact E2M1 / E4M3 midpoints (the ties), huge and tiny."""
+    x = torch.randn(rows, k, generator=gen) * torch.exp2(torch.randint(-40, 40, (rows, k), generator=gen).float())
+    hostile = [torch.zeros(k), torch.full((k,), -0.0), torch.randn(k, generator=gen) * 1e-40,
+               torch.randn(k, generator=gen) * 1e30, torch.randn(k, generator=gen) * 1e6]
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * (k // 8))  # midpoints once scaled by 1
+    hostile.append(ties * torch.where(torch.arange(k) % 3 == 0, -1.0, 1.0))
+    hostile.append(torch.tensor([1.0 + 2.0**-4 + 2.0**-5 * (i % 2) for i in range(k)]) * 2.0**-8)  # E4M3 ties
+    for i, row in enumerate(hostile[: rows]):
+        x[i] = row
+    if rows > 10:
+        x[8, 3], x[9, 1], x[10, 2] = float("nan"), float("inf"), -float("inf")
+    return x.to(device)
+
+
+def _assert_same_codes(q, r):
+    assert torch.equal(q.data.view(torch.uint8).cpu(), r.data.view(torch.uint8).cpu()), "element codes differ"
+    assert torch.equal(q.scale.view(torch.uint8).cpu(), r.scale.view(torch.uint8).cpu()), "scale codes differ"
+    if r.global_scale is not None:  # NaN where the input has one
+        torch.testing.assert_close(q.global_scale.cpu().reshape(()), r.global_scale.cpu().reshape(()), rtol=0, atol=0,
+                                   equal_nan=True)
+
+
+@pytest.mark.parametrize("fmt,rounding,layout,gs", [
+    ("nvfp4", "floor", "swizzle_32_4_4", None), ("nvfp4", "floor", "cdna4_32", 0.02), ("mxfp4", "floor", "rowmajor", None),
+    ("mxfp4", "rceil", "swizzle_32_4_4", None), ("mxfp8", "floor", "cdna4_16", None), ("mxfp8", "rceil", "rowmajor", None)])
+def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen):
+    """19 rows (not a whole tile, not a whole swizzle group), fp32, bf16 and fp16 in: every code and scale byte the
+    reference's. (Every layout with every format on the GPU.)"""
+    x = _hostile(19, 128, gen)
+    if fmt == "nvfp4" and gs is None:
+        x[8, 3] = 1.0  # a NaN anywhere makes nvfp4's global scale NaN: every code 0 (tested on GPU)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        xd = x.to(dtype)
+        q = bs.quantize(xd, fmt, scale_rounding=rounding, layout=layout, global_scale=gs, backend="kernel")
+        r = bs.quantize(xd, fmt, scale_rounding=rounding, layout=layout, global_scale=gs, backend="reference")
+        _assert_same_codes(q, r)
+
+
+@pytest.mark.parametrize("fmt,rounding", CASES)
+def test_decoded_rows_are_the_dequantized_codes_cpu(fmt, rounding, gen):
+    """`quantize_decoded` (the fused pre-pass of `activation_format`) = dequantize(reference quantize) / global scale,
+    in bf16, value for value (+-0 compare equal: the kernel's negation is 0 - x)."""
+    x = _hostile(13, 64, gen).to(torch.float16)
+    gs = 0.05 if fmt == "nvfp4" else None
+    r = bs.quantize(x, fmt, scale_rounding=rounding, global_scale=gs, backend="reference")
+    want = dequantize(r, torch.float64)
+    if r.global_scale is not None:
+        want = want / r.global_scale.double()
+    want = want.to(torch.bfloat16)
+    rows, g = quantize_decoded(x, bs.get_format(fmt), rounding, gs)
+    assert torch.equal(rows.isnan(), want.isnan())
+    assert torch.equal(rows.nan_to_num(), want.nan_to_num())
+    assert float(g) == float(torch.tensor(gs or 1.0, dtype=torch.float32))
+
+
+def test_quantize_errors_name_the_argument():
+    x = torch.randn(4, 64)
+    cases = [(dict(global_scale=0.0), "global_scale"), (dict(global_scale=float("inf")), "global_scale"),
+             (dict(global_scale=torch.ones(2)), "global_scale"), (dict(layout="columns"), "layout"),
+             (dict(scale_rounding="up"), "scale_rounding")]
+    for kwargs, name in cases:
+        with pytest.raises(ValueError, match=name):
+            bs.quantize(x, "nvfp4", backend="kernel", **kwargs)
+    with pytest.raises(ValueError, match="backend"):
+        bs.quantize(x, "nvfp4", backend="fast")
+    with pytest.raises(ValueError, match="global_scale"):
+        bs.quantize(x, "mxfp4", global_scale=1.0, backend="kernel")
+    with pytest.raises(TypeError, match="x:"):
+        bs.quantize(x.to(torch.int32), "mxfp4", backend="kernel")
+
+
+def test_scaled_mm_activation_format_errors():
+    w = bs.quantize(torch.randn(32, 64), "mxfp4")
+    with pytest.raises(ValueError, match="activation_format"):
+        bs.scaled_mm(torch.randn(2, 64), w, activation_format="int8")
+    with pytest.raises(ValueError, match="activation_format: nvfp4 activations on mxfp4"):
+        bs.scaled_mm(torch.randn(2, 64), w, activation_format="nvfp4")
+    with pytest.raises(TypeError, match="a:"):
+        bs.scaled_mm(bs.quantize(torch.randn(2, 64), "mxfp4"), w, activation_format="mxfp4")
+    with pytest.raises(ValueError, match="b: K=64"):
+        bs.scaled_mm(torch.randn(2, 96), w, activation_format="mxfp4")
+    with pytest.raises(TypeError, match="a: expected float32"):
+        bs.scaled_mm(torch.randn(2, 64).to(torch.int32), w, activation_format="mxfp4")
+    with pytest.raises(ValueError, match="activation_global_scale"):
+        bs.scaled_mm(torch.randn(2, 64).bfloat16(), w, activation_global_scale=1.0)
+
+
+def test_scaled_mm_activation_format_cpu(gen):
+    """On the CPU the activation is quantized (reference) then multiplied: the fp64 reference of those operands."""
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    w = bs.quantize(torch.randn(48, 64, generator=gen), "mxfp4")
+    y = bs.scaled_mm(x, w, activation_format="mxfp8", scale_rounding="rceil", out_dtype=torch.float32)
+    a = bs.quantize(x, "mxfp8", scale_rounding="rceil")
+    assert max_rel_err(y, ref_scaled_mm(a, w)) < 1e-5
+
+
+# ---- GPU ----
+
+@cuda
+@pytest.mark.parametrize("fmt,rounding", CASES)
+@pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_32"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen):
+    """At size, odd rows, NaN included (nvfp4 too: its device global scale turns NaN, as the reference's)."""
+    x = _hostile(1000, 4096, gen).to(dtype)
+    q = bs.quantize(x.cuda(), fmt, scale_rounding=rounding, layout=layout)
+    r = bs.quantize(x, fmt, scale_rounding=rounding, layout=layout)  # the reference, on the CPU
+    _assert_same_codes(q, r)
+
+
+@cuda
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_decoded_rows_gpu(fmt, gen):
+    x = _hostile(77, 2048, gen).to(torch.bfloat16)
+    r = bs.quantize(x, fmt, global_scale=0.01 if fmt == "nvfp4" else None)
+    want = dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0)
+    rows, _ = quantize_decoded(x.cuda(), bs.get_format(fmt), "floor", 0.01 if fmt == "nvfp4" else None)
+    want = want.to(torch.bfloat16)
+    assert torch.equal(rows.cpu().isnan(), want.isnan())
+    assert torch.equal(rows.cpu().nan_to_num(), want.nan_to_num())
+
+
+DYNAMIC_PAIRS = [("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("mxfp8", "mxfp8")]
+
+
+@cuda
+@pytest.mark.parametrize("fa,fb", DYNAMIC_PAIRS)
+@pytest.mark.parametrize("m", [1, 16, 64, 300])
+def test_scaled_mm_activation_format_gpu(fa, fb, m, gen):
+    """The fused path (quantize kernel writing decoded rows, the bf16-activation plan) against quantize-then-GEMM:
+    the fp64 reference of the same codes, and where both run the same plan (predecode: fp4 / fp8 activations on fp4
+    weights above M = 16) bit for bit."""
+    n, k = 384, 1024
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    w = bs.quantize_weight(torch.randn(n, k, generator=gen).cuda(), fb)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = bs.scaled_mm(x, w, activation_format=fa, out=out)
+    a = bs.quantize(x, fa)
+    y_two = bs.scaled_mm(a, w)
+    assert max_rel_err(y, ref_scaled_mm(a, w)) < 8e-3
+    assert max_rel_err(y, y_two) < 8e-3
+    if m > 16 and fb != "mxfp8":
+        assert torch.equal(y, y_two)
+
+
+@cuda
+def test_scaled_mm_activation_format_graph_and_static_scale(gen):
+    """nvfp4 x nvfp4 with the global scale computed on the device, and with a static one (a tensor, not read on the
+    host), captured in a CUDA graph and replayed on new inputs."""
+    x = torch.randn(16, 2048, generator=gen).to(torch.bfloat16).cuda()
+    w = bs.quantize_weight(torch.randn(512, 2048, generator=gen).cuda(), "nvfp4")
+    static = torch.tensor([0.004], device="cuda")
+    outs = [torch.empty(16, 512, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for i, gs in enumerate((None, static)):  # warm up (compile) outside the capture
+        bs.scaled_mm(x, w, activation_format="nvfp4", activation_global_scale=gs, out=outs[i])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i, gs in enumerate((None, static)):
+            bs.scaled_mm(x, w, activation_format="nvfp4", activation_global_scale=gs, out=outs[i])
+    x.copy_(torch.randn(16, 2048, generator=gen).to(torch.bfloat16).cuda())
+    for o in outs:
+        o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for o, gs in zip(outs, (None, static)):
+        a = bs.quantize(x, "nvfp4", global_scale=gs)
+        assert max_rel_err(o, ref_scaled_mm(a, w)) < 8e-3
