@@ -29,9 +29,6 @@ from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_s
 from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 
-# Formats by code (the kernel's FMT constexpr)
-NVFP4, MXFP4, MXFP8 = 0, 1, 2
-FORMAT_CODES = {"nvfp4": NVFP4, "mxfp4": MXFP4, "mxfp8": MXFP8}
 # 8 rows x 512 elements a program: a 2-8 KB read, whole 128-byte lines per row (H200 timing: bench/quantize.py)
 QUANTIZE_ROWS = 8
 QUANTIZE_K = 512
@@ -46,14 +43,19 @@ def _f32(bits):
     return bits.view(torch.float32)
 
 
-def _e8m0_scale(amax, FMT: int, RCEIL: bool):
+def _e8m0_scale(amax, FP8: bool, RCEIL: bool):
     """(E8M0 code, the multiplier its elements are scaled by) per block from amax >= 0 (NaN: code 255).
     floor: 2^(floor(log2 amax) - emax), the multiplier 1 / max(scale, 2^-126) (0 where the scale is Inf);
     rceil: 2^ceil(log2(amax / elem_max)), the multiplier as the reference's (1 at code 0, NaN at 255)."""
-    emax = 2 if FMT == MXFP4 else 8
+    if FP8:  # E4M3: emax 8, largest 448
+        emax = 8
+        elem_max = 448.0
+    else:  # E2M1: emax 2, largest 6
+        emax = 2
+        elem_max = 6.0
     nan = amax != amax
     if RCEIL:
-        descale = _div_rn(amax, torch.full_like(amax, 6.0 if FMT == MXFP4 else 448.0))
+        descale = _div_rn(amax, torch.full_like(amax, elem_max))
         bits = descale.view(torch.int32)
         exp_field = (bits >> 23) & 0xFF
         mantissa = bits & 0x7FFFFF
@@ -111,7 +113,8 @@ def quantize_kernel(
     scale: torch.Tensor,
     global_scale: torch.Tensor,
     decoded: torch.Tensor,
-    FMT: hl.constexpr,
+    NV: hl.constexpr,
+    FP8: hl.constexpr,
     RCEIL: hl.constexpr,
     LAYOUT: hl.constexpr,
     DECODED: hl.constexpr,
@@ -130,7 +133,7 @@ def quantize_kernel(
         # Triton's max drops NaN; the reference's amax keeps it
         nan = torch.amax((v != v).to(torch.int32), dim=-1) > 0
         amax = torch.where(nan, float("nan"), amax)
-        if FMT == NVFP4:
+        if NV:
             gs = global_scale[0]
             s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), torch.full_like(amax, 1.0) * gs)
             s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
@@ -139,20 +142,20 @@ def quantize_kernel(
             inv_g = _div_rn(torch.full_like(amax, 1.0), torch.full_like(amax, 1.0) * gs)
             multiplier = torch.where(code == 0x7F, float("nan"), _div_rn(inv_g, s_value))
         else:
-            code, multiplier = _e8m0_scale(amax, FMT, RCEIL)
+            code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
         scaled = v * multiplier[:, :, None]
         if DECODED:
-            if FMT == NVFP4:
+            if NV:
                 scale_value = e4m3_to_float32(code)
             else:
                 scale_value = e8m0_to_float32(code)
-            if FMT == MXFP8:
+            if FP8:
                 clamped = torch.where(scaled != scaled, scaled, torch.clamp(scaled, -448.0, 448.0))
                 values = e4m3_to_float32(_e4m3_bits(clamped))
             else:
                 values = e2m1_to_float32(_e2m1_codes(scaled))
             decoded[tile_r, g, :] = (values * scale_value[:, :, None]).to(torch.bfloat16)
-        elif FMT == MXFP8:
+        elif FP8:
             clamped = torch.where(scaled != scaled, scaled, torch.clamp(scaled, -448.0, 448.0))
             data[tile_r, g, :] = _e4m3_bits(clamped).to(torch.uint8)
         else:
@@ -192,6 +195,12 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> torch.Tens
     return torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
 
 
+def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
+    """The kernel's NV (nvfp4: E4M3 scales over a global scale) and FP8 (E4M3 elements) constexprs; neither: mxfp4.
+    (Booleans: Helion passes module-level constants compared in the kernel as arguments, so both branches compile.)"""
+    return fmt.global_scale, fmt.element == "e4m3"
+
+
 def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     """x [rows, K] as the kernel reads it: [rows, K / block, block], bf16 as int16 bits."""
     x = x.contiguous().view(x.shape[0], -1, fmt.block_size)
@@ -218,7 +227,7 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
     args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g, g,
-            FORMAT_CODES[fmt.name], scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16)
+            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16)
     _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False), x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
@@ -230,7 +239,7 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     cols = k // fmt.block_size
     g = _global_scale(x, fmt, global_scale)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    args = (_blocks(x, fmt), g, g, g, decoded.view(rows, cols, fmt.block_size), FORMAT_CODES[fmt.name],
+    args = (_blocks(x, fmt), g, g, g, decoded.view(rows, cols, fmt.block_size), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16)
     _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True), x.device)
     return decoded, g
