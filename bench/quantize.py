@@ -44,7 +44,8 @@ def main(argv=None) -> None:
         print(f"{shape}: device-to-device copy {copy_ms * 1e3:.1f} us, {copy_bw:.0f} GB/s (read + write)")
         for fmt, rounding, static in CASES:
             g = {"global_scale": bs.quantize(x, fmt).global_scale} if static else {}
-            ref = bs.quantize(x.cpu(), fmt, scale_rounding=rounding, backend="reference", **g) if m * k <= 2**26 else None
+            g_cpu = {k: v.cpu() for k, v in g.items()}
+            ref = bs.quantize(x.cpu(), fmt, scale_rounding=rounding, backend="reference", **g_cpu) if m * k <= 2**26 else None
             q = bs.quantize(x, fmt, scale_rounding=rounding, **g)
             if ref is not None and not (torch.equal(q.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
                                         and torch.equal(q.scale.view(torch.uint8).cpu(), ref.scale.view(torch.uint8))):

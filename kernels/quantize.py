@@ -112,6 +112,7 @@ def quantize_kernel(
     data: torch.Tensor,
     scale: torch.Tensor,
     global_scale: torch.Tensor,
+    global_out: torch.Tensor,
     decoded: torch.Tensor,
     NV: hl.constexpr,
     FP8: hl.constexpr,
@@ -119,10 +120,13 @@ def quantize_kernel(
     LAYOUT: hl.constexpr,
     DECODED: hl.constexpr,
     BF16_BITS: hl.constexpr,
+    FROM_AMAX: hl.constexpr,
 ) -> torch.Tensor:
     """x [rows, K / BLOCK, BLOCK] -> data [rows, K / BLOCK, BLOCK (/ 2 packed)] and the flat scale buffer, or with
     DECODED, bf16 `decoded` [rows, K / BLOCK, BLOCK] = element x block scale (exact in bf16; the nvfp4 global scale
-    not applied), what `dequantize.dequantize_kernel` makes of that data and scale."""
+    not applied), what `dequantize.dequantize_kernel` makes of that data and scale. With FROM_AMAX (nvfp4 without
+    a given global scale) `global_scale` holds the input's amax; every program derives the scale from it (no launch
+    of its own) and the first writes it to `global_out`."""
     rows, groups, block = x.size(0), x.size(1), x.size(2)
     for tile_r, g in hl.tile([rows, groups]):
         if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
@@ -134,12 +138,16 @@ def quantize_kernel(
         nan = torch.amax((v != v).to(torch.int32), dim=-1) > 0
         amax = torch.where(nan, float("nan"), amax)
         if NV:
-            gs = global_scale[0]
-            s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), torch.full_like(amax, 1.0) * gs)
+            gs = torch.full_like(amax, 1.0) * global_scale[0]
+            if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
+                gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
+                first = (tile_r.index[:, None] == 0) & (g.index[None, :] == 0)
+                hl.store(global_out, [tile_r.index[:, None] * 0 + g.index[None, :] * 0], gs, extra_mask=first)
+            s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), gs)
             s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
             code = _e4m3_bits(s)
             s_value = _f32(((code & 0x7F) << 20) + (120 << 23))  # the code's value (normal: s >= 2^-6)
-            inv_g = _div_rn(torch.full_like(amax, 1.0), torch.full_like(amax, 1.0) * gs)
+            inv_g = _div_rn(torch.full_like(amax, 1.0), gs)
             multiplier = torch.where(code == 0x7F, float("nan"), _div_rn(inv_g, s_value))
         else:
             code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
@@ -170,13 +178,6 @@ def quantize_kernel(
     return data
 
 
-def global_scale_of(x: torch.Tensor) -> torch.Tensor:
-    """nvfp4's per-tensor scale amax / (6 * 448) as a [1] fp32 tensor on x's device (1.0 where x is all zeros), with
-    no host sync: one max-abs reduction (the reference's `nvfp4_global_scale`, without its fp32 copy of x)."""
-    amax = torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1)
-    return torch.where(amax == 0, 1.0, amax / (6.0 * 448.0))
-
-
 def quantize_config(fmt: BlockFormat) -> helion.Config:
     """QUANTIZE_ROWS rows x QUANTIZE_K elements a program."""
     return helion.Config(block_sizes=[QUANTIZE_ROWS, QUANTIZE_K // fmt.block_size], num_warps=4, num_stages=1)
@@ -185,14 +186,17 @@ def quantize_config(fmt: BlockFormat) -> helion.Config:
 _LAUNCHES: dict[tuple, object] = {}
 
 
-def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> torch.Tensor:
-    """The kernel's [1] fp32 global scale: given (a number, or a tensor: not read here), computed on the device, or
-    1 (mx formats: unused)."""
+def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(the kernel's [1] fp32 global scale input, the global scale [1] after the kernel, FROM_AMAX): given (a number,
+    or a tensor: not read here), or for nvfp4 without one the input's amax (one reduction) from which the kernel
+    derives it into a new tensor; mx formats: 1, unused."""
     if not fmt.global_scale:
-        return _one(x.device)
+        return _one(x.device), _one(x.device), False
     if global_scale is None:
-        return global_scale_of(x)
-    return torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
+        out = torch.empty(1, dtype=torch.float32, device=x.device)
+        return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, True
+    g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
+    return g, g, False
 
 
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
@@ -221,14 +225,15 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     `reference.quantize` makes them: data in k_order, scales stored in `layout` (zero padding included)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g = _global_scale(x, fmt, global_scale)
+    g_in, g, from_amax = _global_scale(x, fmt, global_scale)
     data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g, g,
-            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False), x.device)
+    args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g_in, g, g,
+            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
+            from_amax)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax), x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
 
@@ -237,11 +242,11 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     launch: what the mma kernels' bf16-activation plans read (`scaled_mm(..., activation_format=...)`)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g = _global_scale(x, fmt, global_scale)
+    g_in, g, from_amax = _global_scale(x, fmt, global_scale)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    args = (_blocks(x, fmt), g, g, g, decoded.view(rows, cols, fmt.block_size), *_format_flags(fmt),
-            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True), x.device)
+    args = (_blocks(x, fmt), g, g, g_in, g, decoded.view(rows, cols, fmt.block_size), *_format_flags(fmt),
+            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
     return decoded, g
 
 
