@@ -187,3 +187,17 @@ def test_scaled_mm_activation_format_graph_and_static_scale(gen):
     for o, gs in zip(outs, (None, static)):
         a = bs.quantize(x, "nvfp4", global_scale=gs)
         assert max_rel_err(o, ref_scaled_mm(a, w)) < 8e-3
+
+
+@cuda
+@pytest.mark.parametrize("fa,fb", [("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")])
+def test_repeated_calls_new_tensors_gpu(fa, fb, gen):
+    """After their first calls the quantize kernel and the GEMM launch bound to their operands' addresses (no Helion
+    host function): each call with a new activation (new addresses) still gets its own codes and result."""
+    w = bs.quantize_weight(torch.randn(256, 512, generator=gen).cuda(), fb)
+    for _ in range(4):
+        x = (torch.randn(3, 512, generator=gen) * 10).to(torch.bfloat16).cuda()
+        a = bs.quantize(x, fa)
+        _assert_same_codes(a, bs.quantize(x.cpu(), fa))
+        y = bs.scaled_mm(x, w, activation_format=fa)
+        assert max_rel_err(y, ref_scaled_mm(a, w)) < 8e-3
