@@ -17,7 +17,6 @@ from the bits (subnormals included), E2M1 by midpoint comparisons, and nvfp4's t
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 
@@ -212,23 +211,13 @@ def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
-class QuantizePlan(NamedTuple):
-    """One cache key's compiled launcher (`api._compile`): after its second call a direct launch bound to the
-    caller's tensors (`launch.DirectLaunch`), so later calls skip Helion's host function, as the mma plans do."""
+def _launch(args: tuple, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        from .api import _compile
 
-    launch: object
-
-
-def _launch(args: tuple, tensors: int, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
-    """Launch `quantize_kernel` with `args`, whose first `tensors` are the caller's tensors."""
-    from .api import _compile, _launch_and_bind, _launch_bound
-
-    plan = _LAUNCHES.get(key)
-    if plan is not None and _launch_bound(plan, args[:tensors]):
-        return
-    if plan is None:
-        plan = _LAUNCHES[key] = QuantizePlan(_compile(quantize_kernel, args, quantize_config(fmt), device))
-    _launch_and_bind(plan, args, tensors)
+        launch = _LAUNCHES[key] = _compile(quantize_kernel, args, quantize_config(fmt), device)
+    launch(*args)
 
 
 def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str, global_scale):
@@ -244,7 +233,7 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g_in, g, g,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
             from_amax)
-    _launch(args, 6, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax), x.device)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax), x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
 
@@ -257,7 +246,7 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
     args = (_blocks(x, fmt), g, g, g_in, g, decoded.view(rows, cols, fmt.block_size), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax)
-    _launch(args, 6, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
     return decoded, g
 
 
