@@ -5,6 +5,7 @@
    process (`frac_of_copy_bw`). nvfp4 twice: with a static global scale (a checkpoint's `input_scale`) and with
    the global scale computed on the device (one more pass over the input).
 2. (`python -m bench --providers cublas_bf16 blockscaled blockscaled_dynamic` times the GEMM with it.)
+3. `--compile-sm90 FOLDER`: every variant through Triton's sm_90 compiler, no GPU needed.
 
 Rows go to bench/results/<gpu>_quantize.csv: DESIGN.md section 5's columns with pair `quantize_<format>` and
 the extra column frac_of_copy_bw.
@@ -15,9 +16,14 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import os
+from pathlib import Path
 import torch
 
-import blockscaled as bs
+# whether this process runs under the Triton interpreter, read before bench.__main__ sets it on a CPU machine
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+import blockscaled as bs  # noqa: E402
 
 from .__main__ import COLUMNS, RESULTS, git_commit, result_name, time_ms
 
@@ -26,11 +32,50 @@ CASES = (("nvfp4", "floor", True), ("nvfp4", "floor", False), ("mxfp4", "floor",
          ("mxfp8", "floor", False), ("mxfp8", "rceil", False))
 
 
-def main(argv=None) -> None:
+def compile_sm90(folder: Path) -> int:
+    """Every variant of the quantize kernel (codes and scales or decoded rows, bf16 or fp32 in, each format) through
+    Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
+    from unittest import mock
+
+    from blockscaled.kernels import api
+    from blockscaled.kernels import quantize as kq
+
+    from .sass import compile_sm90 as compile_one
+
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        for dtype in (torch.bfloat16, torch.float32):
+            for decoded in (False, True):
+                seen = []
+                with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
+                        mock.patch.object(kq, "_LAUNCHES", {}):
+                    x = torch.randn(64, 1024, dtype=dtype)
+                    f = bs.get_format(fmt)
+                    if decoded:
+                        kq.quantize_decoded(x, f, "floor", None)
+                    else:
+                        kq.quantize(x, f, "floor", "swizzle_32_4_4", None)
+                (args, cfg), = seen
+                code = kq.quantize_kernel.bind(args).to_triton_code(cfg)
+                name = f"quantize_{fmt}_{str(dtype)[6:]}_{'decoded' if decoded else 'codes'}"
+                counts = compile_one(code, kq.quantize_kernel, args, cfg, folder, name)
+                print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+    return 0
+
+
+def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
     args = p.parse_args(argv)
+    if args.compile_sm90:
+        if _INTERPRETED:  # its @triton.jit cannot compile for sm_90: a child process without it
+            from .sass import outside_interpreter
+
+            return outside_interpreter("bench.quantize", argv)
+        os.environ.pop("TRITON_INTERPRET", None)  # set by bench.__main__'s import on a CPU machine
+        Path(args.compile_sm90).mkdir(parents=True, exist_ok=True)
+        return compile_sm90(Path(args.compile_sm90))
     gpu = torch.cuda.get_device_name()
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, out_dtype="", provider="blockscaled",
                  tflops="", speedup_vs_bf16="", max_rel_err="")
@@ -71,4 +116,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

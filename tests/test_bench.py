@@ -173,15 +173,33 @@ def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path
 
 def test_committed_results_follow_the_design_columns():
     """Every committed results CSV parses to rows of exactly the recorded columns, with this project's rows as
-    provider "blockscaled" and a weights layout."""
+    provider "blockscaled" (or "blockscaled_dynamic") and a weights layout; the quantize kernel's rows
+    (`<gpu>_quantize.csv`, `bench.quantize`) with frac_of_copy_bw."""
+    from bench import quantize as bench_quantize
+
     for path in sorted(cli.RESULTS.glob("*.csv")):
         with path.open(newline="") as f:
             rows = list(cli.csv.DictReader(f))
         assert rows, path
+        quantize_rows = path.name.endswith("_quantize.csv")
         for r in rows:
-            assert list(r) == cli.COLUMNS + cli.EXTRA_COLUMNS and None not in r.values(), (path, r)
+            columns = bench_quantize.FIELDS if quantize_rows else cli.COLUMNS + cli.EXTRA_COLUMNS
+            assert list(r) == columns and None not in r.values(), (path, r)
+            if quantize_rows:
+                assert r["pair"].startswith("quantize_") and 0 < float(r["frac_of_copy_bw"]) < 1.5, (path, r)
+                continue
             assert r["provider"] not in ("blockscaled_pairs", "blockscaled_mma"), (path, r)
-            assert (r["provider"] == "blockscaled") == bool(r["weights_layout"]), (path, r)
+            assert (r["provider"] in ("blockscaled", "blockscaled_dynamic")) == bool(r["weights_layout"]), (path, r)
+
+
+def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):
+    """Every variant of the quantize kernel through Triton's sm_90 compiler, no GPU needed (`bench.quantize
+    --compile-sm90`): a branch Helion emits that the GPU cannot compile fails here, not on the machine."""
+    from bench import quantize as bench_quantize
+
+    assert bench_quantize.main(["--compile-sm90", str(tmp_path)]) == 0
+    lines = [ln for ln in capfd.readouterr().out.splitlines() if "compiled for sm_90" in ln]
+    assert len(lines) == 12 and all(ln.endswith(" 0 spilled") for ln in lines), lines
 
 
 def test_variants_shapes():
