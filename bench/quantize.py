@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import itertools
 import os
 from pathlib import Path
 import torch
@@ -62,10 +63,23 @@ def compile_sm90(folder: Path) -> int:
     return 0
 
 
+def _use_config(config) -> str:
+    """Set the quantize kernel's config (rows, K elements, warps; None: the default) for the next calls; its label."""
+    from blockscaled.kernels import quantize as kq
+
+    if config is None:
+        return ""
+    kq.QUANTIZE_ROWS, kq.QUANTIZE_K, kq.QUANTIZE_WARPS = config
+    kq._LAUNCHES.clear()
+    return "[r{}k{}w{}]".format(*config)
+
+
 def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--configs", nargs="+", metavar="ROWS,K,WARPS",
+                   help="time these kernel configs (rows x K elements a program, warps) instead of the default one")
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
     args = p.parse_args(argv)
     if args.compile_sm90:
@@ -76,6 +90,7 @@ def main(argv=None) -> int | None:
         os.environ.pop("TRITON_INTERPRET", None)  # set by bench.__main__'s import on a CPU machine
         Path(args.compile_sm90).mkdir(parents=True, exist_ok=True)
         return compile_sm90(Path(args.compile_sm90))
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [None]
     gpu = torch.cuda.get_device_name()
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, out_dtype="", provider="blockscaled",
                  tflops="", speedup_vs_bf16="", max_rel_err="")
@@ -83,14 +98,18 @@ def main(argv=None) -> int | None:
     for shape in args.shapes:
         m, k = (int(v) for v in shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        copy_dst = torch.empty_like(x)
+        copy_dst, refs = torch.empty_like(x), {}
         copy_ms = time_ms(lambda: copy_dst.copy_(x), False)
         copy_bw = 2 * x.numel() * 2 / copy_ms / 1e6
         print(f"{shape}: device-to-device copy {copy_ms * 1e3:.1f} us, {copy_bw:.0f} GB/s (read + write)")
-        for fmt, rounding, static in CASES:
+        for (fmt, rounding, static), config in itertools.product(CASES, configs):
+            label_config = _use_config(config)
             g = {"global_scale": bs.quantize(x, fmt).global_scale} if static else {}
             g_cpu = {k: v.cpu() for k, v in g.items()}
-            ref = bs.quantize(x.cpu(), fmt, scale_rounding=rounding, backend="reference", **g_cpu) if m * k <= 2**26 else None
+            if (fmt, rounding, static) not in refs:  # one reference per case, whatever the configs
+                refs[fmt, rounding, static] = (bs.quantize(x.cpu(), fmt, scale_rounding=rounding, backend="reference",
+                                                           **g_cpu) if m * k <= 2**26 else None)
+            ref = refs[fmt, rounding, static]
             q = bs.quantize(x, fmt, scale_rounding=rounding, **g)
             if ref is not None and not (torch.equal(q.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
                                         and torch.equal(q.scale.view(torch.uint8).cpu(), ref.scale.view(torch.uint8))):
@@ -98,12 +117,13 @@ def main(argv=None) -> int | None:
             ms = time_ms(lambda: bs.quantize(x, fmt, scale_rounding=rounding, **g), False)
             nbytes = x.numel() * 2 + q.data.numel() * q.data.element_size() + q.scale.numel()
             gbps = nbytes / ms / 1e6
-            label = f"{fmt} {rounding}" + (" static global scale" if static else " device global scale" if fmt == "nvfp4" else "")
+            label = (f"{fmt} {rounding}" + (" static global scale" if static else " device global scale" if fmt == "nvfp4" else "")
+                     + label_config)
             print(f"  {label:34s} {ms * 1e3:8.1f} us {gbps:7.0f} GB/s  {gbps / copy_bw:.2f} of copy"
                   + ("  (codes = reference)" if ref is not None else ""))
             rows.append(dict(stamp, pair=f"quantize_{fmt}", M=m, N="", K=k,
                              median_ms=f"{ms:.5f}", gbps=f"{gbps:.1f}", frac_of_copy_bw=f"{gbps / copy_bw:.3f}",
-                             provider=f"blockscaled_{rounding}" + ("_static_gs" if static else "")))
+                             provider=f"blockscaled_{rounding}" + ("_static_gs" if static else "") + label_config))
     if not args.no_record:
         path = RESULTS / f"{result_name(gpu)}_quantize.csv"
         new = not path.exists()

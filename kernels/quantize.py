@@ -32,6 +32,7 @@ from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_floa
 # 8 rows x 512 elements a program: a 2-8 KB read, whole 128-byte lines per row (H200 timing: bench/quantize.py)
 QUANTIZE_ROWS = 8
 QUANTIZE_K = 512
+QUANTIZE_WARPS = 4
 
 
 def _div_rn(a, b):
@@ -179,8 +180,10 @@ def quantize_kernel(
 
 
 def quantize_config(fmt: BlockFormat) -> helion.Config:
-    """QUANTIZE_ROWS rows x QUANTIZE_K elements a program."""
-    return helion.Config(block_sizes=[QUANTIZE_ROWS, QUANTIZE_K // fmt.block_size], num_warps=4, num_stages=1)
+    """QUANTIZE_ROWS rows x QUANTIZE_K elements a program, QUANTIZE_WARPS warps (`bench.quantize --configs` times
+    others)."""
+    return helion.Config(block_sizes=[QUANTIZE_ROWS, QUANTIZE_K // fmt.block_size], num_warps=QUANTIZE_WARPS,
+                         num_stages=1)
 
 
 _LAUNCHES: dict[tuple, object] = {}
