@@ -1,5 +1,6 @@
-"""W4A4 / W4A8: activations quantized to nvfp4 or mxfp8 (pure torch today), the mma kernels above M = 16 decode
-them to bf16 rows first ("predecode", `blockscaled/kernels/dequantize.py`).
+"""W4A4 / W4A8: activations quantized to nvfp4 or mxfp8, once (`bs.quantize`: the Helion kernel on a GPU) or in every
+call (`activation_format`: on the mma kernels the quantize kernel writes the decoded bf16 rows their bf16-activation
+plan reads, `blockscaled/kernels/quantize.py`).
 
     python examples/quantized_activations.py [M]
 """
@@ -18,5 +19,7 @@ weight, x = torch.randn(n, k, device=DEVICE), torch.randn(m, k, device=DEVICE)
 for fa, fb in (("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")):
     a, w = bs.quantize(x, fa), bs.quantize_weight(weight, fb)
     y = bs.scaled_mm(a, w, out_dtype=torch.float32)
-    print(f"{fa} x {fb}: max_rel_err vs fp64 {max_rel_err(y, reference(a, w)):.2e}")
+    y_dynamic = bs.scaled_mm(x, w, activation_format=fa, out_dtype=torch.float32)  # the same codes, quantized in the call
+    print(f"{fa} x {fb}: max_rel_err vs fp64 {max_rel_err(y, reference(a, w)):.2e}, "
+          f"quantized in the call {max_rel_err(y_dynamic, reference(a, w)):.2e}")
     compare_with_cublas(lambda: bs.scaled_mm(a, w), x.to(torch.bfloat16), weight.to(torch.bfloat16))
