@@ -1,0 +1,125 @@
+"""`blockscaled.nn`: nn.Linear with block-scaled weights (and optionally activations quantized in each call).
+
+    layer = QuantizedLinear.from_linear(linear, weight_format="nvfp4")                         # W4A16
+    layer = QuantizedLinear.from_linear(linear, weight_format="nvfp4", activation_format="nvfp4")  # W4A4
+    report = quantize_model_(model, weight_format="mxfp4")   # every eligible nn.Linear, in place
+
+| input       | nn.Linear's contract: [..., K], any leading dimensions, any strides, bf16 / fp16 / fp32 |
+| output      | [..., N] in the input's dtype                                                        |
+| weights     | a `QTensor` in the device's layout (`quantize_weight`); state_dict as tensors + extra state |
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .formats import get_format
+from .qtensor import QTensor
+from .weights import quantize_weight
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class QuantizedLinear(nn.Module):
+    """y = x @ dequant(W)^T (+ bias) through `blockscaled.scaled_mm`; with `activation_format` the activation is
+    quantized in every call (`scaled_mm`'s `activation_format`, `scale_rounding`, `activation_global_scale`)."""
+
+    def __init__(self, weight: QTensor, bias: torch.Tensor | None = None, *, activation_format: str | None = None,
+                 scale_rounding: str = "floor", activation_global_scale: float | None = None):
+        super().__init__()
+        if not isinstance(weight, QTensor):
+            raise TypeError(f"weight: expected a QTensor [out_features, in_features], got {type(weight).__name__}")
+        if activation_format is not None and not get_format(activation_format).is_scaled:
+            raise ValueError(f"activation_format: expected 'nvfp4', 'mxfp4', 'mxfp8' or None, got {activation_format!r}")
+        self.out_features, self.in_features = weight.shape
+        self.activation_format, self.scale_rounding = activation_format, scale_rounding
+        self.activation_global_scale = activation_global_scale
+        self._set_weight(weight)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    def _set_weight(self, weight: QTensor) -> None:
+        self.weight = weight
+        for name in ("data", "scale", "global_scale"):  # tensors in the state_dict; the rest in the extra state
+            self.register_buffer(f"weight_{name}", getattr(weight, name), persistent=True)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, weight_format: str, *, activation_format: str | None = None,
+                    scale_rounding: str = "floor", data_layout: str | None = None, **quantize_options) -> QuantizedLinear:
+        """`linear`'s weight quantized once (`quantize_weight`, on its device: the device's fastest layout unless
+        `data_layout` is given), its bias kept."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        weight = quantize_weight(linear.weight.detach(), weight_format, data_layout=data_layout, **quantize_options)
+        return cls(weight, linear.bias, activation_format=activation_format, scale_rounding=scale_rounding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from blockscaled.kernels import scaled_mm
+
+        if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
+            raise TypeError(f"x: expected a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x: last dimension {x.shape[-1]} is not in_features = {self.in_features}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.activation_format is None:
+            x2 = x2.to(torch.bfloat16)
+        x2 = x2.contiguous()
+        if self.activation_format is None:
+            y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias)
+        else:
+            y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias, activation_format=self.activation_format,
+                          scale_rounding=self.scale_rounding, activation_global_scale=self.activation_global_scale)
+        return y.reshape(*lead, self.out_features)
+
+    def get_extra_state(self) -> dict:
+        w = self.weight
+        return dict(fmt=w.fmt.name, layout=w.layout, shape=tuple(w.shape), data_layout=w.data_layout,
+                    activation_format=self.activation_format, scale_rounding=self.scale_rounding,
+                    activation_global_scale=self.activation_global_scale)
+
+    def set_extra_state(self, state: dict) -> None:
+        weight = QTensor(self.weight_data, self.weight_scale, get_format(state["fmt"]), state["layout"],
+                         self.weight_global_scale, tuple(state["shape"]), state["data_layout"])
+        self.activation_format, self.scale_rounding = state["activation_format"], state["scale_rounding"]
+        self.activation_global_scale = state["activation_global_scale"]
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # the stored tensors may differ in shape from this module's (another layer size, another data layout):
+        # take them as they are, then rebuild the QTensor from them and the extra state
+        for name in ("data", "scale", "global_scale"):
+            key = f"{prefix}weight_{name}"
+            setattr(self, f"weight_{name}", state_dict[key] if key in state_dict else None)
+        if f"{prefix}bias" in state_dict:
+            self.bias = nn.Parameter(torch.empty_like(state_dict[f"{prefix}bias"]), requires_grad=False)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        w = self.weight
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"weight_format={w.fmt.name}, data_layout={w.data_layout}, activation_format={self.activation_format}")
+
+
+def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: str | None = None,
+                    filter_fn=None, **options) -> dict[str, str]:
+    """Replace every eligible nn.Linear of `model` in place by a `QuantizedLinear`; returns {name: "quantized" or
+    why it was skipped}. Eligible: `filter_fn(name, module)` true (default: all) and in_features a multiple of the
+    format's block (and, with `activation_format`, of its block too)."""
+    blocks = [get_format(weight_format).block_size] + ([get_format(activation_format).block_size] if activation_format else [])
+    report = {}
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
+            continue
+        if filter_fn is not None and not filter_fn(name, module):
+            report[name] = "skipped: filter_fn"
+            continue
+        if module.in_features % max(blocks):
+            report[name] = f"skipped: in_features {module.in_features} is not a multiple of the block {max(blocks)}"
+            continue
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, name.rpartition(".")[2], QuantizedLinear.from_linear(
+            module, weight_format, activation_format=activation_format, **options))
+        report[name] = "quantized"
+    return report

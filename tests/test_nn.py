@@ -1,0 +1,78 @@
+"""`blockscaled.nn` on the CPU (Triton interpreter): nn.Linear's contract, state_dict round trip, in-place swap."""
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import blockscaled as bs
+from blockscaled.nn import QuantizedLinear, quantize_model_
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+interpreter = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test (the layer on CPU tensors)")
+
+
+def _linear(k=64, n=48, bias=True, gen=None):
+    layer = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, k, generator=gen))
+        if bias:
+            layer.bias.copy_(torch.randn(n, generator=gen))
+    return layer
+
+
+@interpreter
+@pytest.mark.parametrize("activation_format", [None, "nvfp4"])
+def test_forward_follows_nn_linear_contract(activation_format, gen):
+    """3-D and non-contiguous inputs, fp32 / fp16 / bf16 in and out, bias: the fp64 reference of the same codes."""
+    linear = _linear(gen=gen)
+    q = QuantizedLinear.from_linear(linear, "nvfp4", activation_format=activation_format)
+    x = torch.randn(2, 5, 64 * 2, generator=gen)[..., ::2]  # [2, 5, 64], not contiguous
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        y = q(xd)
+        assert y.shape == (2, 5, 48) and y.dtype == dtype
+        x2 = xd.reshape(10, 64)
+        a = x2.to(torch.bfloat16) if activation_format is None else bs.quantize(x2, activation_format)
+        want = ref_scaled_mm(a, q.weight).double() + linear.bias.detach().double()
+        assert max_rel_err(y.reshape(10, 48), want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@interpreter
+def test_state_dict_round_trip(gen):
+    q = QuantizedLinear.from_linear(_linear(gen=gen), "mxfp4", activation_format="mxfp8", scale_rounding="rceil")
+    buf = io.BytesIO()
+    torch.save(q.state_dict(), buf)
+    buf.seek(0)
+    other = QuantizedLinear.from_linear(_linear(k=32, n=16, bias=True), "nvfp4")  # another size and format
+    other.load_state_dict(torch.load(buf, weights_only=False))
+    x = torch.randn(3, 64, generator=gen)
+    assert torch.equal(other(x), q(x))
+    assert other.weight.fmt.name == "mxfp4" and other.activation_format == "mxfp8" and other.scale_rounding == "rceil"
+    assert "weight_format=mxfp4" in repr(other) and "in_features=64, out_features=48" in repr(other)
+
+
+@interpreter
+def test_quantize_model_swaps_eligible_linears_and_reports_the_rest(gen):
+    model = nn.Sequential(_linear(64, 32, gen=gen), nn.ReLU(), _linear(32, 40, gen=gen), _linear(40, 8, gen=gen))
+    x = torch.randn(4, 64, generator=gen)
+    report = quantize_model_(model, "mxfp4", filter_fn=lambda name, m: name != "2")
+    assert report["0"] == "quantized" and report["2"] == "skipped: filter_fn"
+    assert report["3"].startswith("skipped: in_features 40 is not a multiple of the block 32")
+    assert isinstance(model[0], QuantizedLinear) and type(model[2]) is nn.Linear and type(model[3]) is nn.Linear
+    assert model(x).shape == (4, 8)
+
+
+def test_errors_name_the_argument():
+    with pytest.raises(TypeError, match="weight"):
+        QuantizedLinear(torch.zeros(4, 4))
+    with pytest.raises(TypeError, match="linear"):
+        QuantizedLinear.from_linear(nn.Conv1d(1, 1, 1), "nvfp4")
+    q = QuantizedLinear(bs.quantize(torch.randn(16, 32), "nvfp4"))
+    with pytest.raises(ValueError, match="x: last dimension 31"):
+        q(torch.randn(2, 31))
+    with pytest.raises(TypeError, match="x:"):
+        q(torch.ones(2, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="activation_format"):
+        QuantizedLinear(bs.quantize(torch.randn(16, 32), "nvfp4"), activation_format="bf16")
