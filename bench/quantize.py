@@ -38,7 +38,6 @@ def compile_sm90(folder: Path) -> int:
     Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
     from unittest import mock
 
-    from blockscaled.kernels import api
     from blockscaled.kernels import quantize as kq
 
     from .sass import compile_sm90 as compile_one
@@ -47,7 +46,7 @@ def compile_sm90(folder: Path) -> int:
         for dtype in (torch.bfloat16, torch.float32):
             for decoded in (False, True):
                 seen = []
-                with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
+                with mock.patch.object(kq, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
                         mock.patch.object(kq, "_LAUNCHES", {}):
                     x = torch.randn(64, 1024, dtype=dtype)
                     f = bs.get_format(fmt)

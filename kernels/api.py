@@ -285,8 +285,7 @@ def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale
     except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument
         raise type(e)(str(e).replace("x:", "a:", 1)) from None
     pair = SUPPORTED_PAIRS[fmt_name, b.fmt.name]
-    if (b.data_layout == "mma_m16k16" and backend in (None, "mma") and pair in MMA_PAIRS and x.is_cuda
-            and _ptx_decodes(x.device) and _capability(x.device) >= (8, 0)):
+    if b.data_layout == "mma_m16k16" and backend in (None, "mma") and _mma_runs(pair, x, x.device):
         from .quantize import quantize_decoded
 
         return quantize_decoded(x, fmt, scale_rounding, global_scale)

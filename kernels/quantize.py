@@ -16,8 +16,6 @@ from the bits (subnormals included), E2M1 by midpoint comparisons, and nvfp4's t
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 import helion
@@ -26,6 +24,7 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
 from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_shape
 
+from .api import _compile, _one
 from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 
@@ -217,8 +216,6 @@ def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
 def _launch(args: tuple, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
     launch = _LAUNCHES.get(key)
     if launch is None:
-        from .api import _compile
-
         launch = _LAUNCHES[key] = _compile(quantize_kernel, args, quantize_config(fmt), device)
     launch(*args)
 
@@ -251,8 +248,3 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax)
     _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
     return decoded, g
-
-
-@functools.lru_cache(maxsize=None)
-def _one(device: torch.device) -> torch.Tensor:
-    return torch.ones(1, dtype=torch.float32, device=device)
