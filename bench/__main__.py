@@ -55,6 +55,8 @@ OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
 # providers that compute from exactly our quantized operands: their max_rel_err is recorded
 EXACT_PROVIDERS = (*OURS_LAYOUT, "triton_dot_scaled")
+# this project's providers whose CSV rows keep their own name (the others read "blockscaled")
+FORCED_OR_DYNAMIC = ("blockscaled_dynamic", "blockscaled_mma_plan", "blockscaled_dense")
 PROVIDERS = (*OURS_LAYOUT, "cublas_bf16", "scaled_mm_fp8_rowwise", "scaled_mm_fp8_blockwise", "triton_dot_scaled",
              "gemlite", "d2d_copy_weights", "read_weights")
 # yardsticks that move the weight bytes only (no activation, no output)
@@ -70,7 +72,8 @@ def csv_provider(prov: str, device="cpu") -> dict:
     if prov not in OURS_LAYOUT:
         return dict(provider=prov, weights_layout="")
     layout = OURS_LAYOUT[prov]
-    name = "blockscaled_dynamic" if prov == "blockscaled_dynamic" else "blockscaled"  # issue #60's rows
+    # issue #60's rows; the plans forced by name keep their provider's name
+    name = prov if prov in FORCED_OR_DYNAMIC else "blockscaled"
     return dict(provider=name, weights_layout=bs.kernels.weight_data_layout(device) if layout == "default" else layout)
 
 
@@ -258,6 +261,11 @@ def bench_shape(pair, pair_name, m, n, k, operands, out_dtype, ref, stamp, selec
     providers = {  # name: (builder(x, w, a, b), bytes one call must read)
         "blockscaled": (lambda x, w, a, b: blockscaled_fn(a, ours_weights("blockscaled", b), out_dtype), ours),
         "blockscaled_k_order": (lambda x, w, a, b: blockscaled_fn(a, b, out_dtype), ours),
+        # one plan at every M: the mma decode kernels, and the dense plan (decode to bf16, then cuBLAS)
+        "blockscaled_mma_plan": (lambda x, w, a, b: blockscaled_fn(a, ours_weights("blockscaled", b), out_dtype, "mma"),
+                                 ours),
+        "blockscaled_dense": (lambda x, w, a, b: blockscaled_fn(a, ours_weights("blockscaled", b), out_dtype, "dense"),
+                              ours),
         # the bf16 activation quantized on every call (`activation_format`): its bytes read in bf16
         "blockscaled_dynamic": (lambda x, w, a, b: dynamic_fn(x, ours_weights("blockscaled", b), pair[0], out_dtype),
                                 ours - operand_bytes(pair[0], m, k) + 2.0 * m * k),

@@ -71,14 +71,26 @@ def compile_cell(pair, m, n, k, out_dtype, device):
     _, _, a, b = make_operands(pair, m, n, k, device, seed=0)
     for bw in weight_layouts(b).values():
         bs.scaled_mm(a, bw, out_dtype=out_dtype)
+    bw = ours_weights("blockscaled", b)
+    if bw.data_layout == "mma_m16k16":  # the plans the mma_plan and dense providers force
+        for backend in ("mma", "dense"):
+            bs.scaled_mm(a, bw, out_dtype=out_dtype, backend=backend)
     if b.data.is_cuda:
         torch.cuda.synchronize()
 
 
-def blockscaled_fn(a, b, out_dtype):
+def blockscaled_fn(a, b, out_dtype, backend=None):
+    """`scaled_mm` on the plan it picks, or on `backend` ("mma": the decode kernels at any M; "dense": weights
+    decoded to bf16 then cuBLAS, the fallback any user could write)."""
     m, n = a.shape[0], b.shape[0]
+    if backend == "mma" and not bs.kernels.api._mma_runs(bs.SUPPORTED_PAIRS[(_fmt(a), b.fmt.name)], a, b.device):
+        raise Unsupported("the mma kernels run on NVIDIA sm_80+")
     out = torch.empty((m, n), dtype=out_dtype, device=b.device)
-    return lambda: bs.scaled_mm(a, b, out_dtype=out_dtype, out=out)
+    return lambda: bs.scaled_mm(a, b, out_dtype=out_dtype, out=out, backend=backend)
+
+
+def _fmt(a) -> str:
+    return "bf16" if isinstance(a, torch.Tensor) else a.fmt.name
 
 
 def dynamic_fn(x, b, fmt_name: str, out_dtype):
@@ -160,7 +172,8 @@ def gemlite_fn(x, w, pair):
 
 # this project's providers (`python -m bench`, the TritonBench operator) by the weights they time: "default" is the
 # layout `blockscaled.quantize_weight` gives on the device (`blockscaled.kernels.weight_data_layout`)
-OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order", "blockscaled_dynamic": "default"}
+OURS_LAYOUT = {"blockscaled": "default", "blockscaled_k_order": "k_order", "blockscaled_dynamic": "default",
+               "blockscaled_mma_plan": "default", "blockscaled_dense": "default"}
 # the k_order provider times the portable kernels on purpose: its one-time warning would only repeat per process
 warnings.filterwarnings("ignore", message="b: k_order weights on", category=UserWarning)
 

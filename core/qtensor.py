@@ -128,12 +128,20 @@ class QTensor:
             raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
         return self._mma_factors(element_codes(self.data_k_order(), self.fmt.element))
 
+    @property
+    def kernel_mma_shift(self) -> int:
+        """"mma_m16k16" weights: the exponent shift of their factors (the post-scale without a global scale is
+        2^shift), set with `kernel_mma_factors`."""
+        self.kernel_mma_factors
+        return self.__dict__["kernel_mma_shift"]
+
     def _mma_factors(self, codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`kernel_mma_factors` from this tensor's stored codes (`stored_shape`, padding included)."""
         rows, k = self.stored_shape
         zero = (codes.reshape(rows, -1, self.fmt.block_size) & ELEMENTS[self.fmt.element].magnitude_mask == 0).all(-1)
         scales = pad_to(self.scale_rowmajor().view(torch.uint8), rows, k // self.fmt.block_size).view(self.fmt.scale_dtype)
         stored, shift = factor_bytes(scales, self.fmt.scale_encoding, self.fmt.block_size, zero, self.fmt.element)
+        self.__dict__["kernel_mma_shift"] = shift
         post = torch.full((1,), 2.0**shift, dtype=torch.float32, device=self.device)
         if self.global_scale is not None:
             post = post * self.global_scale.reshape(1)

@@ -154,7 +154,8 @@ def scaled_mm(
     prepare it. Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
     `out` (optional) receives the result. `config`: for the mma kernels a dict of plan keys
     (`_mma_options` lists them and refuses any other), else a Helion config. `backend` ("mma",
-    "dequant", "dot_scaled", "dot_scaled_cdna4") overrides the choice by device and layout.
+    "dense", "dequant", "dot_scaled", "dot_scaled_cdna4") overrides the choice by device and layout; "dense" (weights
+    decoded to bf16, then cuBLAS; the default from DENSE_MIN_M rows on) takes a config dict of `dense.PLAN_KEYS`.
     Calls may overlap (threads, streams, CUDA graphs): no call shares mutable memory with
     another that can run at the same time (`kernels/scratch.py`).
 
@@ -177,6 +178,12 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
+        if backend == "dense" or (backend is None and _mma_runs(pair, a, device) and _dense_runs(pair, m, device)):
+            if pair not in MMA_PAIRS or not _mma_activation(a):
+                raise ValueError(f"backend: 'dense' runs {MMA_PAIRS} with k_order activations; got {pair}")
+            from .dense import dense_mm
+
+            return dense_mm(a, b, m, n, k, out_dtype, bias, out, config, a_post)
         if backend in (None, "mma") and _mma_runs(pair, a, device):
             backend = "mma"
         elif backend == "mma":
@@ -184,8 +191,8 @@ def scaled_mm(
                              f"on {device}")
         else:  # CPU, other GPUs, or a backend asked for by name: the other kernels read the k_order copy
             b = b.k_order_copy
-    elif backend == "mma":
-        raise ValueError(f"backend: 'mma' reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r} "
+    elif backend in ("mma", "dense"):
+        raise ValueError(f"backend: {backend!r} reads weights in the 'mma_m16k16' data layout; b is {b.data_layout!r} "
                          "(prepare them with blockscaled.quantize_weight or QTensor.for_device)")
     elif backend is None:
         _warn_k_order_weights(device)
@@ -234,7 +241,7 @@ def scaled_mm(
 
 
 _LAUNCHES: dict[tuple, object] = {}
-BACKENDS = ("dequant", "mma", "dot_scaled", "dot_scaled_cdna4")
+BACKENDS = ("dequant", "mma", "dense", "dot_scaled", "dot_scaled_cdna4")
 
 
 def weight_data_layout(device: torch.device | str) -> str:
@@ -285,7 +292,7 @@ def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale
     except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument
         raise type(e)(str(e).replace("x:", "a:", 1)) from None
     pair = SUPPORTED_PAIRS[fmt_name, b.fmt.name]
-    if b.data_layout == "mma_m16k16" and backend in (None, "mma") and _mma_runs(pair, x, x.device):
+    if b.data_layout == "mma_m16k16" and (backend == "dense" or backend in (None, "mma") and _mma_runs(pair, x, x.device)):
         from .quantize import quantize_decoded
 
         return quantize_decoded(x, fmt, scale_rounding, global_scale)
@@ -484,6 +491,16 @@ def _mma_hoist(m: int, narrow: bool, fp8_weights: bool) -> bool:
 
 def _mma_runs(pair: str, a, device: torch.device) -> bool:
     return pair in MMA_PAIRS and _mma_activation(a) and _ptx_decodes(device) and _capability(device) >= (8, 0)
+
+
+# The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on: below it the
+# mma kernels decode in their K loop for less than the decode pass costs.
+DENSE_MIN_M = 512
+
+
+def _dense_runs(pair: str, m: int, device: torch.device) -> bool:
+    """Whether `scaled_mm` takes the dense plan by default (on a GPU where the mma kernels run)."""
+    return m >= DENSE_MIN_M
 
 
 def _mma_activation(a) -> bool:

@@ -161,9 +161,10 @@ def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path
     assert "\r" not in raw and raw.splitlines()[0] == ",".join(cli.COLUMNS + cli.EXTRA_COLUMNS)
     assert [(r["provider"], r["weights_layout"]) for r in got] == [
         ("blockscaled", "k_order"), ("blockscaled", "k_order"), ("blockscaled_dynamic", "k_order"),
-        *[(p, "") for p in cli.PROVIDERS[3:]]]
-    assert [cli.provider_label(r) for r in got[:4]] == ["blockscaled[k_order]", "blockscaled[k_order]",
-                                                        "blockscaled_dynamic[k_order]", "cublas_bf16"]
+        ("blockscaled_mma_plan", "k_order"), ("blockscaled_dense", "k_order"), *[(p, "") for p in cli.PROVIDERS[5:]]]
+    assert [cli.provider_label(r) for r in got[:6]] == ["blockscaled[k_order]", "blockscaled[k_order]",
+                                                        "blockscaled_dynamic[k_order]", "blockscaled_mma_plan[k_order]",
+                                                        "blockscaled_dense[k_order]", "cublas_bf16"]
     old = tmp_path / "old" / "h100.csv"
     old.parent.mkdir()
     old.write_text(",".join(cli.COLUMNS + ["timing", "plain_ms"]) + "\n")
@@ -189,7 +190,8 @@ def test_committed_results_follow_the_design_columns():
                 assert r["pair"].startswith("quantize_") and 0 < float(r["frac_of_copy_bw"]) < 1.5, (path, r)
                 continue
             assert r["provider"] not in ("blockscaled_pairs", "blockscaled_mma"), (path, r)
-            assert (r["provider"] in ("blockscaled", "blockscaled_dynamic")) == bool(r["weights_layout"]), (path, r)
+            ours = r["provider"] == "blockscaled" or r["provider"] in cli.FORCED_OR_DYNAMIC
+            assert ours == bool(r["weights_layout"]), (path, r)
 
 
 def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):

@@ -32,6 +32,7 @@ CASES = {
     "split_k_workspace_m1": ("bf16", "nvfp4", 1, {"max_split": 16, "cluster": False}),
     "cluster_sums_m16": ("nvfp4", "nvfp4", 16, {"max_split": 8}),
     "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
+    "dense_m512_chunks": ("nvfp4", "nvfp4", 512, "dense"),  # decoded weights: this call's, 4 chunks
 }
 
 
@@ -54,6 +55,9 @@ def _call(case):
     if config == "dequant":
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dequant")), b, acts
     b = b.with_data_layout("mma_m16k16")
+    if config == "dense":
+        return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dense",
+                                            config={"chunk_rows": N // 4})), b, acts
     return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=config)), b, acts
 
 
@@ -119,7 +123,7 @@ def test_one_thread_alternating_streams(case):
 
 
 @pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
-@pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16"])
+@pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks"])
 def test_two_graphs_replayed_side_by_side(case, same_capture_stream):
     """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
     time on two streams, twice; then each graph replayed alone after the other's inputs changed."""

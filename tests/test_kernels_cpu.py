@@ -6,6 +6,7 @@ import torch
 import blockscaled as bs
 from blockscaled.kernels.decode import e2m1_to_float32, e4m3_to_float32, e4m3_to_float32_by_multiply, e8m0_to_float32
 from blockscaled.reference import codecs
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import PAIRS, dequantizes_every_code_and_scale, run_and_check
 
@@ -260,3 +261,34 @@ def test_direct_launch_from_addresses(monkeypatch):
         stray.bind([x, y])
     assert scalar.sources == (0, 1, None) and scalar.launch_addresses([4096, 8192]) and runs[-1][-3:] == (4096, 8192, 3)
     assert stray.sources is None and not stray.launch_addresses([4096, 8192])
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_dense_plan_matches_fp64_reference(pair, gen):
+    """The dense plan (weights decoded from "mma_m16k16" to bf16, then a matmul) in chunks of 32 weight rows, N and K
+    that the layout pads: bf16 out (global scales folded into the decoded weights) and fp32 out (exact weights)."""
+    for out_dtype, bias in ((torch.bfloat16, True), (torch.float32, False)):
+        run_and_check(pair, 5, 72, 96, "cpu", gen, out_dtype=out_dtype, bias=bias, data_layout="mma_m16k16",
+                      backend="dense", config={"chunk_rows": 32})
+
+
+def test_dense_plan_fp16_out_and_activation_format(gen):
+    run_and_check(("nvfp4", "nvfp4"), 3, 40, 64, "cpu", gen, out_dtype=torch.float16, bias=True,
+                  data_layout="mma_m16k16", backend="dense")
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    w = bs.quantize(torch.randn(24, 64, generator=gen), "nvfp4", data_layout="mma_m16k16")
+    got = bs.scaled_mm(x, w, out_dtype=torch.float32, backend="dense", activation_format="nvfp4")
+    ref = ref_scaled_mm(bs.quantize(x, "nvfp4"), w)
+    assert max_rel_err(got, ref) <= 1e-5
+
+
+def test_dense_plan_bad_arguments(gen):
+    w = bs.quantize(torch.randn(24, 64, generator=gen), "mxfp4")
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="backend: 'dense' reads weights in the 'mma_m16k16' data layout"):
+        bs.scaled_mm(x, w, backend="dense")
+    w = w.with_data_layout("mma_m16k16")
+    with pytest.raises(ValueError, match=r"config: the dense plan takes keys \('chunk_rows',\), got \['split'\]"):
+        bs.scaled_mm(x, w, backend="dense", config={"split": 2})
+    with pytest.raises(ValueError, match="config: chunk_rows must be a positive multiple of 16, got 20"):
+        bs.scaled_mm(x, w, backend="dense", config={"chunk_rows": 20})

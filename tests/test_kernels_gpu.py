@@ -498,3 +498,27 @@ def test_mma_decodes_every_activation_code_and_scale(pair):
     mma_decodes_every_activation_scale(pair, "cuda")
     if pair[0] == "mxfp8":
         mma_decodes_activation_nan("cuda")
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
+def test_dense_plan(pair, out_dtype, gen):
+    """Weights decoded to bf16 then cuBLAS, in chunks of 256 rows, N and K the layout pads, with bias."""
+    run_and_check(pair, 600, 1000, 992, "cuda", gen, out_dtype=out_dtype, bias=True, data_layout="default",
+                  backend="dense", config={"chunk_rows": 256})
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
+    """From DENSE_MIN_M rows the default call takes the dense plan (one weight decode launch, no mma kernel)."""
+    from blockscaled.kernels import api, dense
+
+    decode, calls = dense.decode_weights, []
+
+    def counted(b, r0, rows, *rest):
+        calls.append((r0, rows))
+        return decode(b, r0, rows, *rest)
+
+    monkeypatch.setattr(dense, "decode_weights", counted)
+    run_and_check(pair, api.DENSE_MIN_M, 4096, 4096, "cuda", gen, data_layout="default")
+    assert calls == [(0, 4096)]

@@ -1,0 +1,59 @@
+"""`python -m bench.dense`: the dense plan's weight decode against a device-to-device copy, and its chunk size.
+
+1. `decode_weights` (`kernels/dense.py`) of [N, K] "mma_m16k16" weights to bf16: codes and factors read plus bf16
+   written over the time, as a fraction of a device-to-device copy of as many bytes measured in the same process.
+2. The dense plan at one M per `chunk_rows` (rows decoded per cuBLAS call), against cuBLAS bf16 in the same process.
+
+Prints a table; the run's log goes to bench/results (no CSV rows: the plan's end-to-end rows come from
+`python -m bench --providers cublas_bf16 blockscaled_dense ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import blockscaled as bs
+
+from .__main__ import time_ms
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"], help="N x K")
+    p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8"])
+    p.add_argument("-M", type=int, default=2048, help="activation rows of the chunk-size table")
+    p.add_argument("--chunks", type=int, nargs="+", default=[0, 4096, 2048, 1024], help="chunk_rows (0: all)")
+    args = p.parse_args(argv)
+    from blockscaled.kernels.dense import decode_weights
+
+    print(f"# {torch.cuda.get_device_name()}, {bs.__name__} dense plan")
+    for shape in args.shapes:
+        n, k = (int(v) for v in shape.split("x"))
+        w = torch.randn(n, k, device="cuda")
+        x = torch.randn(args.M, k, device="cuda", dtype=torch.bfloat16)
+        wb = w.to(torch.bfloat16)
+        t_bf16 = time_ms(lambda: torch.nn.functional.linear(x, wb), False)
+        for fmt in args.formats:
+            b = bs.quantize_weight(w, fmt)
+            ns, ks = b.stored_shape
+            out = torch.empty((ns, ks), dtype=torch.bfloat16, device="cuda")
+            moved = b.data.numel() * b.data.element_size() + b.kernel_mma_factors[0].numel() * 2 + out.numel() * 2
+            src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+            dst = torch.empty_like(src)
+            t_copy = time_ms(lambda: dst.copy_(src), False)
+            t_dec = time_ms(lambda: decode_weights(b, 0, ns, out, None, True), False)
+            print(f"{shape} {fmt:6s} decode {t_dec * 1e3:8.1f} us, {moved / t_dec / 1e9:6.0f} GB/s, "
+                  f"{t_copy / t_dec:.2f} of a copy of as many bytes ({t_copy * 1e3:.1f} us)")
+            for rows in args.chunks:
+                cfg = {"chunk_rows": rows} if rows else None
+                o = torch.empty((args.M, n), dtype=torch.bfloat16, device="cuda")
+                t = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), False)
+                print(f"{shape} {fmt:6s} M={args.M} chunk_rows={rows or ns:6d} {t * 1e3:8.1f} us, "
+                      f"x cuBLAS bf16 {t_bf16 / t:.3f} ({t_bf16 * 1e3:.1f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
