@@ -24,8 +24,11 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "28672x8192"], help="N x K")
     p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8"])
     p.add_argument("-M", type=int, default=2048, help="activation rows of the chunk-size table")
-    p.add_argument("--chunks", type=int, nargs="+", default=[0, 4096, 2048, 1024], help="chunk_rows (0: all)")
+    p.add_argument("--chunks", type=int, nargs="+", default=[0, 2048], help="chunk_rows (0: all)")
+    p.add_argument("--configs", nargs="+", metavar="GROUPS,WINDOWS,WARPS", default=[],
+                   help="also time the decode kernel with these configs (16-row groups x 64-K windows a program, warps)")
     args = p.parse_args(argv)
+    from blockscaled.kernels import dense
     from blockscaled.kernels.dense import decode_weights
 
     print(f"# {torch.cuda.get_device_name()}, {bs.__name__} dense plan")
@@ -34,7 +37,7 @@ def main(argv=None) -> int:
         w = torch.randn(n, k, device="cuda")
         x = torch.randn(args.M, k, device="cuda", dtype=torch.bfloat16)
         wb = w.to(torch.bfloat16)
-        t_bf16 = time_ms(lambda: torch.nn.functional.linear(x, wb), False)
+        t_bf16 = time_ms(lambda: torch.nn.functional.linear(x, wb), True)
         for fmt in args.formats:
             b = bs.quantize_weight(w, fmt)
             ns, ks = b.stored_shape
@@ -42,15 +45,23 @@ def main(argv=None) -> int:
             moved = b.data.numel() * b.data.element_size() + b.kernel_mma_factors[0].numel() * 2 + out.numel() * 2
             src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
             dst = torch.empty_like(src)
-            t_copy = time_ms(lambda: dst.copy_(src), False)
-            t_dec = time_ms(lambda: decode_weights(b, 0, ns, out, None, True), False)
-            print(f"{shape} {fmt:6s} decode {t_dec * 1e3:8.1f} us, {moved / t_dec / 1e9:6.0f} GB/s, "
-                  f"{t_copy / t_dec:.2f} of a copy of as many bytes ({t_copy * 1e3:.1f} us)")
+            t_copy = time_ms(lambda: dst.copy_(src), True)
+            default = (dense.DENSE_GROUPS, dense.DENSE_WINDOWS, dense.DENSE_WARPS)
+            for config in [default] + [tuple(int(v) for v in c.split(",")) for c in args.configs]:
+                dense.DENSE_GROUPS, dense.DENSE_WINDOWS, dense.DENSE_WARPS = config
+                dense._LAUNCHES.clear()
+                t_dec = time_ms(lambda: decode_weights(b, 0, ns, out, None, True), True)  # graphs: GPU time alone
+                print(f"{shape} {fmt:6s} decode g{config[0]}w{config[1]}x{config[2]} {t_dec * 1e3:8.1f} us, "
+                      f"{moved / t_dec / 1e6:6.0f} GB/s, {t_copy / t_dec:.2f} of a copy of as many bytes "
+                      f"({t_copy * 1e3:.1f} us)")
+            dense.DENSE_GROUPS, dense.DENSE_WINDOWS, dense.DENSE_WARPS = default
+            dense._LAUNCHES.clear()
             for rows in args.chunks:
                 cfg = {"chunk_rows": rows} if rows else None
                 o = torch.empty((args.M, n), dtype=torch.bfloat16, device="cuda")
-                t = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), False)
-                print(f"{shape} {fmt:6s} M={args.M} chunk_rows={rows or ns:6d} {t * 1e3:8.1f} us, "
+                t = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), True)
+                t_eager = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), False)
+                print(f"{shape} {fmt:6s} M={args.M} chunk_rows={rows or ns:6d} {t * 1e3:8.1f} us (eager {t_eager * 1e3:.1f}), "
                       f"x cuBLAS bf16 {t_bf16 / t:.3f} ({t_bf16 * 1e3:.1f} us)")
     return 0
 

@@ -7,7 +7,7 @@ mma_m64 kernel's in-loop decode from M ~ 512 on (bench/results, `blockscaled_den
 
 | operand          | shape                                   | dtype                    | notes                               |
 |------------------|-----------------------------------------|--------------------------|-------------------------------------|
-| words            | [N / 16, K / 64, 4 s, 8 g, 4 q (, 2)]   | int32 (E2M1 x 8) / int32 pairs (E4M3 x 8) | "mma_m16k16" (`layouts/mma.py`) |
+| words            | [N / 16, 8 g, K / 64, 4 q, 4 s (, 2)]   | int32 (E2M1 x 8) / int32 pairs (E4M3 x 8) | "mma_m16k16" (`layouts/mma.py`) |
 | factors          | [N / 16 * K / 64 * blocks per window * 8] | int16 (R0, R1 bytes)   | `QTensor.kernel_mma_factors`        |
 | post, a_post     | [1]                                     | fp32                     | 2^shift x weight global; act. global |
 | out (a chunk)    | [rows, K] = [rows / 16, 2, 8, K / 64, 4, 4, 4] | bf16              | row-major, K order                  |
@@ -37,6 +37,7 @@ _SIGN_X2 = 0x80008000 - 2**32
 _NV_FACTOR_BIAS = 237 << 7  # layouts.mma.NVFP4_BIAS under the bf16 exponent field
 
 # 16 rows x 512 K a program: 4 KB of fp4 words in, 16 KB of bf16 out
+DENSE_GROUPS = 1
 DENSE_WINDOWS = 8
 DENSE_WARPS = 4
 
@@ -76,21 +77,22 @@ def dense_decode_kernel(
     PER_WINDOW: hl.constexpr,
     FOLD: hl.constexpr,
 ) -> torch.Tensor:
-    """out[gr, half, g, w, q, s, j] (bf16) = element x factor x post (x a_post with FOLD) of word [gr, w, s, g, q]."""
+    """out[gr, half, g, w, q, s, j] (bf16) = element x factor x post (x a_post with FOLD) of word [gr, g, w, q, s]
+    (`words` is the layout's [gr, w, s, g, q] viewed in the output's order: the loads gather, the stores stream)."""
     groups, windows = out.size(0), out.size(3)
     for tile_gr, tile_w in hl.tile([groups, windows]):
         if FP8:
-            lo, hi = hl.split(words[tile_gr, tile_w, :, :, :, :])
+            lo, hi = hl.split(words[tile_gr, :, tile_w, :, :, :])
             regs = _registers_e4m3(lo, hi)
         else:
-            regs = _registers_e2m1(words[tile_gr, tile_w, :, :, :])
+            regs = _registers_e2m1(words[tile_gr, :, tile_w, :, :])
         # the lane's block: q for 16-element blocks (4 a window), q // 2 for 32
-        gr = tile_gr.index[:, None, None, None, None]
-        w = tile_w.index[None, :, None, None, None]
-        g = hl.arange(8)[None, None, None, :, None]
-        q = hl.arange(4)[None, None, None, None, :]
+        gr = tile_gr.index[:, None, None, None]
+        g = hl.arange(8)[None, :, None, None]
+        w = tile_w.index[None, None, :, None]
+        q = hl.arange(4)[None, None, None, :]
         off = ((gr * windows + w) * PER_WINDOW + q * PER_WINDOW // 4) * 8 + g
-        pair = hl.load(factors, [off]).to(torch.int32)
+        pair = hl.load(factors, [off]).to(torch.int32)[:, :, :, :, None]
         mul = post[0]
         if FOLD:
             mul = mul * a_post[0]
@@ -103,13 +105,13 @@ def dense_decode_kernel(
             # register x factor is element x scale x 2^-shift (in range: f alone may be near fp32's top), then x post
             j01 = torch.stack([first[0] * f * mul, first[1] * f * mul], dim=5)
             j23 = torch.stack([second[0] * f * mul, second[1] * f * mul], dim=5)
-            vals = torch.stack([j01, j23], dim=5).reshape(tile_gr.block_size, tile_w.block_size, 4, 8, 4, 4)
-            out[tile_gr, half, :, tile_w, :, :, :] = vals.permute(0, 3, 1, 4, 2, 5).to(torch.bfloat16)
+            vals = torch.stack([j01, j23], dim=5).reshape(tile_gr.block_size, 8, tile_w.block_size, 4, 4, 4)
+            out[tile_gr, half, :, tile_w, :, :, :] = vals.to(torch.bfloat16)
     return out
 
 
 def dense_decode_config() -> helion.Config:
-    return helion.Config(block_sizes=[1, DENSE_WINDOWS], num_warps=DENSE_WARPS, num_stages=1)
+    return helion.Config(block_sizes=[DENSE_GROUPS, DENSE_WINDOWS], num_warps=DENSE_WARPS, num_stages=1)
 
 
 # Weight rows decoded per cuBLAS call: all of them up to DENSE_CHUNK_BYTES of bf16 (the workspace is this call's,
@@ -148,7 +150,7 @@ def decode_weights(b, r0: int, rows: int, out: torch.Tensor, a_post: torch.Tenso
     per_window = WINDOW_K // b.fmt.block_size
     words = b.data.view(torch.int32)
     words = words.view(n_stored // 16, windows, 4, 8, 4, 2) if fp8 else words.view(n_stored // 16, windows, 4, 8, 4)
-    words = words[r0 // 16:(r0 + rows) // 16]
+    words = words[r0 // 16:(r0 + rows) // 16].permute(0, 3, 1, 4, 2, *((5,) if fp8 else ()))  # [gr, g, w, q, s (, 2)]
     per_group = windows * per_window * 8
     factors, post = b.kernel_mma_factors
     factors = factors[r0 // 16 * per_group:(r0 + rows) // 16 * per_group]

@@ -17,6 +17,9 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}
 # The Triton interpreter casts fp32 -> bf16 by truncation, not round-to-nearest (checked
 # on triton 3.6): one output rounding can cost 2^-8 instead of 2^-9 there.
 CPU_TOLERANCE = {**TOLERANCE, torch.bfloat16: 8e-3}
+# The dense plan with bf16 output folds nvfp4's global scales into the decoded bf16 weights: each weight is rounded
+# once more (2^-9 relative), besides the output's rounding; measured up to 4.1e-3 (H200, 600 x 1000 x 992).
+DENSE_FOLDED_TOLERANCE = 8e-3
 
 
 def make_operands(pair, m, n, k, device, gen, layout="rowmajor", data_layout="k_order"):
@@ -43,6 +46,8 @@ def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="r
     ref = ref_scaled_mm(a, b, bias=bias_t)
     err = max_rel_err(got, ref)
     tol = (TOLERANCE if torch.device(device).type == "cuda" else CPU_TOLERANCE)[out_dtype]
+    if backend == "dense" and out_dtype == torch.bfloat16 and "nvfp4" in pair:
+        tol = max(tol, DENSE_FOLDED_TOLERANCE)
     assert err <= tol, f"{pair} {m}x{n}x{k} {out_dtype}: max_rel_err {err:.3g}"
     return err
 
