@@ -80,7 +80,8 @@ def dense_decode_kernel(
     """out[gr, half, g, w, q, s, j] (bf16) = element x factor x post (x a_post with FOLD) of word [gr, g, w, q, s]
     (`words` is the layout's [gr, w, s, g, q] viewed in the output's order: the loads gather, the stores stream)."""
     groups, windows = out.size(0), out.size(3)
-    for tile_gr, tile_w in hl.tile([groups, windows]):
+    # K tiles vary fastest: programs that run together stream whole rows, not one column band of 16 KB-strided rows
+    for tile_w, tile_gr in hl.tile([windows, groups]):
         if FP8:
             lo, hi = hl.split(words[tile_gr, :, tile_w, :, :, :])
             regs = _registers_e4m3(lo, hi)
@@ -111,7 +112,7 @@ def dense_decode_kernel(
 
 
 def dense_decode_config() -> helion.Config:
-    return helion.Config(block_sizes=[DENSE_GROUPS, DENSE_WINDOWS], num_warps=DENSE_WARPS, num_stages=1)
+    return helion.Config(block_sizes=[DENSE_WINDOWS, DENSE_GROUPS], num_warps=DENSE_WARPS, num_stages=1)
 
 
 # Weight rows decoded per cuBLAS call: all of them up to DENSE_CHUNK_BYTES of bf16 (the workspace is this call's,

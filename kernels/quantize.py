@@ -128,7 +128,8 @@ def quantize_kernel(
     a given global scale) `global_scale` holds the input's amax; every program derives the scale from it (no launch
     of its own) and the first writes it to `global_out`."""
     rows, groups, block = x.size(0), x.size(1), x.size(2)
-    for tile_r, g in hl.tile([rows, groups]):
+    # K tiles vary fastest: programs that run together stream whole rows, not one column band of many rows
+    for g, tile_r in hl.tile([groups, rows]):
         if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
             v = (x[tile_r, g, :].to(torch.int32) << 16).view(torch.float32)
         else:
@@ -181,7 +182,7 @@ def quantize_kernel(
 def quantize_config(fmt: BlockFormat) -> helion.Config:
     """QUANTIZE_ROWS rows x QUANTIZE_K elements a program, QUANTIZE_WARPS warps (`bench.quantize --configs` times
     others)."""
-    return helion.Config(block_sizes=[QUANTIZE_ROWS, QUANTIZE_K // fmt.block_size], num_warps=QUANTIZE_WARPS,
+    return helion.Config(block_sizes=[QUANTIZE_K // fmt.block_size, QUANTIZE_ROWS], num_warps=QUANTIZE_WARPS,
                          num_stages=1)
 
 

@@ -20,6 +20,8 @@ CPU_TOLERANCE = {**TOLERANCE, torch.bfloat16: 8e-3}
 # The dense plan with bf16 output folds nvfp4's global scales into the decoded bf16 weights: each weight is rounded
 # once more (2^-9 relative), besides the output's rounding; measured up to 4.1e-3 (H200, 600 x 1000 x 992).
 DENSE_FOLDED_TOLERANCE = 8e-3
+# and under the interpreter, whose truncating casts bias both roundings toward zero (they no longer average out)
+CPU_DENSE_FOLDED_TOLERANCE = 1.6e-2
 
 
 def make_operands(pair, m, n, k, device, gen, layout="rowmajor", data_layout="k_order"):
@@ -47,7 +49,7 @@ def run_and_check(pair, m, n, k, device, gen, out_dtype=torch.float32, layout="r
     err = max_rel_err(got, ref)
     tol = (TOLERANCE if torch.device(device).type == "cuda" else CPU_TOLERANCE)[out_dtype]
     if backend == "dense" and out_dtype == torch.bfloat16 and "nvfp4" in pair:
-        tol = max(tol, DENSE_FOLDED_TOLERANCE)
+        tol = max(tol, DENSE_FOLDED_TOLERANCE if torch.device(device).type == "cuda" else CPU_DENSE_FOLDED_TOLERANCE)
     assert err <= tol, f"{pair} {m}x{n}x{k} {out_dtype}: max_rel_err {err:.3g}"
     return err
 
