@@ -7,10 +7,10 @@ mma_m64 kernel's in-loop decode from M ~ 512 on (bench/results, `blockscaled_den
 
 | operand          | shape                                   | dtype                    | notes                               |
 |------------------|-----------------------------------------|--------------------------|-------------------------------------|
-| words            | [N / 16, 8 g, K / 64, 4 q, 4 s (, 2)]   | int32 (E2M1 x 8) / int32 pairs (E4M3 x 8) | "mma_m16k16" (`layouts/mma.py`) |
+| words            | [N / 16, K / 64, 128 (, 2)]             | int32 (E2M1 x 8) / int32 pairs (E4M3 x 8) | "mma_m16k16" (`layouts/mma.py`) |
 | factors          | [N / 16 * K / 64 * blocks per window * 8] | int16 (R0, R1 bytes)   | `QTensor.kernel_mma_factors`        |
 | post, a_post     | [1]                                     | fp32                     | 2^shift x weight global; act. global |
-| out (a chunk)    | [rows, K] = [rows / 16, 2, 8, K / 64, 4, 4, 4] | bf16              | row-major, K order                  |
+| out (a chunk)    | [rows, K] = [rows / 16, 2, 8, K / 64, 64] | bf16                  | row-major, K order                  |
 
 A word (group gr, window w, step s, lane 4g + q) holds rows 16 gr + g (+ 8) at K = 64 w + 16 q + 4 s + j: its four
 bf16x2 registers (`layouts.mma`), times the block's factor and the post-scale, are 8 of those elements. With
@@ -77,16 +77,19 @@ def dense_decode_kernel(
     PER_WINDOW: hl.constexpr,
     FOLD: hl.constexpr,
 ) -> torch.Tensor:
-    """out[gr, half, g, w, q, s, j] (bf16) = element x factor x post (x a_post with FOLD) of word [gr, g, w, q, s]
-    (`words` is the layout's [gr, w, s, g, q] viewed in the output's order: the loads gather, the stores stream)."""
+    """out[gr, half, g, w, 16 q + 4 s + j] (bf16) = element x factor x post (x a_post with FOLD) of word
+    [gr, w, 32 s + 4 g + q]."""
     groups, windows = out.size(0), out.size(3)
     # K tiles vary fastest: programs that run together stream whole rows, not one column band of 16 KB-strided rows
     for tile_w, tile_gr in hl.tile([windows, groups]):
+        # the words as stored (128 contiguous a window: coalesced), then in the output's order [gr, g, w, q, s]
         if FP8:
-            lo, hi = hl.split(words[tile_gr, :, tile_w, :, :, :])
+            raw = words[tile_gr, tile_w, :, :].reshape(tile_gr.block_size, tile_w.block_size, 4, 8, 4, 2)
+            lo, hi = hl.split(raw.permute(0, 3, 1, 4, 2, 5))
             regs = _registers_e4m3(lo, hi)
         else:
-            regs = _registers_e2m1(words[tile_gr, :, tile_w, :, :])
+            raw = words[tile_gr, tile_w, :].reshape(tile_gr.block_size, tile_w.block_size, 4, 8, 4)
+            regs = _registers_e2m1(raw.permute(0, 3, 1, 4, 2))
         # the lane's block: q for 16-element blocks (4 a window), q // 2 for 32
         gr = tile_gr.index[:, None, None, None]
         g = hl.arange(8)[None, :, None, None]
@@ -106,8 +109,10 @@ def dense_decode_kernel(
             # register x factor is element x scale x 2^-shift (in range: f alone may be near fp32's top), then x post
             j01 = torch.stack([first[0] * f * mul, first[1] * f * mul], dim=5)
             j23 = torch.stack([second[0] * f * mul, second[1] * f * mul], dim=5)
-            vals = torch.stack([j01, j23], dim=5).reshape(tile_gr.block_size, 8, tile_w.block_size, 4, 4, 4)
-            out[tile_gr, half, :, tile_w, :, :, :] = vals.to(torch.bfloat16)
+            # stored as 64 contiguous K a window: a store of [.., q, s, j] dims coalesced across rows instead (0.17 of
+            # a copy's bandwidth, H200)
+            vals = torch.stack([j01, j23], dim=5).reshape(tile_gr.block_size, 8, tile_w.block_size, 64)
+            out[tile_gr, half, :, tile_w, :] = vals.to(torch.bfloat16)
     return out
 
 
@@ -150,15 +155,15 @@ def decode_weights(b, r0: int, rows: int, out: torch.Tensor, a_post: torch.Tenso
     fp8 = ELEMENTS[b.fmt.element].word_bits == 64
     per_window = WINDOW_K // b.fmt.block_size
     words = b.data.view(torch.int32)
-    words = words.view(n_stored // 16, windows, 4, 8, 4, 2) if fp8 else words.view(n_stored // 16, windows, 4, 8, 4)
-    words = words[r0 // 16:(r0 + rows) // 16].permute(0, 3, 1, 4, 2, *((5,) if fp8 else ()))  # [gr, g, w, q, s (, 2)]
+    words = words.view(n_stored // 16, windows, 128, 2) if fp8 else words.view(n_stored // 16, windows, 128)
+    words = words[r0 // 16:(r0 + rows) // 16]
     per_group = windows * per_window * 8
     factors, post = b.kernel_mma_factors
     factors = factors[r0 // 16 * per_group:(r0 + rows) // 16 * per_group]
     if not fold:  # the exact bf16 values: the global scale (if any) stays with the caller
         post = _power_of_two(out.device, b.kernel_mma_shift)
     args = (words, factors, post, a_post if a_post is not None else _one(out.device),
-            out.view(rows // 16, 2, 8, windows, 4, 4, 4), fp8, b.fmt.global_scale, per_window,
+            out.view(rows // 16, 2, 8, windows, 64), fp8, b.fmt.global_scale, per_window,
             fold and a_post is not None)
     key = (b.fmt.name, rows, k_stored, out.device, args[-1])
     launch = _LAUNCHES.get(key)

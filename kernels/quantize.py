@@ -2,7 +2,7 @@
 
 | operand        | shape                          | dtype                        | notes                                    |
 |----------------|--------------------------------|------------------------------|------------------------------------------|
-| x              | [rows, K]                      | bf16, fp16, fp32             | read as [rows, K / block, block]         |
+| x              | [rows, K]                      | bf16, fp16, fp32             | read as [rows, K / chunk, chunk]         |
 | data (out)     | [rows, K / 2] / [rows, K]      | uint8 (E2M1 pairs) / E4M3    | k_order: even K in the low nibble        |
 | scale (out)    | the layout's stored shape      | E8M0 (mx) / E4M3 (nvfp4)     | written in place through `scale_offset`  |
 | global_scale   | [1]                            | fp32 (nvfp4)                 | read on the device: no host sync         |
@@ -121,19 +121,26 @@ def quantize_kernel(
     DECODED: hl.constexpr,
     BF16_BITS: hl.constexpr,
     FROM_AMAX: hl.constexpr,
+    BLOCK: hl.constexpr,
 ) -> torch.Tensor:
-    """x [rows, K / BLOCK, BLOCK] -> data [rows, K / BLOCK, BLOCK (/ 2 packed)] and the flat scale buffer, or with
-    DECODED, bf16 `decoded` [rows, K / BLOCK, BLOCK] = element x block scale (exact in bf16; the nvfp4 global scale
+    """x [rows, K / C, C] (chunks of C = a power of two of blocks) -> data [rows, K / C, C (/ 2 packed)] and the flat
+    scale buffer, or with DECODED, bf16 `decoded` [rows, K / C, C] = element x block scale (exact in bf16; the nvfp4 global scale
     not applied), what `dequantize.dequantize_kernel` makes of that data and scale. With FROM_AMAX (nvfp4 without
     a given global scale) `global_scale` holds the input's amax; every program derives the scale from it (no launch
     of its own) and the first writes it to `global_out`."""
-    rows, groups, block = x.size(0), x.size(1), x.size(2)
-    # K tiles vary fastest: programs that run together stream whole rows, not one column band of many rows
-    for g, tile_r in hl.tile([groups, rows]):
+    rows, chunks, chunk = x.size(0), x.size(1), x.size(2)
+    per_chunk = chunk // BLOCK
+    groups = chunks * per_chunk
+    # one chunk a program (config), chunks fastest: programs that run together stream whole rows; each load and store
+    # is a row's contiguous chunk (a [rows, K / BLOCK, BLOCK] view had Triton spread a warp's lanes over rows)
+    for tile_c, tile_r in hl.tile([chunks, rows], block_size=[1, None]):
         if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
-            v = (x[tile_r, g, :].to(torch.int32) << 16).view(torch.float32)
+            v = (x[tile_r, tile_c, :].to(torch.int32) << 16).view(torch.float32)
         else:
-            v = x[tile_r, g, :].to(torch.float32)
+            v = x[tile_r, tile_c, :].to(torch.float32)
+        v = v.reshape(tile_r.block_size, tile_c.block_size * per_chunk, BLOCK)
+        # each block's index in the row (tile_c is one chunk: config)
+        blocks = (tile_c.index[:, None] * per_chunk + hl.arange(per_chunk)[None, :]).reshape(tile_c.block_size * per_chunk)
         amax = torch.amax(torch.abs(v), dim=-1)
         # Triton's max drops NaN; the reference's amax keeps it
         nan = torch.amax((v != v).to(torch.int32), dim=-1) > 0
@@ -142,8 +149,8 @@ def quantize_kernel(
             gs = torch.full_like(amax, 1.0) * global_scale[0]
             if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
                 gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
-                first = (tile_r.index[:, None] == 0) & (g.index[None, :] == 0)
-                hl.store(global_out, [tile_r.index[:, None] * 0 + g.index[None, :] * 0], gs, extra_mask=first)
+                first = (tile_r.index[:, None] == 0) & (blocks[None, :] == 0)
+                hl.store(global_out, [tile_r.index[:, None] * 0 + blocks[None, :] * 0], gs, extra_mask=first)
             s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), gs)
             s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
             code = _e4m3_bits(s)
@@ -163,27 +170,26 @@ def quantize_kernel(
                 values = e4m3_to_float32(_e4m3_bits(clamped))
             else:
                 values = e2m1_to_float32(_e2m1_codes(scaled))
-            decoded[tile_r, g, :] = (values * scale_value[:, :, None]).to(torch.bfloat16)
+            decoded[tile_r, tile_c, :] = (values * scale_value[:, :, None]).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.bfloat16)
         elif FP8:
             clamped = torch.where(scaled != scaled, scaled, torch.clamp(scaled, -448.0, 448.0))
-            data[tile_r, g, :] = _e4m3_bits(clamped).to(torch.uint8)
+            data[tile_r, tile_c, :] = _e4m3_bits(clamped).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.uint8)
         else:
-            codes = _e2m1_codes(scaled).reshape(tile_r.block_size, g.block_size, block // 2, 2)
+            codes = _e2m1_codes(scaled).reshape(tile_r.block_size, tile_c.block_size, chunk // 2, 2)
             low, high = hl.split(codes)
-            data[tile_r, g, :] = (low | (high << 4)).to(torch.uint8)
+            data[tile_r, tile_c, :] = (low | (high << 4)).to(torch.uint8)
         if not DECODED:
             r = tile_r.index[:, None]
-            c = g.index[None, :]
+            c = blocks[None, :]
             off = scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, groups)
             hl.store(scale, [off], code.to(torch.uint8), extra_mask=(r < rows) & (c < groups))
     return data
 
 
 def quantize_config(fmt: BlockFormat) -> helion.Config:
-    """QUANTIZE_ROWS rows x QUANTIZE_K elements a program, QUANTIZE_WARPS warps (`bench.quantize --configs` times
-    others)."""
-    return helion.Config(block_sizes=[QUANTIZE_K // fmt.block_size, QUANTIZE_ROWS], num_warps=QUANTIZE_WARPS,
-                         num_stages=1)
+    """QUANTIZE_ROWS rows x one chunk (`_chunk`: up to QUANTIZE_K elements) a program, QUANTIZE_WARPS warps
+    (`bench.quantize --configs` times others)."""
+    return helion.Config(block_sizes=[QUANTIZE_ROWS], num_warps=QUANTIZE_WARPS, num_stages=1)
 
 
 _LAUNCHES: dict[tuple, object] = {}
@@ -208,9 +214,21 @@ def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
     return fmt.global_scale, fmt.element == "e4m3"
 
 
+def _chunk(k: int, fmt: BlockFormat) -> int:
+    """Elements of K a program takes: blocks times the largest power of two that divides K's blocks, up to
+    QUANTIZE_K (a power of two for Triton; K = 8192: 512)."""
+    blocks = k // fmt.block_size
+    return fmt.block_size * min(blocks & -blocks, max(1, QUANTIZE_K // fmt.block_size))
+
+
+def _chunks(t: torch.Tensor, k: int, fmt: BlockFormat) -> torch.Tensor:
+    """[rows, K'] (K' = K, or K / 2 packed) as the kernel indexes it: [rows, K / chunk, chunk']."""
+    return t.view(t.shape[0], k // _chunk(k, fmt), -1)
+
+
 def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
-    """x [rows, K] as the kernel reads it: [rows, K / block, block], bf16 as int16 bits."""
-    x = x.contiguous().view(x.shape[0], -1, fmt.block_size)
+    """x [rows, K] as the kernel reads it: [rows, K / chunk, chunk], bf16 as int16 bits."""
+    x = _chunks(x.contiguous(), x.shape[1], fmt)
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
@@ -231,9 +249,9 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    args = (_blocks(x, fmt), data.view(torch.uint8).view(rows, cols, -1), scale.view(torch.uint8).view(-1), g_in, g, g,
+    args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), g_in, g, g,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
-            from_amax)
+            from_amax, fmt.block_size)
     _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax), x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
@@ -245,7 +263,8 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     cols = k // fmt.block_size
     g_in, g, from_amax = _global_scale(x, fmt, global_scale)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    args = (_blocks(x, fmt), g, g, g_in, g, decoded.view(rows, cols, fmt.block_size), *_format_flags(fmt),
-            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax)
+    args = (_blocks(x, fmt), g, g, g_in, g, _chunks(decoded, k, fmt), *_format_flags(fmt),
+            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax,
+            fmt.block_size)
     _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
     return decoded, g
