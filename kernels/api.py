@@ -493,8 +493,9 @@ def _mma_runs(pair: str, a, device: torch.device) -> bool:
     return pair in MMA_PAIRS and _mma_activation(a) and _ptx_decodes(device) and _capability(device) >= (8, 0)
 
 
-# The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on: below it the
-# mma kernels decode in their K loop for less than the decode pass costs.
+# The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on. H200, 8192^2,
+# x cuBLAS bf16, mma_m64 / dense (bench/results/h200_bench_m256_8192_dense_mma_n8192_k8192_08d5118_2026-11-28.log):
+# M = 256 0.50-0.59 / 0.47-0.54 (the decode pass costs more than the in-loop decode), M = 512 0.43-0.52 / 0.62-0.66.
 DENSE_MIN_M = 512
 
 

@@ -1,9 +1,10 @@
 """The dense plan for large M: weights decoded to bf16 in chunks of rows, each chunk multiplied by cuBLAS.
 
 Above a few hundred activation rows a bf16 GEMM is tensor-core bound, so every exact decode-to-bf16 path is capped
-near cuBLAS bf16; what a quantized GEMM adds is the decode. Decoding the weights once per call (N x K codes read,
-N x K bf16 written and read back) costs about 268 / M of cuBLAS's time at 8192^2 on Hopper, less than the
-mma_m64 kernel's in-loop decode from M ~ 512 on (bench/results, `blockscaled_dense`).
+near cuBLAS bf16; what a quantized GEMM adds is the decode. Decoding the weights once per call (codes read, bf16
+written, read back by cuBLAS) runs at 0.93-0.95 of a device-to-device copy's bandwidth (H200, 45 us at 8192^2 fp4),
+so the plan reaches 0.88-0.98x of cuBLAS bf16 at M = 2048 and 0.98-1.03x at M = 8192 (H200, 8192^2), where the
+mma_m64 kernel's in-loop decode gave 0.47-0.66x (`api.DENSE_MIN_M`; `python -m bench.dense`).
 
 | operand          | shape                                   | dtype                    | notes                               |
 |------------------|-----------------------------------------|--------------------------|-------------------------------------|
@@ -36,7 +37,8 @@ _E4M3_LOW_UP = 0x80F080F0 - 2**32
 _SIGN_X2 = 0x80008000 - 2**32
 _NV_FACTOR_BIAS = 237 << 7  # layouts.mma.NVFP4_BIAS under the bf16 exponent field
 
-# 16 rows x 512 K a program: 4 KB of fp4 words in, 16 KB of bf16 out
+# 16 rows x 512 K a program, 4 warps: 4 KB of fp4 words in, 16 KB of bf16 out (H200, 8192^2: 0.93-0.95 of a copy;
+# 32 rows or 1024 K a program 0.75 for fp8 words)
 DENSE_GROUPS = 1
 DENSE_WINDOWS = 8
 DENSE_WARPS = 4
@@ -121,7 +123,8 @@ def dense_decode_config() -> helion.Config:
 
 
 # Weight rows decoded per cuBLAS call: all of them up to DENSE_CHUNK_BYTES of bf16 (the workspace is this call's,
-# from the stream's allocator), else chunks of whole 128-row programs.
+# from the stream's allocator), else chunks of whole 128-row programs. Chunks cost little: H200, M = 2048, 8192^2 and
+# 28672 x 8192, 2048-row chunks against one 0.99-1.01x (bench/results/h200_dense_decode_chunks_08d5118_2026-11-28.log).
 DENSE_CHUNK_BYTES = 256 << 20
 PLAN_KEYS = ("chunk_rows",)
 
