@@ -495,7 +495,7 @@ def _mma_runs(pair: str, a, device: torch.device) -> bool:
 
 # The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on. H200, 8192^2,
 # x cuBLAS bf16, mma_m64 / dense (bench/results/h200_bench_m256_8192_dense_mma_n8192_k8192_08d5118_2026-11-28.log):
-# M = 256 0.50-0.59 / 0.47-0.54 (the decode pass costs more than the in-loop decode), M = 512 0.43-0.52 / 0.62-0.66.
+# M = 256 0.50-0.59 / 0.26-0.54 (the decode pass costs more than the in-loop decode), M = 512 0.43-0.52 / 0.62-0.66.
 DENSE_MIN_M = 512
 
 
