@@ -1,0 +1,124 @@
+"""`blockscaled.checkpoints`: quantized weights as published checkpoints store them, as QTensors and layers.
+
+| format (`FORMATS` key)      | tensors of one linear (after its prefix)                            | elements                                   | block scales                         | global scales                                                       |
+|-----------------------------|---------------------------------------------------------------------|--------------------------------------------|--------------------------------------|---------------------------------------------------------------------|
+| "modelopt_nvfp4" (NVIDIA ModelOpt) | weight, weight_scale, weight_scale_2, input_scale (optional) | uint8 [N, K/2] E2M1 pairs, even K low nibble | float8_e4m3fn [N, K/16], row-major | weight_scale_2, input_scale: multipliers (ours as they are)          |
+| "compressed_tensors_nvfp4" (`nvfp4-pack-quantized`) | weight_packed, weight_scale, weight_global_scale, input_global_scale (optional) | as ModelOpt | as ModelOpt | stored as divisors: ours = 1 / theirs                     |
+| "gpt_oss_mxfp4"             | `<name>_blocks`, `<name>_scales`                                      | uint8 [N, K/32, 16] E2M1 pairs, even K low nibble | uint8 [N, K/32], E8M0 (2^(code - 127)) | none                                                    |
+
+Checked against the published readers: vLLM's `break_fp4_bytes` (low nibble first) and its compressed-tensors
+schemes (`weight_scale_2 = 1 / weight_global_scale`), ModelOpt's `weight * weight_scale * weight_scale_2`, gpt-oss's
+`lut[blk & 0x0F]` for even K and `ldexp(., scales - 127)`.
+
+    tensors = safetensors.torch.load_file("model.safetensors")
+    layer = blockscaled.checkpoints.load_linear(tensors, "model.layers.0.mlp.down_proj.", "modelopt_nvfp4",
+                                                activation_format="nvfp4", device="cuda")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from .formats import get_format
+from .qtensor import QTensor
+
+FORMATS = ("modelopt_nvfp4", "compressed_tensors_nvfp4", "gpt_oss_mxfp4")
+
+
+def _get(tensors: Mapping, key: str) -> torch.Tensor:
+    if key not in tensors:
+        raise KeyError(f"tensors: no {key!r} (expected for this checkpoint format)")
+    return tensors[key]
+
+
+def _packed(t: torch.Tensor, key: str) -> torch.Tensor:
+    if t.dtype not in (torch.uint8, torch.int8) or t.dim() != 2:
+        raise ValueError(f"{key}: expected uint8 [N, K / 2] packed E2M1 pairs, got {t.dtype} {tuple(t.shape)}")
+    return t.view(torch.uint8)
+
+
+def _scalar(t: torch.Tensor, key: str, divisor: bool) -> torch.Tensor:
+    """A per-tensor scale as our [] fp32 multiplier (1 / t where the format stores the divisor)."""
+    if t.numel() != 1 and not bool((t == t.reshape(-1)[0]).all()):
+        raise ValueError(f"{key}: expected one per-tensor scale, got {t.numel()} different values")
+    g = t.reshape(-1)[0].to(torch.float32)
+    if not bool(torch.isfinite(g)) or float(g) <= 0:
+        raise ValueError(f"{key}: expected a positive finite scale, got {float(g)}")
+    return (1.0 / g if divisor else g).reshape(())
+
+
+def _nvfp4(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, keys: tuple[str, str]) -> QTensor:
+    data = _packed(data, keys[0])
+    n, half_k = data.shape
+    if tuple(scale.shape) != (n, 2 * half_k // 16):
+        raise ValueError(f"{keys[1]}: expected [{n}, {2 * half_k // 16}] block scales for {keys[0]} [{n}, {half_k}], "
+                         f"got {tuple(scale.shape)}")
+    if scale.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise ValueError(f"{keys[1]}: expected float8_e4m3fn block scales, got {scale.dtype}")
+    return QTensor(data.contiguous(), scale.contiguous().view(torch.float8_e4m3fn), get_format("nvfp4"),
+                   global_scale=global_scale.to(data.device))
+
+
+def modelopt_nvfp4(tensors: Mapping, prefix: str = "") -> tuple[QTensor, torch.Tensor | None]:
+    """(the weight, the activation's global scale or None) of one linear of a ModelOpt NVFP4 checkpoint."""
+    g = _scalar(_get(tensors, prefix + "weight_scale_2"), prefix + "weight_scale_2", divisor=False)
+    w = _nvfp4(_get(tensors, prefix + "weight"), _get(tensors, prefix + "weight_scale"), g,
+               (prefix + "weight", prefix + "weight_scale"))
+    key = prefix + "input_scale"
+    return w, (_scalar(tensors[key], key, divisor=False) if key in tensors else None)
+
+
+def compressed_tensors_nvfp4(tensors: Mapping, prefix: str = "") -> tuple[QTensor, torch.Tensor | None]:
+    """(the weight, the activation's global scale or None) of one linear of a compressed-tensors
+    `nvfp4-pack-quantized` checkpoint; its global scales are divisors, ours multipliers."""
+    g = _scalar(_get(tensors, prefix + "weight_global_scale"), prefix + "weight_global_scale", divisor=True)
+    w = _nvfp4(_get(tensors, prefix + "weight_packed"), _get(tensors, prefix + "weight_scale"), g,
+               (prefix + "weight_packed", prefix + "weight_scale"))
+    key = prefix + "input_global_scale"
+    return w, (_scalar(tensors[key], key, divisor=True) if key in tensors else None)
+
+
+def gpt_oss_mxfp4(tensors: Mapping, name: str) -> tuple[QTensor, None]:
+    """(the weight, None) of gpt-oss's `<name>_blocks` [N, K / 32, 16] and `<name>_scales` [N, K / 32] (one
+    expert's slice of an MoE weight: index the stored [experts, ...] tensors first)."""
+    blocks_key, scales_key = f"{name}_blocks", f"{name}_scales"
+    blocks, scales = _get(tensors, blocks_key), _get(tensors, scales_key)
+    if blocks.dtype not in (torch.uint8, torch.int8) or blocks.dim() != 3 or blocks.shape[2] != 16:
+        raise ValueError(f"{blocks_key}: expected uint8 [N, K / 32, 16], got {blocks.dtype} {tuple(blocks.shape)}")
+    if scales.dtype not in (torch.uint8, torch.int8) or tuple(scales.shape) != tuple(blocks.shape[:2]):
+        raise ValueError(f"{scales_key}: expected uint8 {tuple(blocks.shape[:2])} E8M0 codes, got {scales.dtype} "
+                         f"{tuple(scales.shape)}")
+    n, groups, _ = blocks.shape
+    data = blocks.contiguous().view(torch.uint8).reshape(n, groups * 16)
+    return QTensor(data, scales.contiguous().view(torch.uint8).view(torch.float8_e8m0fnu), get_format("mxfp4")), None
+
+
+_READERS = {"modelopt_nvfp4": modelopt_nvfp4, "compressed_tensors_nvfp4": compressed_tensors_nvfp4,
+            "gpt_oss_mxfp4": gpt_oss_mxfp4}
+
+
+def load_weight(tensors: Mapping, prefix: str, checkpoint_format: str) -> tuple[QTensor, torch.Tensor | None]:
+    """(the weight, the activation's global scale or None) of the linear at `prefix` (gpt-oss: the tensor name
+    before `_blocks`) in `checkpoint_format` (one of `FORMATS`)."""
+    if checkpoint_format not in _READERS:
+        raise ValueError(f"checkpoint_format: expected one of {FORMATS}, got {checkpoint_format!r}")
+    return _READERS[checkpoint_format](tensors, prefix)
+
+
+def load_linear(tensors: Mapping, prefix: str, checkpoint_format: str, *, bias: torch.Tensor | None = None,
+                activation_format: str | None = None, device: torch.device | str | None = None):
+    """A `blockscaled.nn.QuantizedLinear` of the linear at `prefix`: its weight in the layout the fastest kernel on
+    `device` reads (`QTensor.for_device`), `bias` (or the checkpoint's `<prefix>bias`), and with `activation_format`
+    the checkpoint's static activation global scale when it has one (else computed in each call)."""
+    from .nn import QuantizedLinear
+
+    w, act_scale = load_weight(tensors, prefix, checkpoint_format)
+    device = torch.device(device) if device is not None else w.device
+    if bias is None and prefix + "bias" in tensors:
+        bias = tensors[prefix + "bias"]
+    bias = None if bias is None else bias.to(device)
+    scale = float(act_scale) if activation_format is not None and act_scale is not None else None
+    return QuantizedLinear(w.for_device(device), bias, activation_format=activation_format,
+                           activation_global_scale=scale)

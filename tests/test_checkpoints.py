@@ -1,0 +1,101 @@
+"""Quantized checkpoints in the wild (`blockscaled.checkpoints`): small safetensors files written in each published
+layout, read back, and compared with a decode written here from each format's own description (not this project's
+codecs): vLLM's `break_fp4_bytes` (low nibble first), ModelOpt's weight x weight_scale x weight_scale_2,
+compressed-tensors' weight x weight_scale / weight_global_scale, gpt-oss's lut[blk & 0x0F] / lut[blk >> 4] and
+ldexp(., scales - 127)."""
+
+import pytest
+import torch
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+import blockscaled as bs  # noqa: E402
+from blockscaled import checkpoints  # noqa: E402
+from blockscaled.nn import QuantizedLinear  # noqa: E402
+
+E2M1 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
+N, K = 48, 128
+
+
+def published_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K / 2] -> float64 [N, K]: element 2i in the low nibble of byte i, 2i + 1 in the high one."""
+    codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1).long()
+    return E2M1[codes].reshape(packed.shape[0], -1)
+
+
+def nvfp4_tensors(gen):
+    packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    scale = (torch.rand(N, K // 16, generator=gen) * 6 + 0.02).to(torch.float8_e4m3fn)
+    return packed, scale
+
+
+def roundtrip(tmp_path, tensors):
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    return safetensors_torch.load_file(str(path))
+
+
+def test_modelopt_nvfp4(tmp_path, gen):
+    packed, scale = nvfp4_tensors(gen)
+    p = "model.layers.0.mlp.down_proj."
+    bias = torch.randn(N, generator=gen)
+    tensors = roundtrip(tmp_path, {p + "weight": packed, p + "weight_scale": scale,
+                                   p + "weight_scale_2": torch.tensor(0.0123), p + "input_scale": torch.tensor(0.004),
+                                   p + "bias": bias})
+    g = torch.tensor(0.0123).double()  # the stored fp32 value
+    want = (published_e2m1(packed).reshape(N, -1, 16) * scale.double()[..., None]).reshape(N, K) * g
+    w, act = checkpoints.load_weight(tensors, p, "modelopt_nvfp4")
+    torch.testing.assert_close(bs.dequantize(w, torch.float64), want, rtol=1e-15, atol=0)  # fp64 product order
+    assert float(act) == float(torch.tensor(0.004))
+    layer = checkpoints.load_linear(tensors, p, "modelopt_nvfp4", activation_format="nvfp4")
+    assert isinstance(layer, QuantizedLinear) and layer.activation_global_scale == float(torch.tensor(0.004))
+    torch.testing.assert_close(layer.bias, bias)
+    x = torch.randn(3, K, generator=gen)
+    ref = bs.reference.scaled_mm(bs.quantize(x, "nvfp4", global_scale=layer.activation_global_scale), w,
+                                 bias=bias.to(torch.float32))
+    assert bs.reference.max_rel_err(layer(x), ref) <= 1e-5
+
+
+def test_compressed_tensors_nvfp4_global_scales_are_divisors(tmp_path, gen):
+    packed, scale = nvfp4_tensors(gen)
+    p = "layers.3.self_attn.q_proj."
+    tensors = roundtrip(tmp_path, {p + "weight_packed": packed, p + "weight_scale": scale,
+                                   p + "weight_global_scale": torch.tensor([448.0 * 6 / 3.5]),
+                                   p + "input_global_scale": torch.tensor([250.0])})
+    g = torch.tensor([448.0 * 6 / 3.5]).double()
+    want = (published_e2m1(packed).reshape(N, -1, 16) * scale.double()[..., None] / g).reshape(N, K)
+    w, act = checkpoints.load_weight(tensors, p, "compressed_tensors_nvfp4")
+    got = bs.dequantize(w, torch.float64)
+    # the stored divisor becomes an fp32 multiplier: within its one rounding (2^-24) of the published value
+    assert float(((got - want).abs() / want.abs().clamp(min=1e-30)).max()) <= 2 ** -24
+    assert float(act) == float(torch.tensor(1 / 250.0))
+    assert checkpoints.load_linear(tensors, p, "compressed_tensors_nvfp4").activation_format is None
+
+
+def test_gpt_oss_mxfp4(tmp_path, gen):
+    blocks = torch.randint(0, 256, (2, N, K // 32, 16), generator=gen, dtype=torch.uint8)  # two experts
+    scales = torch.randint(118, 136, (2, N, K // 32), generator=gen, dtype=torch.uint8)
+    stored = roundtrip(tmp_path, {"block.0.mlp.mlp2_weight_blocks": blocks, "block.0.mlp.mlp2_weight_scales": scales})
+    expert = 1
+    tensors = {k: v[expert] for k, v in stored.items()}
+    lut = E2M1[torch.stack((blocks[expert] & 0x0F, blocks[expert] >> 4), dim=-1).long()].reshape(N, K // 32, 32)
+    want = torch.ldexp(lut, scales[expert].long()[..., None] - 127).reshape(N, K)
+    w, act = checkpoints.load_weight(tensors, "block.0.mlp.mlp2_weight", "gpt_oss_mxfp4")
+    assert act is None and w.fmt.name == "mxfp4"
+    torch.testing.assert_close(bs.dequantize(w, torch.float64), want, rtol=0, atol=0)
+
+
+def test_bad_checkpoints(gen):
+    packed, scale = nvfp4_tensors(gen)
+    with pytest.raises(ValueError, match="checkpoint_format: expected one of"):
+        checkpoints.load_weight({}, "", "awq")
+    with pytest.raises(KeyError, match="no 'x.weight_scale_2'"):
+        checkpoints.load_weight({"x.weight": packed, "x.weight_scale": scale}, "x.", "modelopt_nvfp4")
+    with pytest.raises(ValueError, match=r"x.weight_scale: expected \[48, 8\] block scales for x.weight \[48, 64\]"):
+        checkpoints.load_weight({"x.weight": packed, "x.weight_scale": scale[:, :4], "x.weight_scale_2": torch.tensor(1.0)},
+                                "x.", "modelopt_nvfp4")
+    with pytest.raises(ValueError, match="x.weight_global_scale: expected a positive finite scale"):
+        checkpoints.load_weight({"x.weight_packed": packed, "x.weight_scale": scale,
+                                 "x.weight_global_scale": torch.tensor(0.0)}, "x.", "compressed_tensors_nvfp4")
+    with pytest.raises(ValueError, match=r"m_blocks: expected uint8 \[N, K / 32, 16\]"):
+        checkpoints.load_weight({"m_blocks": packed, "m_scales": packed}, "m", "gpt_oss_mxfp4")
