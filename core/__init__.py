@@ -10,6 +10,7 @@ from .qtensor import QTensor
 from .weights import quantize, quantize_weight
 from blockscaled.reference import dequantize
 from blockscaled.kernels import SUPPORTED_PAIRS, scaled_mm
+from . import ops  # noqa: E402,F401 - registers the torch.library custom ops
 
 __all__ = ["FORMATS", "SCALE_LAYOUTS", "BlockFormat", "QTensor", "SUPPORTED_PAIRS", "dequantize", "get_format", "quantize",
            "quantize_weight", "scaled_mm"]

@@ -39,7 +39,10 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def _set_weight(self, weight: QTensor) -> None:
+        from .ops import register_weight
+
         self.weight = weight
+        register_weight(weight)
         for name in ("data", "scale", "global_scale"):  # tensors in the state_dict; the rest in the extra state
             self.register_buffer(f"weight_{name}", getattr(weight, name), persistent=True)
 
@@ -65,7 +68,12 @@ class QuantizedLinear(nn.Module):
         if self.activation_format is None:
             x2 = x2.to(torch.bfloat16)
         x2 = x2.contiguous()
-        if self.activation_format is None:
+        if torch.compiler.is_compiling():  # the custom op: traced as one node with its fake implementation
+            from .ops import linear_call
+
+            y = linear_call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding,
+                            self.activation_global_scale, x.dtype)
+        elif self.activation_format is None:
             y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias)
         else:
             y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias, activation_format=self.activation_format,
@@ -85,6 +93,9 @@ class QuantizedLinear(nn.Module):
         self.activation_global_scale = state["activation_global_scale"]
         self.out_features, self.in_features = weight.shape
         self.weight = weight
+        from .ops import register_weight
+
+        register_weight(weight)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # the stored tensors may differ in shape from this module's (another layer size, another data layout):

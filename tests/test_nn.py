@@ -76,3 +76,45 @@ def test_errors_name_the_argument():
         q(torch.ones(2, 32, dtype=torch.int32))
     with pytest.raises(ValueError, match="activation_format"):
         QuantizedLinear(bs.quantize(torch.randn(16, 32), "nvfp4"), activation_format="bf16")
+
+
+def test_custom_ops_pass_opcheck(gen):
+    """`torch.library.opcheck`: the fake (meta) implementation against the real one, dispatch under AOT, autograd
+    registration. (Not its test_schema: that one does arithmetic on the inputs, which CPU float8 tensors refuse.)"""
+    from blockscaled import ops
+
+    checks = ("test_faketensor", "test_aot_dispatch_static", "test_autograd_registration")
+
+    w = bs.quantize(torch.randn(24, 64, generator=gen), "nvfp4")
+    x = torch.randn(3, 64, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(24, generator=gen).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.blockscaled.linear, (x, w.data, w.scale, w.global_scale, bias, "nvfp4", w.layout,
+                                                         w.data_layout, 24, 64, None, "floor", None, torch.bfloat16), test_utils=checks)
+    xf = torch.randn(3, 64, generator=gen)
+    torch.library.opcheck(torch.ops.blockscaled.linear, (xf, w.data, w.scale, w.global_scale, None, "nvfp4", w.layout,
+                                                         w.data_layout, 24, 64, "nvfp4", "floor", 0.01, torch.float32), test_utils=checks)
+    for fmt, layout in (("nvfp4", "swizzle_32_4_4"), ("mxfp4", "rowmajor")):
+        torch.library.opcheck(torch.ops.blockscaled.quantize, (xf, fmt, "floor", layout, None), test_utils=checks)
+    q = ops.quantize(xf, "mxfp8", scale_rounding="rceil")
+    ref = bs.quantize(xf, "mxfp8", scale_rounding="rceil")
+    assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8))
+    assert torch.equal(q.scale.view(torch.uint8), ref.scale.view(torch.uint8))
+
+
+@pytest.mark.parametrize("activation_format", [None, "nvfp4"])
+def test_torch_compile_fullgraph_matches_eager(activation_format, gen):
+    """A model of QuantizedLinears under `torch.compile(fullgraph=True)` (no graph break: the custom op), the same
+    result as eager. The aot_eager backend traces with the fake implementation and needs no C++ compiler (the CPU
+    machine); inductor and CUDA graphs are the GPU's part."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 32, bias=False))
+    report = quantize_model_(model, "mxfp4" if activation_format is None else "nvfp4", activation_format=activation_format)
+    x = torch.randn(2, 3, 64, generator=gen)
+    want = model(x)
+    got = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    graphs = []
+    torch._dynamo.reset()
+    torch.compile(model, fullgraph=True, backend=lambda gm, _: graphs.append(gm.code) or gm)(x)
+    quantized = sum(v == "quantized" for v in report.values())  # mxfp4 skips the 48-wide layer (block 32)
+    assert graphs[0].count("torch.ops.blockscaled.linear(") == quantized >= 1  # each quantized layer one op node
