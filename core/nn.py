@@ -32,6 +32,12 @@ class QuantizedLinear(nn.Module):
             raise TypeError(f"weight: expected a QTensor [out_features, in_features], got {type(weight).__name__}")
         if activation_format is not None and not get_format(activation_format).is_scaled:
             raise ValueError(f"activation_format: expected 'nvfp4', 'mxfp4', 'mxfp8' or None, got {activation_format!r}")
+        from blockscaled.kernels import SUPPORTED_PAIRS
+
+        if (activation_format or "bf16", weight.fmt.name) not in SUPPORTED_PAIRS:
+            pairs = ", ".join(f"{a} x {b}" for a, b in SUPPORTED_PAIRS if a != "bf16")
+            raise ValueError(f"activation_format: {activation_format} activations on {weight.fmt.name} weights are not "
+                             f"supported; supported pairs: {pairs}")
         self.out_features, self.in_features = weight.shape
         self.activation_format, self.scale_rounding = activation_format, scale_rounding
         self.activation_global_scale = activation_global_scale

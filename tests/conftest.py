@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 # The inner-loop tier (`bash scripts/test.sh -m quick`): everything but the files and tests below, which compile
 # kernels for sm_90 with ptxas (test_bench.py: ~10 minutes on 2 cores), run whole scripts or sweep every byte through
 # the interpreter (20-30 s each). CI runs them all.
-NOT_QUICK_FILES = {"test_bench.py", "test_examples.py"}
+NOT_QUICK_FILES = {"test_bench.py", "test_examples.py", "test_model.py"}
 NOT_QUICK_TESTS = {"test_every_byte_and_scale_cpu", "test_kernel_codes_equal_the_reference_cpu", "test_k_slices_options", "test_split_fills_the_last_wave"}
 
 

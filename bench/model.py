@@ -1,0 +1,202 @@
+"""`python -m bench.model`: a transformers Llama with every linear swapped by `quantize_model_`, against bf16.
+
+The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
+dimensions (`--layers` cuts its depth to save time; every layer is alike), "tiny" is CI's. Per variant (bf16, then
+each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
+- prefill: one forward of [batch, prefill] tokens, ms (CUDA events, median of `--reps`);
+- decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
+  said in the `decode_mode` column), tokens/s over the batch;
+- agreement with the bf16 model on the prefill: next-token agreement (argmax at every position) and logits SQNR (dB).
+The lm_head stays bf16 (as serving engines leave it). Rows go to bench/results/<gpu>_model.csv (`--no-record`: not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import math
+import time
+from pathlib import Path
+
+import torch
+
+CONFIGS = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=512),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+}
+FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "batch", "prefill", "prefill_ms", "decode_mode",
+          "decode_tokens_per_s", "token_agreement", "logits_sqnr_db"]
+
+
+def build(name: str, layers: int | None, device, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(CONFIGS[name])
+    if layers:
+        cfg["num_hidden_layers"] = layers
+    torch.manual_seed(seed)
+    config = LlamaConfig(**cfg)
+    model = LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    return config, model
+
+
+def quantized(model, variant: str):
+    """A copy of `model` with its linears (not lm_head) swapped for `variant` = WEIGHT[:ACTIVATION]."""
+    from blockscaled.nn import quantize_model_
+
+    weight_format, _, activation_format = variant.partition(":")
+    q = copy.deepcopy(model)
+    report = quantize_model_(q, weight_format, activation_format=activation_format or None,
+                             filter_fn=lambda name, _: not name.endswith("lm_head"))
+    skipped = {k: v for k, v in report.items() if v != "quantized" and not k.endswith("lm_head")}
+    if skipped:
+        raise RuntimeError(f"{variant}: layers not quantized: {skipped}")
+    return q
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time_ms(fn, device, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool) -> tuple[torch.Tensor, float, str]:
+    """Greedy `steps` tokens after `prompt` with a static cache: (tokens [batch, steps], tokens/s, mode)."""
+    from transformers import StaticCache
+
+    device = prompt.device
+    batch, length = prompt.shape
+    cache = StaticCache(config=config, max_cache_len=length + steps + 4)
+    with torch.no_grad():
+        logits = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(length, device=device),
+                       use_cache=True).logits
+    token = logits[:, -1:].argmax(-1)
+    ids = token.clone()
+    pos = torch.tensor([length], device=device)
+
+    def step():
+        return model(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits
+
+    mode, run = "eager", step
+    if graphs and device.type == "cuda":
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), torch.no_grad():
+                for _ in range(2):  # warm-up writes the cache at `pos`; every replay rewrites it there first
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
+                static_logits = step()
+            mode, run = "cudagraph", lambda: (graph.replay(), static_logits)[1]
+        except Exception as e:  # noqa: BLE001 - recorded as the mode; eager still measures
+            mode = f"eager (capture failed: {type(e).__name__})"
+    out = []
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for t in range(steps):
+            ids.copy_(token)
+            pos.fill_(length + t)
+            token = run()[:, -1:].argmax(-1)
+            out.append(token)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    return torch.cat(out, dim=1), batch * steps / seconds, mode
+
+
+def agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, float]:
+    """(next-token agreement, logits SQNR in dB) of `logits` against `ref_logits` [batch, length, vocab]."""
+    same = (ref_logits.argmax(-1) == logits.argmax(-1)).float().mean().item()
+    r, d = ref_logits.double(), (ref_logits.double() - logits.double())
+    noise = float((d * d).sum())
+    return same, (math.inf if noise == 0 else 10 * math.log10(float((r * r).sum()) / noise))
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    config, base = build(args.model, args.layers, device)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    from .__main__ import git_commit
+
+    stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, model=args.model,
+                 layers=config.num_hidden_layers)
+    rows = []
+    for batch in args.batch:
+        prompt = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
+        with torch.no_grad():
+            ref_logits = base(prompt, use_cache=False).logits.float()
+        for variant in ["bf16", *args.formats]:
+            model = base if variant == "bf16" else quantized(base, variant)
+            with torch.no_grad():
+                logits = model(prompt, use_cache=False).logits.float()
+                prefill_ms = _time_ms(lambda: model(prompt, use_cache=False), device, args.reps)
+            same, sqnr = agreement(ref_logits, logits)
+            _, tps, mode = decode(model, config, prompt, args.decode, not args.no_graphs)
+            row = dict(stamp, variant=variant, batch=batch, prefill=args.prefill, prefill_ms=f"{prefill_ms:.3f}",
+                       decode_mode=mode, decode_tokens_per_s=f"{tps:.1f}", token_agreement=f"{same:.4f}",
+                       logits_sqnr_db=f"{sqnr:.2f}")
+            print(" ".join(f"{k}={row[k]}" for k in ("variant", "batch", "prefill_ms", "decode_mode",
+                                                     "decode_tokens_per_s", "token_agreement", "logits_sqnr_db")))
+            rows.append(row)
+            if model is not base:
+                del model
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def record(rows: list[dict], folder: Path) -> Path:
+    from .__main__ import result_name
+
+    path = folder / f"{result_name(rows[0]['gpu'])}_model.csv"
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def main(argv=None) -> int:
+    from .__main__ import RESULTS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=list(CONFIGS), default="llama3-8b")
+    p.add_argument("--layers", type=int, help="keep this many decoder layers (default: the model's)")
+    p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8", "nvfp4:nvfp4"],
+                   help="WEIGHT or WEIGHT:ACTIVATION formats")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--prefill", type=int, default=2048)
+    p.add_argument("--decode", type=int, default=64, help="greedy steps timed")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--device")
+    p.add_argument("--no-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    rows = run(args)
+    if not args.no_record and rows and rows[0]["gpu"] != "cpu":
+        print(f"appended {len(rows)} rows to {record(rows, args.results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
