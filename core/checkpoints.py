@@ -13,6 +13,7 @@ schemes (`weight_scale_2 = 1 / weight_global_scale`), ModelOpt's `weight * weigh
     tensors = safetensors.torch.load_file("model.safetensors")
     layer = blockscaled.checkpoints.load_linear(tensors, "model.layers.0.mlp.down_proj.", "modelopt_nvfp4",
                                                 activation_format="nvfp4", device="cuda")
+    report = blockscaled.checkpoints.load_model_(model, tensors)   # every linear the file holds, format detected
 """
 
 from __future__ import annotations
@@ -122,3 +123,52 @@ def load_linear(tensors: Mapping, prefix: str, checkpoint_format: str, *, bias: 
     scale = float(act_scale) if activation_format is not None and act_scale is not None else None
     return QuantizedLinear(w.for_device(device), bias, activation_format=activation_format,
                            activation_global_scale=scale)
+
+
+_WEIGHT_KEYS = {"modelopt_nvfp4": "weight_scale_2", "compressed_tensors_nvfp4": "weight_packed"}
+
+
+def detect_format(tensors: Mapping) -> str:
+    """The per-linear checkpoint format of `tensors` from its key names (ModelOpt: `*.weight_scale_2`;
+    compressed-tensors: `*.weight_packed`)."""
+    found = {fmt for fmt, key in _WEIGHT_KEYS.items() if any(k.endswith("." + key) for k in tensors)}
+    if len(found) != 1:
+        raise ValueError(f"tensors: expected the keys of one of {tuple(_WEIGHT_KEYS)} checkpoints, found "
+                         f"{sorted(found) or 'none'} (gpt-oss MXFP4 experts: load_weight per expert)")
+    return found.pop()
+
+
+def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *,
+                activation_format: str | None = None, device: torch.device | str | None = None,
+                filter_fn=None) -> dict[str, str]:
+    """Replace, in place, every `nn.Linear` of `model` whose quantized weight `tensors` holds (its module name + ".")
+    by a `QuantizedLinear` loaded from them (`load_linear`; bias from the module when the checkpoint has none);
+    returns {name: "loaded" or why it was kept}. `checkpoint_format` None: `detect_format`. With
+    `activation_format` the checkpoint's static activation scales are used (W4A4), else activations stay bf16."""
+    from torch import nn
+
+    from .nn import QuantizedLinear
+
+    checkpoint_format = checkpoint_format or detect_format(tensors)
+    if checkpoint_format not in _WEIGHT_KEYS:
+        raise ValueError(f"checkpoint_format: load_model_ reads {tuple(_WEIGHT_KEYS)}, got {checkpoint_format!r}")
+    report = {}
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
+            continue
+        prefix = name + "."
+        if prefix + _WEIGHT_KEYS[checkpoint_format] not in tensors:
+            report[name] = "kept: no quantized weight in tensors"
+            continue
+        if filter_fn is not None and not filter_fn(name, module):
+            report[name] = "kept: filter_fn"
+            continue
+        layer = load_linear(tensors, prefix, checkpoint_format, bias=module.bias, activation_format=activation_format,
+                            device=device if device is not None else module.weight.device)
+        if layer.weight.shape != (module.out_features, module.in_features):
+            raise ValueError(f"tensors: {prefix} holds a [{layer.out_features}, {layer.in_features}] weight, the model's "
+                             f"{name} is [{module.out_features}, {module.in_features}]")
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, name.rpartition(".")[2], layer)
+        report[name] = "loaded"
+    return report

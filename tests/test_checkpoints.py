@@ -99,3 +99,40 @@ def test_bad_checkpoints(gen):
                                  "x.weight_global_scale": torch.tensor(0.0)}, "x.", "compressed_tensors_nvfp4")
     with pytest.raises(ValueError, match=r"m_blocks: expected uint8 \[N, K / 32, 16\]"):
         checkpoints.load_weight({"m_blocks": packed, "m_scales": packed}, "m", "gpt_oss_mxfp4")
+
+
+@pytest.mark.parametrize("checkpoint_format", ["modelopt_nvfp4", "compressed_tensors_nvfp4"])
+def test_load_model_into_a_model(tmp_path, gen, checkpoint_format):
+    """A small model's linears written as an NVFP4 checkpoint of each format (codes and scales from
+    `bs.quantize`), loaded into a fresh copy of the model: the same output as `quantize_model_` gives (ModelOpt:
+    bit for bit; compressed-tensors: within its divisor's rounding), the layer without weights in the file kept."""
+    import copy
+
+    from torch import nn
+
+    from blockscaled.nn import quantize_model_
+
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 16))
+    tensors = {}
+    for name in ("0", "2"):
+        q = bs.quantize(model.get_submodule(name).weight.detach(), "nvfp4")
+        if checkpoint_format == "modelopt_nvfp4":
+            tensors |= {f"{name}.weight": q.data, f"{name}.weight_scale": q.scale,
+                        f"{name}.weight_scale_2": q.global_scale.reshape(1), f"{name}.input_scale": torch.tensor(0.01)}
+        else:
+            tensors |= {f"{name}.weight_packed": q.data, f"{name}.weight_scale": q.scale,
+                        f"{name}.weight_global_scale": (1 / q.global_scale).reshape(1)}
+    tensors = roundtrip(tmp_path, tensors)
+    assert checkpoints.detect_format(tensors) == checkpoint_format
+    want_model = copy.deepcopy(model)
+    quantize_model_(want_model, "nvfp4", filter_fn=lambda name, _: name != "4")
+    report = checkpoints.load_model_(model, tensors)
+    assert report == {"0": "loaded", "2": "loaded", "4": "kept: no quantized weight in tensors"}
+    x = torch.randn(5, 64, generator=gen)
+    got, want = model(x), want_model(x)
+    if checkpoint_format == "modelopt_nvfp4":
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    else:
+        assert bs.reference.max_rel_err(got, want) <= 1e-6
+    with pytest.raises(ValueError, match=r"tensors: 0. holds a \[48, 64\] weight, the model's 0 is \[48, 128\]"):
+        checkpoints.load_model_(nn.Sequential(nn.Linear(128, 48)), tensors)
