@@ -209,6 +209,8 @@ def dense_mm(a, b, m: int, n: int, k: int, out_dtype: torch.dtype, bias, out: to
         dst = out[:, r0:r0 + cols]
         chunk_bias = None if bias is None else bias[r0:r0 + cols]
         if fold:
+            if chunk_bias is not None and chunk_bias.dtype != out_dtype:  # cuBLAS's epilogue takes the output's dtype
+                chunk_bias = chunk_bias.to(out_dtype)
             if chunk_bias is None:
                 torch.mm(a, wt, out=dst)
             else:

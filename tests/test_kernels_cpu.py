@@ -282,6 +282,14 @@ def test_dense_plan_fp16_out_and_activation_format(gen):
     assert max_rel_err(got, ref) <= 1e-5
 
 
+def test_dense_plan_takes_a_bias_of_another_dtype(gen):
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    w = bs.quantize(torch.randn(24, 64, generator=gen), "mxfp4", data_layout="mma_m16k16")
+    bias = torch.randn(24, generator=gen)  # fp32, bf16 out
+    got = bs.scaled_mm(x, w, bias=bias, backend="dense")
+    assert max_rel_err(got, ref_scaled_mm(x, w, bias=bias)) <= 8e-3
+
+
 def test_dense_plan_bad_arguments(gen):
     w = bs.quantize(torch.randn(24, 64, generator=gen), "mxfp4")
     x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
