@@ -3,10 +3,11 @@
 The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
 dimensions (`--layers` cuts its depth to save time; every layer is alike), "tiny" is CI's. Per variant (bf16, then
 each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
-- prefill: one forward of [batch, prefill] tokens, ms (CUDA events, median of `--reps`);
+- prefill: one forward of [batch, prefill] tokens (the last position's logits), ms (median of `--reps`);
 - decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
   said in the `decode_mode` column), tokens/s over the batch;
-- agreement with the bf16 model on the prefill: next-token agreement (argmax at every position) and logits SQNR (dB).
+- agreement with the bf16 model on the prefill's last 256 positions: next-token agreement (argmax at each) and logits
+  SQNR (dB).
 The lm_head stays bf16 (as serving engines leave it). Rows go to bench/results/<gpu>_model.csv (`--no-record`: not).
 """
 
@@ -28,6 +29,8 @@ CONFIGS = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
 }
+# positions per sequence whose logits are compared (all 2048 of batch 16 over Llama-3's vocabulary would be 17 GB)
+AGREEMENT_POSITIONS = 256
 FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "batch", "prefill", "prefill_ms", "decode_mode",
           "decode_tokens_per_s", "token_agreement", "logits_sqnr_db"]
 
@@ -140,13 +143,15 @@ def run(args) -> list[dict]:
     rows = []
     for batch in args.batch:
         prompt = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
+        keep = min(args.prefill, AGREEMENT_POSITIONS)
         with torch.no_grad():
-            ref_logits = base(prompt, use_cache=False).logits.float()
+            ref_logits = base(prompt, use_cache=False, logits_to_keep=keep).logits.float()
         for variant in ["bf16", *args.formats]:
             model = base if variant == "bf16" else quantized(base, variant)
             with torch.no_grad():
-                logits = model(prompt, use_cache=False).logits.float()
-                prefill_ms = _time_ms(lambda: model(prompt, use_cache=False), device, args.reps)
+                logits = model(prompt, use_cache=False, logits_to_keep=keep).logits.float()
+                # a serving prefill: the last position's logits only
+                prefill_ms = _time_ms(lambda: model(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
             _, tps, mode = decode(model, config, prompt, args.decode, not args.no_graphs)
             row = dict(stamp, variant=variant, batch=batch, prefill=args.prefill, prefill_ms=f"{prefill_ms:.3f}",
