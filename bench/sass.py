@@ -147,8 +147,8 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     dims = {k: int(v) for k, v in re.findall(r"^\s*(_RDIM_SIZE_\d+) = (\d+)$", code, re.M)}
     # and sizes derived from block sizes (`_SHAPE_DIM = 32 * _BLOCK_SIZE_0`), evaluated in the host code's order
     known = {k: int(v) for k, v in re.findall(r"^\s*(_BLOCK_SIZE_\d+) = (\d+)$", code, re.M)}
-    for name, expr in re.findall(r"^\s*(_SHAPE_DIM\w*) = ([\w *+]+)$", code, re.M):
-        known[name] = dims[name] = int(eval(expr, {"__builtins__": {}}, known))  # noqa: S307 - Helion's own host code
+    for dim, expr in re.findall(r"^\s*(_SHAPE_DIM\w*) = ([\w *+]+)$", code, re.M):
+        known[dim] = dims[dim] = int(eval(expr, {"__builtins__": {}}, known))  # noqa: S307 - Helion's own host code
     # persistent pid types: the programs the host launches per SM count, as on an H100
     for multiplier in re.findall(r"^\s*_NUM_SM = helion\.runtime\.get_num_sm\([^)]*\)(?: \* (\d+))?$", code, re.M):
         dims["_NUM_SM"] = H100_SMS * int(multiplier or 1)
