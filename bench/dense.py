@@ -6,17 +6,48 @@
 
 Prints a table; the run's log goes to bench/results (no CSV rows: the plan's end-to-end rows come from
 `python -m bench --providers cublas_bf16 blockscaled_dense ...`).
+3. `--compile-sm90 FOLDER`: every variant of the decode kernel through Triton's sm_90 compiler, no GPU needed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 import torch
 
-import blockscaled as bs
+# whether this process runs under the Triton interpreter, read before bench.__main__ sets it on a CPU machine
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-from .__main__ import time_ms
+import blockscaled as bs  # noqa: E402
+
+from .__main__ import time_ms  # noqa: E402
+
+
+def compile_sm90(folder: Path) -> int:
+    """Every variant of the decode kernel (fp4 / fp8 words, E8M0 / E4M3 factors, global scales folded or not)
+    through Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
+    from unittest import mock
+
+    from blockscaled.kernels import dense
+
+    from .sass import compile_sm90 as compile_one
+
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        for fold in (True, False):
+            b = bs.quantize(torch.randn(256, 1024), fmt, data_layout="mma_m16k16")
+            seen = []
+            with mock.patch("blockscaled.kernels.api._compile",
+                            lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
+                    mock.patch.object(dense, "_LAUNCHES", {}):
+                dense.decode_weights(b, 0, 256, torch.empty(256, 1024, dtype=torch.bfloat16), torch.ones(1), fold)
+            (args, cfg), = seen
+            code = dense.dense_decode_kernel.bind(args).to_triton_code(cfg)
+            name = f"dense_decode_{fmt}_{'folded' if fold else 'exact'}"
+            counts = compile_one(code, dense.dense_decode_kernel, args, cfg, folder, name)
+            print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -27,7 +58,16 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, nargs="+", default=[0, 2048], help="chunk_rows (0: all)")
     p.add_argument("--configs", nargs="+", metavar="GROUPS,WINDOWS,WARPS", default=[],
                    help="also time the decode kernel with these configs (16-row groups x 64-K windows a program, warps)")
+    p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
     args = p.parse_args(argv)
+    if args.compile_sm90:
+        if _INTERPRETED:  # its @triton.jit cannot compile for sm_90: a child process without it
+            from .sass import outside_interpreter
+
+            return outside_interpreter("bench.dense", argv)
+        os.environ.pop("TRITON_INTERPRET", None)
+        Path(args.compile_sm90).mkdir(parents=True, exist_ok=True)
+        return compile_sm90(Path(args.compile_sm90))
     from blockscaled.kernels import dense
     from blockscaled.kernels.dense import decode_weights
 

@@ -204,6 +204,15 @@ def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):
     assert len(lines) == 12 and all(ln.endswith(" 0 spilled") for ln in lines), lines
 
 
+def test_dense_decode_kernel_compiles_for_sm90(capfd, tmp_path):
+    """Every variant of the dense plan's decode kernel through Triton's sm_90 compiler, no GPU needed."""
+    from bench import dense as bench_dense
+
+    assert bench_dense.main(["--compile-sm90", str(tmp_path)]) == 0
+    lines = [ln for ln in capfd.readouterr().out.splitlines() if "compiled for sm_90" in ln]
+    assert len(lines) == 6 and all(ln.endswith(" 0 spilled") for ln in lines), lines
+
+
 def test_variants_shapes():
     from bench import variants
 
