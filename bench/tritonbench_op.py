@@ -97,6 +97,17 @@ class Operator(BenchmarkOperator):
         out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
         return lambda: bs.scaled_mm(a, b, out=out)
 
+    @register_benchmark()
+    def blockscaled_dense(self, pair_name, x, w):
+        """The weights decoded to bf16, then cuBLAS (`backend="dense"`): the fallback any user could write, at every
+        M; the default takes it from M = 512 (`api.DENSE_MIN_M`). Weights for the device as `blockscaled`'s."""
+        a, b = self._operands(pair_name, x, w)
+        b = ours_weights("blockscaled", b)
+        if b.data_layout != "mma_m16k16":  # the plan decodes that layout; elsewhere it is not a choice
+            b = b.with_data_layout("mma_m16k16")
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
+        return lambda: bs.scaled_mm(a, b, out=out, backend="dense")
+
     @register_metric()
     def flops(self, fn_name, example_inputs, metrics):
         _, m, n, k = self.get_x_val(example_inputs)

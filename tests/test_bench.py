@@ -517,7 +517,8 @@ def fake_tritonbench(monkeypatch):
 
 def test_operator_module_registers_and_runs(fake_tritonbench):
     module = tb_runner.load_operator_module()
-    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_k_order": False}
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_k_order": False,
+                                "blockscaled_dense": False}
     args = types.SimpleNamespace(device="cpu")
     op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
     inputs = list(op.get_input_iter())
@@ -525,6 +526,7 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     got, base = op.blockscaled(*inputs[0])(), op.cublas_bf16(*inputs[0])()
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(op.blockscaled_k_order(*inputs[0])().float(), got.float(), rtol=0, atol=0)
+    torch.testing.assert_close(op.blockscaled_dense(*inputs[0])().float(), base.float(), rtol=1.6e-2, atol=1e-2)
     assert op.flops("blockscaled", inputs[0], None) == 2 * 3 * 32 * 64
     metrics = types.SimpleNamespace(latency=1.0)  # ms
     fn = op.blockscaled(*inputs[0])
