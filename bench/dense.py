@@ -28,25 +28,16 @@ from .__main__ import time_ms  # noqa: E402
 def compile_sm90(folder: Path) -> int:
     """Every variant of the decode kernel (fp4 / fp8 words, E8M0 / E4M3 factors, global scales folded or not)
     through Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
-    from unittest import mock
-
     from blockscaled.kernels import dense
 
-    from .sass import compile_sm90 as compile_one
+    from .sass import compile_launch
 
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for fold in (True, False):
             b = bs.quantize(torch.randn(256, 1024), fmt, data_layout="mma_m16k16")
-            seen = []
-            with mock.patch("blockscaled.kernels.api._compile",
-                            lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
-                    mock.patch.object(dense, "_LAUNCHES", {}):
-                dense.decode_weights(b, 0, 256, torch.empty(256, 1024, dtype=torch.bfloat16), torch.ones(1), fold)
-            (args, cfg), = seen
-            code = dense.dense_decode_kernel.bind(args).to_triton_code(cfg)
-            name = f"dense_decode_{fmt}_{'folded' if fold else 'exact'}"
-            counts = compile_one(code, dense.dense_decode_kernel, args, cfg, folder, name)
-            print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+            out = torch.empty(256, 1024, dtype=torch.bfloat16)
+            compile_launch(lambda: dense.decode_weights(b, 0, 256, out, torch.ones(1), fold), dense, folder,
+                           f"dense_decode_{fmt}_{'folded' if fold else 'exact'}")
     return 0
 
 

@@ -36,29 +36,19 @@ CASES = (("nvfp4", "floor", True), ("nvfp4", "floor", False), ("mxfp4", "floor",
 def compile_sm90(folder: Path) -> int:
     """Every variant of the quantize kernel (codes and scales or decoded rows, bf16 or fp32 in, each format) through
     Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
-    from unittest import mock
-
     from blockscaled.kernels import quantize as kq
 
-    from .sass import compile_sm90 as compile_one
+    from .sass import compile_launch
 
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for dtype in (torch.bfloat16, torch.float32):
             for decoded in (False, True):
-                seen = []
-                with mock.patch.object(kq, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((a, cfg)) or (lambda *_: None)), \
-                        mock.patch.object(kq, "_LAUNCHES", {}):
-                    x = torch.randn(64, 1024, dtype=dtype)
-                    f = bs.get_format(fmt)
-                    if decoded:
-                        kq.quantize_decoded(x, f, "floor", None)
-                    else:
-                        kq.quantize(x, f, "floor", "swizzle_32_4_4", None)
-                (args, cfg), = seen
-                code = kq.quantize_kernel.bind(args).to_triton_code(cfg)
-                name = f"quantize_{fmt}_{str(dtype)[6:]}_{'decoded' if decoded else 'codes'}"
-                counts = compile_one(code, kq.quantize_kernel, args, cfg, folder, name)
-                print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+                x, f = torch.randn(64, 1024, dtype=dtype), bs.get_format(fmt)
+                if decoded:
+                    run = lambda: kq.quantize_decoded(x, f, "floor", None)  # noqa: E731
+                else:
+                    run = lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None)  # noqa: E731
+                compile_launch(run, kq, folder, f"quantize_{fmt}_{str(dtype)[6:]}_{'decoded' if decoded else 'codes'}")
     return 0
 
 

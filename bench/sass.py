@@ -161,6 +161,22 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     return compiled_counts(kernel, folder, name)
 
 
+def compile_launch(run, module, folder: Path, name: str) -> dict:
+    """Compile for sm_90 (no GPU) the one pre-pass kernel `run()` would launch: `kernels.api._compile` records its
+    arguments and config instead (with `module`'s launcher cache emptied), then `compile_sm90`; prints and returns
+    the counts."""
+    from unittest import mock
+
+    seen = []
+    with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((kernel, a, cfg)) or (lambda *_: None)), \
+            mock.patch.object(module, "_LAUNCHES", {}):
+        run()
+    (kernel, args, cfg), = seen
+    counts = compile_sm90(kernel.bind(args).to_triton_code(cfg), kernel, args, cfg, folder, name)
+    print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+    return counts
+
+
 def compiled_counts(kernel, folder: Path, name: str) -> dict:
     """The K-loop counts (`loop_counts`), registers, spills and shared memory of a Triton kernel compiled for sm_90,
     its .ptx, .cubin and .sass written into `folder` as `name`.*."""

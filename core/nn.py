@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .formats import get_format
+from .ops import linear_call, linear_eager, register_weight
 from .qtensor import QTensor
 from .weights import quantize_weight
 
@@ -45,8 +46,6 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def _set_weight(self, weight: QTensor) -> None:
-        from .ops import register_weight
-
         self.weight = weight
         register_weight(weight)
         for name in ("data", "scale", "global_scale"):  # tensors in the state_dict; the rest in the extra state
@@ -63,8 +62,6 @@ class QuantizedLinear(nn.Module):
         return cls(weight, linear.bias, activation_format=activation_format, scale_rounding=scale_rounding)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from blockscaled.kernels import scaled_mm
-
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
             raise TypeError(f"x: expected a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
         if x.shape[-1] != self.in_features:
@@ -74,16 +71,10 @@ class QuantizedLinear(nn.Module):
         if self.activation_format is None:
             x2 = x2.to(torch.bfloat16)
         x2 = x2.contiguous()
-        if torch.compiler.is_compiling():  # the custom op: traced as one node with its fake implementation
-            from .ops import linear_call
-
-            y = linear_call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding,
-                            self.activation_global_scale, x.dtype)
-        elif self.activation_format is None:
-            y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias)
-        else:
-            y = scaled_mm(x2, self.weight, out_dtype=x.dtype, bias=self.bias, activation_format=self.activation_format,
-                          scale_rounding=self.scale_rounding, activation_global_scale=self.activation_global_scale)
+        # while torch.compile traces, the custom op (one node, its fake implementation); eager, the call itself
+        call = linear_call if torch.compiler.is_compiling() else linear_eager
+        y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_global_scale,
+                 x.dtype)
         return y.reshape(*lead, self.out_features)
 
     def get_extra_state(self) -> dict:
@@ -99,8 +90,6 @@ class QuantizedLinear(nn.Module):
         self.activation_global_scale = state["activation_global_scale"]
         self.out_features, self.in_features = weight.shape
         self.weight = weight
-        from .ops import register_weight
-
         register_weight(weight)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):

@@ -48,10 +48,17 @@ def linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scal
            bias: torch.Tensor | None, fmt: str, layout: str, data_layout: str, n: int, k: int,
            activation_format: str | None, scale_rounding: str, activation_global_scale: float | None,
            out_dtype: torch.dtype) -> torch.Tensor:
-    """`scaled_mm(x, weight, out_dtype=..., bias=..., activation_format=...)` with the weight given by its fields."""
+    """`linear_eager` with the weight given by its fields."""
+    return linear_eager(x, _weight(data, scale, global_scale, fmt, layout, data_layout, n, k), bias, activation_format,
+                        scale_rounding, activation_global_scale, out_dtype)
+
+
+def linear_eager(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rounding, activation_global_scale,
+                 out_dtype) -> torch.Tensor:
+    """`scaled_mm(x, w, ...)`, the activation quantized in the call with `activation_format` (the quantization
+    arguments are passed only then: `scaled_mm` refuses them without it)."""
     from blockscaled.kernels import scaled_mm
 
-    w = _weight(data, scale, global_scale, fmt, layout, data_layout, n, k)
     if activation_format is None:
         return scaled_mm(x, w, out_dtype=out_dtype, bias=bias)
     return scaled_mm(x, w, out_dtype=out_dtype, bias=bias, activation_format=activation_format,

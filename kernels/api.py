@@ -342,6 +342,15 @@ def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: boo
     return functools.partial(launch, _launcher=DirectLaunch(cluster, pdl)) if device.type == "cuda" else launch
 
 
+def _launch_cached(cache: dict, key, kernel, args, config, device: torch.device) -> None:
+    """Launch `kernel(*args)` through the launcher `cache` holds for `key`, compiled (`_compile`) with `config()` at
+    its first call: the pre-pass kernels' one path (quantize, dense decode, activation decode)."""
+    launch = cache.get(key)
+    if launch is None:
+        launch = cache[key] = _compile(kernel, args, config(), device)
+    launch(*args)
+
+
 class Predecode(NamedTuple):
     """An mma plan's decode of its fp4 / fp8 activation (`dequantize.dequantize_kernel`) before the mma kernel."""
 

@@ -151,7 +151,7 @@ def decode_weights(b, r0: int, rows: int, out: torch.Tensor, a_post: torch.Tenso
     """Weight rows [r0, r0 + rows) of "mma_m16k16" QTensor `b` (multiples of 16, within its stored rows) decoded into
     bf16 `out` [rows, stored K]: element x block scale x 2^shift, times both global scales with `fold`."""
     from blockscaled.layouts.mma import ELEMENTS, WINDOW_K
-    from .api import _compile, _one
+    from .api import _launch_cached, _one
 
     n_stored, k_stored = b.stored_shape
     windows = k_stored // WINDOW_K
@@ -168,11 +168,8 @@ def decode_weights(b, r0: int, rows: int, out: torch.Tensor, a_post: torch.Tenso
     args = (words, factors, post, a_post if a_post is not None else _one(out.device),
             out.view(rows // 16, 2, 8, windows, 64), fp8, b.fmt.global_scale, per_window,
             fold and a_post is not None)
-    key = (b.fmt.name, rows, k_stored, out.device, args[-1])
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _LAUNCHES[key] = _compile(dense_decode_kernel, args, dense_decode_config(), out.device)
-    launch(*args)
+    _launch_cached(_LAUNCHES, (b.fmt.name, rows, k_stored, out.device, args[-1]), dense_decode_kernel, args,
+                   dense_decode_config, out.device)
     return out
 
 
@@ -228,14 +225,11 @@ def dense_mm(a, b, m: int, n: int, k: int, out_dtype: torch.dtype, bias, out: to
 def _activation_rows(a) -> torch.Tensor:
     """A k_order fp4 / fp8 QTensor activation as bf16 [M, K] rows of element x block scale (exact; the global scale
     not applied), by `dequantize.dequantize_kernel`."""
-    from .api import _compile
+    from .api import _launch_cached
     from .dequantize import dequantize_args, dequantize_config, dequantize_kernel
 
     rows = torch.empty((a.rows, a.K), dtype=torch.bfloat16, device=a.device)
     args = dequantize_args(a, rows.view(a.rows, -1, a.fmt.block_size))
-    key = ("activation", a.fmt.name, a.layout, a.rows, a.K, a.device)
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _LAUNCHES[key] = _compile(dequantize_kernel, args, dequantize_config(a), a.device)
-    launch(*args)
+    _launch_cached(_LAUNCHES, ("activation", a.fmt.name, a.layout, a.rows, a.K, a.device), dequantize_kernel, args,
+                   lambda: dequantize_config(a), a.device)
     return rows

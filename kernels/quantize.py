@@ -24,7 +24,7 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
 from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_shape
 
-from .api import _compile, _one
+from .api import _launch_cached, _one
 from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 
@@ -233,10 +233,7 @@ def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
 
 
 def _launch(args: tuple, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _LAUNCHES[key] = _compile(quantize_kernel, args, quantize_config(fmt), device)
-    launch(*args)
+    _launch_cached(_LAUNCHES, key, quantize_kernel, args, lambda: quantize_config(fmt), device)
 
 
 def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str, global_scale):
