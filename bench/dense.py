@@ -52,13 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
     args = p.parse_args(argv)
     if args.compile_sm90:
-        if _INTERPRETED:  # its @triton.jit cannot compile for sm_90: a child process without it
-            from .sass import outside_interpreter
+        from .sass import compile_sm90_command
 
-            return outside_interpreter("bench.dense", argv)
-        os.environ.pop("TRITON_INTERPRET", None)
-        Path(args.compile_sm90).mkdir(parents=True, exist_ok=True)
-        return compile_sm90(Path(args.compile_sm90))
+        return compile_sm90_command("bench.dense", argv, _INTERPRETED, args.compile_sm90, compile_sm90)
     from blockscaled.kernels import dense
     from blockscaled.kernels.dense import decode_weights
 

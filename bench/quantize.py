@@ -72,13 +72,9 @@ def main(argv=None) -> int | None:
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
     args = p.parse_args(argv)
     if args.compile_sm90:
-        if _INTERPRETED:  # its @triton.jit cannot compile for sm_90: a child process without it
-            from .sass import outside_interpreter
+        from .sass import compile_sm90_command
 
-            return outside_interpreter("bench.quantize", argv)
-        os.environ.pop("TRITON_INTERPRET", None)  # set by bench.__main__'s import on a CPU machine
-        Path(args.compile_sm90).mkdir(parents=True, exist_ok=True)
-        return compile_sm90(Path(args.compile_sm90))
+        return compile_sm90_command("bench.quantize", argv, _INTERPRETED, args.compile_sm90, compile_sm90)
     configs = [tuple(int(v) for v in c.split(",")) for c in args.configs] if args.configs else [None]
     gpu = torch.cuda.get_device_name()
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, out_dtype="", provider="blockscaled",

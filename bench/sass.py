@@ -161,6 +161,17 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     return compiled_counts(kernel, folder, name)
 
 
+def compile_sm90_command(module: str, argv, interpreted: bool, folder: str, compile_all) -> int | None:
+    """`python -m <module> --compile-sm90 FOLDER`: `compile_all(Path(FOLDER))` outside the Triton interpreter (whose
+    @triton.jit cannot compile for sm_90: under it, a child process without it). `interpreted`: whether the module's
+    process ran under it before bench.__main__'s import set it on a CPU machine."""
+    if interpreted:
+        return outside_interpreter(module, argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return compile_all(Path(folder))
+
+
 def compile_launch(run, module, folder: Path, name: str) -> dict:
     """Compile for sm_90 (no GPU) the one pre-pass kernel `run()` would launch: `kernels.api._compile` records its
     arguments and config instead (with `module`'s launcher cache emptied), then `compile_sm90`; prints and returns
