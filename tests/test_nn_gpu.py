@@ -1,0 +1,108 @@
+"""`blockscaled.nn` and the custom ops on the GPU: the layer's default (fast) layout, torch.compile with inductor and
+with CUDA graphs ("reduce-overhead"), a hand-captured CUDA graph replayed on new inputs, a checkpoint loaded onto the
+GPU. Every result against the fp64 reference of the same codes (or the eager layer, where the codes are the same)."""
+
+import pytest
+import torch
+from torch import nn
+
+import blockscaled as bs
+from blockscaled import checkpoints
+from blockscaled.nn import QuantizedLinear, quantize_model_
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+pytestmark = pytest.mark.gpu
+
+N, K = 768, 1024
+BF16_BOUND = 1e-2  # bf16 output of an fp32 accumulation (tests/pairs.py)
+
+
+def _linear(gen, n=N, k=K, bias=True):
+    layer = nn.Linear(k, n, bias=bias, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n, k, generator=gen).to(layer.weight))
+        if bias:
+            layer.bias.copy_(torch.randn(n, generator=gen).to(layer.bias))
+    return layer
+
+
+def _want(q: QuantizedLinear, x2: torch.Tensor) -> torch.Tensor:
+    a = x2.to(torch.bfloat16) if q.activation_format is None else bs.quantize(
+        x2, q.activation_format, global_scale=q.activation_global_scale)
+    return ref_scaled_mm(a, q.weight).double() + (0 if q.bias is None else q.bias.double())
+
+
+@pytest.mark.parametrize("m", [1, 16, 600])
+@pytest.mark.parametrize("weight_format,activation_format",
+                         [("nvfp4", None), ("mxfp4", None), ("mxfp8", None), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp8")])
+def test_layer_default_is_the_fast_layout_and_correct(weight_format, activation_format, m, gen):
+    """A layer made as the README says gets the mma layout; M = 1 / 16 (decode kernels) and 600 (dense plan)."""
+    q = QuantizedLinear.from_linear(_linear(gen), weight_format, activation_format=activation_format)
+    assert q.weight.data_layout == "mma_m16k16"
+    x = torch.randn(m, K, generator=gen).to("cuda", torch.bfloat16)
+    y = q(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, N)
+    assert max_rel_err(y, _want(q, x)) < BF16_BOUND
+
+
+def _model(gen, weight_format, activation_format):
+    model = nn.Sequential(_linear(gen), nn.GELU(), _linear(gen, n=512, k=N, bias=False))
+    report = quantize_model_(model, weight_format, activation_format=activation_format)
+    assert set(report.values()) == {"quantized"}
+    return model
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("weight_format,activation_format", [("nvfp4", None), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp8")])
+def test_torch_compile_inductor_matches_eager(weight_format, activation_format, mode, gen):
+    """fullgraph (the custom op: no graph break) with inductor; "reduce-overhead" replays CUDA graphs, so each new
+    input must reach the kernels through the graph's static buffers. The linears are opaque ops (the same kernels
+    as eager); only the GELU between them is inductor's, so the bound is bf16's."""
+    torch._dynamo.reset()
+    model = _model(gen, weight_format, activation_format)
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for step in range(4):  # compile, warm-up, record, replay
+        x = (torch.randn(16, K, generator=gen) * (1 + step)).to("cuda", torch.bfloat16)
+        want = model(x)
+        got = compiled(x).clone()
+        assert max_rel_err(got, want.double()) < BF16_BOUND, f"step {step}"
+
+
+@pytest.mark.parametrize("weight_format,activation_format", [("nvfp4", None), ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")])
+def test_hand_captured_cuda_graph_replays_new_inputs(weight_format, activation_format, gen):
+    """As a serving engine captures decode: warm up on a side stream, capture, copy new inputs in, replay."""
+    model = _model(gen, weight_format, activation_format)
+    static_x = torch.randn(8, K, generator=gen).to("cuda", torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        model(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        static_y = model(static_x)
+    for step in range(3):
+        x = (torch.randn(8, K, generator=gen) * (2 + step)).to("cuda", torch.bfloat16)
+        static_x.copy_(x)
+        static_y.fill_(float("nan"))
+        graph.replay()
+        with torch.no_grad():
+            want = model(x)
+        assert max_rel_err(static_y, want.double()) < BF16_BOUND, f"replay {step}"
+
+
+def test_checkpoint_loaded_onto_the_gpu(gen):
+    """A ModelOpt NVFP4 linear (host tensors, as safetensors loads them) loaded with device="cuda": the mma layout,
+    the same product as the fp64 reference of the checkpoint's own codes."""
+    w = bs.quantize(torch.randn(N, K, generator=gen), "nvfp4")  # rowmajor codes, as checkpoints store them
+    p = "model.layers.0.mlp.down_proj."
+    tensors = {p + "weight": w.data, p + "weight_scale": w.scale, p + "weight_scale_2": w.global_scale.reshape(1),
+               p + "input_scale": torch.tensor(0.02)}
+    for activation_format in (None, "nvfp4"):
+        layer = checkpoints.load_linear(tensors, p, "modelopt_nvfp4", activation_format=activation_format,
+                                        device="cuda")
+        assert layer.weight.device.type == "cuda" and layer.weight.data_layout == "mma_m16k16"
+        x = torch.randn(16, K, generator=gen).to("cuda", torch.bfloat16)
+        a = x if activation_format is None else bs.quantize(x, "nvfp4", global_scale=layer.activation_global_scale)
+        want = ref_scaled_mm(a, w.to("cuda")).double()
+        assert max_rel_err(layer(x), want) < BF16_BOUND
