@@ -7,7 +7,11 @@ each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
 - decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
   said in the `decode_mode` column), tokens/s over the batch;
 - agreement with the bf16 model on the prefill's last 256 positions: next-token agreement (argmax at each) and logits
-  SQNR (dB).
+  SQNR (dB): what the format costs;
+- `kernel_sqnr_db`: the logits' SQNR against the same model with every quantized linear multiplied by torch in fp32
+  (the same weight codes dequantized, activations quantized by the same function and dequantized; TF32 off): what
+  the kernels cost. A random-weight model has flat logits, so its bf16 agreement is low at any format; this column
+  is the kernels' check.
 The lm_head stays bf16 (as serving engines leave it). Rows go to bench/results/<gpu>_model.csv (`--no-record`: not).
 """
 
@@ -32,7 +36,7 @@ CONFIGS = {
 # positions per sequence whose logits are compared (all 2048 of batch 16 over Llama-3's vocabulary would be 17 GB)
 AGREEMENT_POSITIONS = 256
 FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "batch", "prefill", "prefill_ms", "decode_mode",
-          "decode_tokens_per_s", "token_agreement", "logits_sqnr_db"]
+          "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db"]
 
 
 def build(name: str, layers: int | None, device, seed: int = 0):
@@ -59,6 +63,41 @@ def quantized(model, variant: str):
     if skipped:
         raise RuntimeError(f"{variant}: layers not quantized: {skipped}")
     return q
+
+
+class FakeQuantLinear(torch.nn.Module):
+    """A QuantizedLinear's codes multiplied by torch in fp32: the kernels' reference inside a model."""
+
+    def __init__(self, q):
+        super().__init__()
+        self.activation_format, self.scale_rounding = q.activation_format, q.scale_rounding
+        self.activation_global_scale = q.activation_global_scale
+        self.weight = q.weight.dequantize(torch.float32)
+        self.bias = q.bias
+
+    def forward(self, x):
+        import blockscaled as bs
+
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        if self.activation_format is not None:
+            x2 = bs.quantize(x2, self.activation_format, scale_rounding=self.scale_rounding,
+                             global_scale=self.activation_global_scale).dequantize(torch.float32)
+        y = x2.float() @ self.weight.T
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def fake_quantized(q):
+    """A copy of the quantized model `q` with every QuantizedLinear a `FakeQuantLinear` of the same codes."""
+    from blockscaled.nn import QuantizedLinear
+
+    ref = copy.deepcopy(q)
+    for name, module in list(ref.named_modules()):
+        if isinstance(module, QuantizedLinear):
+            parent = ref.get_submodule(name.rpartition(".")[0]) if "." in name else ref
+            setattr(parent, name.rpartition(".")[2], FakeQuantLinear(module))
+    return ref
 
 
 def _sync(device):
@@ -153,12 +192,20 @@ def run(args) -> list[dict]:
                 # a serving prefill: the last position's logits only
                 prefill_ms = _time_ms(lambda: model(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
+            kernel_sqnr = math.inf
+            if model is not base:
+                tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+                fake = fake_quantized(model)
+                with torch.no_grad():
+                    kernel_sqnr = agreement(fake(prompt, use_cache=False, logits_to_keep=keep).logits.float(), logits)[1]
+                del fake
+                torch.backends.cuda.matmul.allow_tf32 = tf32
             _, tps, mode = decode(model, config, prompt, args.decode, not args.no_graphs)
             row = dict(stamp, variant=variant, batch=batch, prefill=args.prefill, prefill_ms=f"{prefill_ms:.3f}",
                        decode_mode=mode, decode_tokens_per_s=f"{tps:.1f}", token_agreement=f"{same:.4f}",
-                       logits_sqnr_db=f"{sqnr:.2f}")
+                       logits_sqnr_db=f"{sqnr:.2f}", kernel_sqnr_db=f"{kernel_sqnr:.2f}")
             print(" ".join(f"{k}={row[k]}" for k in ("variant", "batch", "prefill_ms", "decode_mode",
-                                                     "decode_tokens_per_s", "token_agreement", "logits_sqnr_db")))
+                                                     "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db")))
             rows.append(row)
             if model is not base:
                 del model

@@ -5,17 +5,21 @@ overlap on the GPU: two Python threads, two streams, two CUDA graphs replayed si
 So no scratch tensor belongs to a plan. `Scratch.get` hands out tensors owned by the *stream*
 the call is enqueued on, and while a CUDA graph is being captured by the *capture*:
 
-| where the call runs         | tensors                                      | zeroed                            |
-|-----------------------------|----------------------------------------------|-----------------------------------|
-| eager, stream s             | one set per (plan, s), kept                  | once, when made; kernels leave 0  |
-| capture c, stream s         | one set per (plan, c, s), from c's pool      | by a memset captured at first use |
-| capture, id not readable    | fresh per call                               | by a memset captured per call     |
+| where the call runs          | tensors                                     | zeroed                             |
+|------------------------------|---------------------------------------------|------------------------------------|
+| eager, stream s              | one set per (plan, s), kept                 | once, when made; kernels leave 0   |
+| capture c, stream s          | one set per (plan, c, s), kept, never freed | once, when made; kernels leave 0   |
+| capture, id not readable, or | fresh per call, from the graph's pool       | by a memset captured per call      |
+| kept sets over CAPTURE_BYTES |                                             |                                    |
 
 Work on one stream runs in order, so calls that share a set never overlap; two graphs never
-share a set, and a graph's memset re-zeroes its set on every replay before the first kernel
-that reads it (the kernels leave it zero for the next call in that graph). Dropping a capture's
-set at any time is safe: later calls of that capture get a new zeroed set, and the freed block
-returns to the graph's pool in stream order, as any intermediate tensor does.
+share a set. A capture's set is never freed (the graph may replay at any time), so kept sets
+are bounded by bytes, and past the bound a call gets a fresh set and a memset in its graph.
+
+Kept sets are made in a helper thread on a stream of its own, outside any memory pool: while
+inductor's CUDA-graph trees warm up or record ("reduce-overhead") they route every allocation of
+the calling thread into the graph's pool and require that nothing there outlives the graph's
+outputs (`check_memory_pool`), and a set kept in that pool broke it.
 
 Host cost: two raw queries (current stream, capturing) and one dict lookup per call that has
 scratch; the capture rows add `cuStreamGetCaptureInfo` (at capture only, so nothing at replay).
@@ -24,8 +28,8 @@ scratch; the capture rows add `cuStreamGetCaptureInfo` (at capture only, so noth
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
-from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -46,11 +50,14 @@ class Scratch(NamedTuple):
     rows: torch.Tensor | None
 
 
-# Sets kept for captures; more are made anew (correct, one more memset in that graph).
-CAPTURE_SETS = 32
+# Bytes of sets kept for captures (never freed); past it a call's set is fresh with a memset in its graph (correct,
+# a memset more per call at replay). A set is M x N x 4 bytes of sums and tickets (+ M x K x 2 of predecoded rows),
+# one per plan (shape) per graph: a decode graph of Llama-3-70B at M = 16 keeps 4 sets, 3 MB of sums.
+CAPTURE_BYTES = 1 << 30
 
 _eager: dict[tuple, Scratch] = {}
-_captured: OrderedDict[tuple, Scratch] = OrderedDict()
+_captured: dict[tuple, Scratch] = {}
+_captured_bytes = 0
 _lock = threading.Lock()
 
 
@@ -61,8 +68,37 @@ def _make(spec: ScratchSpec, device: torch.device) -> Scratch:
     return Scratch(ws, tickets, rows)
 
 
+def _nbytes(spec: ScratchSpec) -> int:
+    rows = 2 * math.prod(spec.rows) if spec.rows else 0
+    return 4 * (spec.sums + spec.tickets) + rows
+
+
+def _make_kept(spec: ScratchSpec, device: torch.device) -> Scratch:
+    """A set made, zeroed and synchronized in a helper thread on its own stream: outside the memory pool that a
+    capture or inductor's CUDA-graph trees route this thread's allocations to (see the module's docstring)."""
+    box: dict = {}
+
+    def work():
+        try:
+            with torch.cuda.device(device):
+                stream = torch.cuda.Stream(device)
+                with torch.cuda.stream(stream):
+                    box["set"] = _make(spec, device)
+                stream.synchronize()
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+            box["error"] = e
+
+    helper = threading.Thread(target=work, name="blockscaled-scratch")
+    helper.start()
+    helper.join()
+    if "error" in box:
+        raise box["error"]
+    return box["set"]
+
+
 def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
     """The scratch of one call of plan `key` on the current stream of `device` (see the module's table)."""
+    global _captured_bytes
     if device.type != "cuda":
         return _make(spec, device)
     stream = _current_stream(device)
@@ -70,7 +106,9 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
         found = _eager.get((key, stream))
         if found is None:
             with _lock:
-                found = _eager.setdefault((key, stream), _make(spec, device))
+                found = _eager.get((key, stream))
+                if found is None:
+                    found = _eager[(key, stream)] = _make_kept(spec, device)
         return found
     capture = capture_id(stream)
     if capture is None:
@@ -79,11 +117,10 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
     with _lock:
         found = _captured.get(slot)
         if found is None:
-            found = _captured[slot] = _make(spec, device)  # the memset is captured: it runs at every replay
-            while len(_captured) > CAPTURE_SETS:
-                _captured.popitem(last=False)
-        else:
-            _captured.move_to_end(slot)
+            if _captured_bytes + _nbytes(spec) > CAPTURE_BYTES:
+                return _make(spec, device)  # the memset is captured: it runs at every replay
+            found = _captured[slot] = _make_kept(spec, device)
+            _captured_bytes += _nbytes(spec)
     return found
 
 
@@ -97,10 +134,14 @@ def _capturing() -> bool:
 
 
 def clear() -> None:
-    """Drop every kept set (tests; memory)."""
+    """Drop every kept set (tests; memory): no graph captured before may replay afterwards."""
+    global _captured_bytes
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the sets were used on other streams than the one they were made on
     with _lock:
         _eager.clear()
         _captured.clear()
+        _captured_bytes = 0
 
 
 _get_capture_info = None

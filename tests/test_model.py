@@ -14,14 +14,18 @@ from bench import model as bench_model  # noqa: E402
 def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     import argparse
 
-    rows = bench_model.run(argparse.Namespace(model="tiny", layers=None, formats=["mxfp4"], batch=[1], prefill=8,
-                                              decode=2, reps=1, device="cpu", no_graphs=True))
-    bf16, mx = rows
+    rows = bench_model.run(argparse.Namespace(model="tiny", layers=None, formats=["mxfp4", "nvfp4:nvfp4"], batch=[1],
+                                              prefill=8, decode=2, reps=1, device="cpu", no_graphs=True))
+    bf16, mx, w4a4 = rows
     assert bf16["variant"] == "bf16" and float(bf16["token_agreement"]) == 1.0 and math.isinf(float(bf16["logits_sqnr_db"]))
     # fp4 weights of a random model: 17.7 dB and 6 of 8 tokens agreed when written; a broken layer gives ~0 dB and
     # chance agreement (1 / 256)
     assert mx["variant"] == "mxfp4" and float(mx["logits_sqnr_db"]) > 10 and float(mx["token_agreement"]) >= 0.5
     assert float(mx["decode_tokens_per_s"]) > 0 and mx["decode_mode"] == "eager"
+    # the kernels against torch's fp32 product of the same codes: 42.4 dB for mxfp4 weights when written (bf16
+    # outputs, another summation order). W4A4 21.9 dB: an output that differs in its last bf16 bit flips fp4 codes of
+    # the next layer's activations, and the flips compound over the layers. A wrong block scale gives under 10.
+    assert float(mx["kernel_sqnr_db"]) > 35 and float(w4a4["kernel_sqnr_db"]) > 15, (mx, w4a4)
 
 
 def test_a_pair_that_does_not_exist_fails_when_the_model_is_quantized():

@@ -23,6 +23,7 @@ def fake_cuda(monkeypatch):
         return scratch.Scratch(object(), object(), object())
 
     monkeypatch.setattr(scratch, "_make", make)
+    monkeypatch.setattr(scratch, "_make_kept", make)
     monkeypatch.setattr(scratch, "_current_stream", lambda device: state.stream)
     monkeypatch.setattr(scratch, "_capturing", lambda: state.capture is not None)
     monkeypatch.setattr(scratch, "capture_id", lambda stream: state.capture if state.capture != "unreadable" else None)
@@ -57,15 +58,28 @@ def test_captures_get_sets_of_their_own(fake_cuda):
     assert scratch.get("plan", SPEC, CUDA) is eager
 
 
-def test_capture_sets_are_bounded_and_an_unreadable_capture_gets_fresh_sets(fake_cuda):
-    for c in range(scratch.CAPTURE_SETS + 5):
+def test_capture_sets_are_kept_up_to_a_byte_bound_then_fresh_per_call(fake_cuda, monkeypatch):
+    """A capture's set is never dropped (its graph may replay any time): past CAPTURE_BYTES, and where the capture id
+    cannot be read, every call gets a fresh set (from the graph's pool, zeroed by a memset in the graph)."""
+    monkeypatch.setattr(scratch, "CAPTURE_BYTES", 3 * scratch._nbytes(SPEC))
+    kept = []
+    for c in range(3):
         fake_cuda.capture = c
-        scratch.get("plan", SPEC, CUDA)
-    assert len(scratch._captured) == scratch.CAPTURE_SETS
-    fake_cuda.capture = "unreadable"
+        kept.append(scratch.get("plan", SPEC, CUDA))
+    fake_cuda.capture = 3
     made = fake_cuda.made
     assert scratch.get("plan", SPEC, CUDA) is not scratch.get("plan", SPEC, CUDA)
     assert fake_cuda.made == made + 2
+    for c in range(3):  # none of the earlier captures lost its set
+        fake_cuda.capture = c
+        assert scratch.get("plan", SPEC, CUDA) is kept[c]
+    fake_cuda.capture = "unreadable"
+    assert scratch.get("plan", SPEC, CUDA) is not scratch.get("plan", SPEC, CUDA)
+    assert fake_cuda.made == made + 4
+
+
+def test_set_bytes():
+    assert scratch._nbytes(SPEC) == 4 * (8 + 2) + 2 * 2 * 4 * 16
 
 
 def test_cpu_sets_are_made_per_call_with_zeroed_sums():
