@@ -5,21 +5,24 @@ overlap on the GPU: two Python threads, two streams, two CUDA graphs replayed si
 So no scratch tensor belongs to a plan. `Scratch.get` hands out tensors owned by the *stream*
 the call is enqueued on, and while a CUDA graph is being captured by the *capture*:
 
-| where the call runs          | tensors                                     | zeroed                             |
-|------------------------------|---------------------------------------------|------------------------------------|
-| eager, stream s              | one set per (plan, s), kept                 | once, when made; kernels leave 0   |
-| capture c, stream s          | one set per (plan, c, s), kept, never freed | once, when made; kernels leave 0   |
-| capture, id not readable, or | fresh per call, from the graph's pool       | by a memset captured per call      |
-| kept sets over CAPTURE_BYTES |                                             |                                    |
+| where the call runs            | tensors                                        | zeroed                           |
+|--------------------------------|------------------------------------------------|----------------------------------|
+| eager, stream s                | one set per (plan, s), kept, outside any pool  | once, when made; kernels leave 0 |
+| capture c, stream s            | one set per (plan, c, s), from c's pool, kept  | by a memset captured at first use|
+| capture, id not readable;      | fresh per call, from the graph's pool          | by a memset captured per call    |
+| inductor's CUDA-graph trees;   |                                                |                                  |
+| kept sets over CAPTURE_BYTES   |                                                |                                  |
 
 Work on one stream runs in order, so calls that share a set never overlap; two graphs never
-share a set. A capture's set is never freed (the graph may replay at any time), so kept sets
-are bounded by bytes, and past the bound a call gets a fresh set and a memset in its graph.
+share a set, and a graph's memset re-zeroes its set on every replay before the first kernel
+that reads it (the kernels leave it zero for the next call in that graph). A capture's set is
+never dropped (were its block reused by a later capture sharing the pool, replays could
+overlap), so kept sets are bounded by bytes.
 
-Kept sets are made in a helper thread on a stream of its own, outside any memory pool: while
-inductor's CUDA-graph trees warm up or record ("reduce-overhead") they route every allocation of
-the calling thread into the graph's pool and require that nothing there outlives the graph's
-outputs (`check_memory_pool`), and a set kept in that pool broke it.
+Eager sets are made in a helper thread: while inductor's CUDA-graph trees ("reduce-overhead")
+warm up they route every allocation of the calling thread into the graph's pool and require
+that nothing there outlive the graph's outputs (`check_memory_pool`); a set kept in that pool
+failed it. While they record, calls get fresh sets for the same reason.
 
 Host cost: two raw queries (current stream, capturing) and one dict lookup per call that has
 scratch; the capture rows add `cuStreamGetCaptureInfo` (at capture only, so nothing at replay).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 from typing import NamedTuple
 
@@ -73,9 +77,10 @@ def _nbytes(spec: ScratchSpec) -> int:
     return 4 * (spec.sums + spec.tickets) + rows
 
 
-def _make_kept(spec: ScratchSpec, device: torch.device) -> Scratch:
-    """A set made, zeroed and synchronized in a helper thread on its own stream: outside the memory pool that a
-    capture or inductor's CUDA-graph trees route this thread's allocations to (see the module's docstring)."""
+def _make_outside_pools(spec: ScratchSpec, device: torch.device) -> Scratch:
+    """A set made, zeroed and synchronized in a helper thread on its own stream: outside the memory pool that
+    inductor's CUDA-graph trees route this thread's allocations to while they warm up. Never during a capture: a
+    global-mode capture (torch.cuda.graph's default) is invalidated by another thread's allocation or sync."""
     box: dict = {}
 
     def work():
@@ -108,20 +113,34 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
             with _lock:
                 found = _eager.get((key, stream))
                 if found is None:
-                    found = _eager[(key, stream)] = _make_kept(spec, device)
+                    found = _eager[(key, stream)] = _make_outside_pools(spec, device)
         return found
     capture = capture_id(stream)
-    if capture is None:
+    if capture is None or _inductor_recording(device):
         return _make(spec, device)
     slot = (key, capture, stream)
     with _lock:
         found = _captured.get(slot)
         if found is None:
             if _captured_bytes + _nbytes(spec) > CAPTURE_BYTES:
-                return _make(spec, device)  # the memset is captured: it runs at every replay
-            found = _captured[slot] = _make_kept(spec, device)
+                return _make(spec, device)
+            found = _captured[slot] = _make(spec, device)  # its memset is captured: it runs at every replay
             _captured_bytes += _nbytes(spec)
     return found
+
+
+def _inductor_recording(device: torch.device) -> bool:
+    """Whether inductor's CUDA-graph trees ("reduce-overhead") are recording on this thread: they require that
+    nothing in their pool outlive the graph's outputs (`check_memory_pool`), so a kept set is refused there."""
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:
+        return False
+    try:
+        manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
+                                    create_if_none_exists=False)
+    except Exception:  # noqa: BLE001 - inductor internals that moved: no kept set, which is always correct
+        return True
+    return manager is not None and bool(manager.in_recording)
 
 
 def _current_stream(device: torch.device) -> int:

@@ -16,14 +16,15 @@ SPEC = ScratchSpec(sums=8, tickets=2, rows=(2, 4, 16))
 def fake_cuda(monkeypatch):
     """torch.cuda's stream and capture queries answered by `state` (stream handle, capture id or None); every set
     made is a fresh object."""
-    state = types.SimpleNamespace(stream=11, capture=None, made=0)
+    state = types.SimpleNamespace(stream=11, capture=None, made=0, inductor=False)
 
     def make(spec, device):
         state.made += 1
         return scratch.Scratch(object(), object(), object())
 
     monkeypatch.setattr(scratch, "_make", make)
-    monkeypatch.setattr(scratch, "_make_kept", make)
+    monkeypatch.setattr(scratch, "_make_outside_pools", make)
+    monkeypatch.setattr(scratch, "_inductor_recording", lambda device: state.inductor)
     monkeypatch.setattr(scratch, "_current_stream", lambda device: state.stream)
     monkeypatch.setattr(scratch, "_capturing", lambda: state.capture is not None)
     monkeypatch.setattr(scratch, "capture_id", lambda stream: state.capture if state.capture != "unreadable" else None)
@@ -76,6 +77,20 @@ def test_capture_sets_are_kept_up_to_a_byte_bound_then_fresh_per_call(fake_cuda,
     fake_cuda.capture = "unreadable"
     assert scratch.get("plan", SPEC, CUDA) is not scratch.get("plan", SPEC, CUDA)
     assert fake_cuda.made == made + 4
+
+
+def test_inductor_recording_gets_fresh_sets(fake_cuda):
+    """CUDA-graph trees check that nothing in their pool outlives the graph's outputs: no kept set while recording."""
+    fake_cuda.capture, fake_cuda.inductor = 7, True
+    assert scratch.get("plan", SPEC, CUDA) is not scratch.get("plan", SPEC, CUDA)
+    assert not scratch._captured
+
+
+def test_inductor_recording_is_false_without_inductor(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
+    assert scratch._inductor_recording(CUDA) is False
 
 
 def test_set_bytes():
