@@ -116,7 +116,7 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
                     found = _eager[(key, stream)] = _make_outside_pools(spec, device)
         return found
     capture = capture_id(stream)
-    if capture is None or _inductor_recording(device):
+    if capture is None or _inductor_recording(device, stream):
         return _make(spec, device)
     slot = (key, capture, stream)
     with _lock:
@@ -129,18 +129,19 @@ def get(key: tuple, spec: ScratchSpec, device: torch.device) -> Scratch:
     return found
 
 
-def _inductor_recording(device: torch.device) -> bool:
-    """Whether inductor's CUDA-graph trees ("reduce-overhead") are recording on this thread: they require that
-    nothing in their pool outlive the graph's outputs (`check_memory_pool`), so a kept set is refused there."""
+def _inductor_recording(device: torch.device, stream: int) -> bool:
+    """Whether inductor's CUDA-graph trees ("reduce-overhead") are capturing on `stream`: they require that nothing
+    in their pool outlive the graph's outputs (`check_memory_pool`), so a kept set is refused there. Told by the
+    stream (the trees capture on their manager's own; its `in_recording` turns true only after the capture)."""
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
     if trees is None:
         return False
     try:
         manager = trees.get_manager(device.index if device.index is not None else torch.cuda.current_device(),
                                     create_if_none_exists=False)
+        return manager is not None and manager.stream.cuda_stream == stream
     except Exception:  # noqa: BLE001 - inductor internals that moved: no kept set, which is always correct
         return True
-    return manager is not None and bool(manager.in_recording)
 
 
 def _current_stream(device: torch.device) -> int:

@@ -24,7 +24,7 @@ def fake_cuda(monkeypatch):
 
     monkeypatch.setattr(scratch, "_make", make)
     monkeypatch.setattr(scratch, "_make_outside_pools", make)
-    monkeypatch.setattr(scratch, "_inductor_recording", lambda device: state.inductor)
+    monkeypatch.setattr(scratch, "_inductor_recording", lambda device, stream: state.inductor)
     monkeypatch.setattr(scratch, "_current_stream", lambda device: state.stream)
     monkeypatch.setattr(scratch, "_capturing", lambda: state.capture is not None)
     monkeypatch.setattr(scratch, "capture_id", lambda stream: state.capture if state.capture != "unreadable" else None)
@@ -90,7 +90,20 @@ def test_inductor_recording_is_false_without_inductor(monkeypatch):
     import sys
 
     monkeypatch.delitem(sys.modules, "torch._inductor.cudagraph_trees", raising=False)
-    assert scratch._inductor_recording(CUDA) is False
+    assert scratch._inductor_recording(CUDA, 11) is False
+
+
+def test_inductor_trees_are_told_by_their_stream(monkeypatch):
+    """The trees' manager captures on a stream of its own; a capture on any other stream keeps its sets."""
+    import sys
+
+    manager = types.SimpleNamespace(stream=types.SimpleNamespace(cuda_stream=99))
+    trees = types.SimpleNamespace(get_manager=lambda index, create_if_none_exists: manager)
+    monkeypatch.setitem(sys.modules, "torch._inductor.cudagraph_trees", trees)
+    assert scratch._inductor_recording(CUDA, 99) is True
+    assert scratch._inductor_recording(CUDA, 11) is False
+    manager = None
+    assert scratch._inductor_recording(CUDA, 99) is False
 
 
 def test_set_bytes():
