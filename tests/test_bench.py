@@ -175,13 +175,21 @@ def test_csv_rows_name_this_project_blockscaled_with_the_weights_layout(tmp_path
 def test_committed_results_follow_the_design_columns():
     """Every committed results CSV parses to rows of exactly the recorded columns, with this project's rows as
     provider "blockscaled" (or "blockscaled_dynamic") and a weights layout; the quantize kernel's rows
-    (`<gpu>_quantize.csv`, `bench.quantize`) with frac_of_copy_bw."""
-    from bench import quantize as bench_quantize
+    (`<gpu>_quantize.csv`, `bench.quantize`) with frac_of_copy_bw; the model's (`<gpu>_model.csv`, `bench.model`)
+    with a bf16 row for every quantized one."""
+    from bench import model as bench_model, quantize as bench_quantize
 
     for path in sorted(cli.RESULTS.glob("*.csv")):
         with path.open(newline="") as f:
             rows = list(cli.csv.DictReader(f))
         assert rows, path
+        if path.name.endswith("_model.csv"):
+            for r in rows:
+                assert list(r) == bench_model.FIELDS and None not in r.values(), (path, r)
+                assert any(o["variant"] == "bf16" and o["commit"] == r["commit"] and o["batch"] == r["batch"]
+                           for o in rows), (path, r)
+                assert r["variant"] == "bf16" or float(r["kernel_sqnr_db"]) > 30, (path, r)
+            continue
         quantize_rows = path.name.endswith("_quantize.csv")
         for r in rows:
             columns = bench_quantize.FIELDS if quantize_rows else cli.COLUMNS + cli.EXTRA_COLUMNS
