@@ -1,7 +1,8 @@
-"""`python -m bench.model`: a transformers Llama with every linear swapped by `quantize_model_`, against bf16.
+"""`python -m bench.model`: a transformers model with every linear swapped by `quantize_model_`, against bf16.
 
 The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
-dimensions (`--layers` cuts its depth to save time; every layer is alike), "tiny" is CI's. Per variant (bf16, then
+dimensions, "qwen2.5-7b" Qwen2.5-7B's (biased q / k / v projections; `--layers` cuts the depth to save time: every
+layer is alike), "tiny" and "tiny-qwen2" are CI's. Per variant (bf16, then
 each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
 - prefill: one forward of [batch, prefill] tokens (the last position's logits), ms (median of `--reps`);
 - decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
@@ -12,7 +13,9 @@ each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
   one decode step (M = batch), against torch's fp32 product of the same codes (weights dequantized, the activation
   quantized by the same function and dequantized; TF32 off); the worst layer's SQNR (dB). Logit agreement of a
   random-weight model falls with depth at any format (its layers amplify differences), so it is no kernel check.
-The lm_head stays bf16 (as serving engines leave it). Rows go to bench/results/<gpu>_model.csv (`--no-record`: not).
+`--compile inductor` compiles every variant's forward alike (the decode step is still captured in one CUDA graph):
+eager Hugging Face layers spend most of a decode step outside the linears. The lm_head stays bf16 (as serving
+engines leave it). Rows go to bench/results/<gpu>_model.csv (`--no-record`: not).
 """
 
 from __future__ import annotations
@@ -27,28 +30,37 @@ from pathlib import Path
 
 import torch
 
+# name: (transformers family, config); Qwen2's q / k / v projections carry a bias
 CONFIGS = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=512),
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0),
+    "tiny": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)),
+    "tiny-qwen2": ("qwen2", dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=512)),
+    "llama3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                                rope_theta=500000.0)),
+    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                                 num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768,
+                                 rope_theta=1000000.0)),
 }
 # positions per sequence whose logits are compared (all 2048 of batch 16 over Llama-3's vocabulary would be 17 GB)
 AGREEMENT_POSITIONS = 256
-FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "batch", "prefill", "prefill_ms", "decode_mode",
+FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "compile", "batch", "prefill", "prefill_ms", "decode_mode",
           "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db"]
 
 
 def build(name: str, layers: int | None, device, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers
 
-    cfg = dict(CONFIGS[name])
+    family, cfg = CONFIGS[name]
+    cfg = dict(cfg)
     if layers:
         cfg["num_hidden_layers"] = layers
     torch.manual_seed(seed)
-    config = LlamaConfig(**cfg)
+    prefix = {"llama": "Llama", "qwen2": "Qwen2"}[family]
+    config = getattr(transformers, f"{prefix}Config")(**cfg)
     with torch.device(device):  # initialized where it runs (8B parameters initialize in minutes on the host)
-        model = LlamaForCausalLM(config).to(dtype=torch.bfloat16).eval()
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config).to(dtype=torch.bfloat16).eval()
     return config, model
 
 
@@ -202,24 +214,27 @@ def run(args) -> list[dict]:
             ref_logits = base(prompt, use_cache=False, logits_to_keep=keep).logits.float()
         for variant in ["bf16", *args.formats]:
             model = base if variant == "bf16" else quantized(base, variant)
+            # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each)
+            fwd = torch.compile(model, backend=args.compile, dynamic=False) if args.compile != "none" else model
             with torch.no_grad():
-                logits = model(prompt, use_cache=False, logits_to_keep=keep).logits.float()
+                logits = fwd(prompt, use_cache=False, logits_to_keep=keep).logits.float()
                 # a serving prefill: the last position's logits only
-                prefill_ms = _time_ms(lambda: model(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
+                prefill_ms = _time_ms(lambda: fwd(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
             kernel_db = math.inf
             if model is not base:
                 kernel_db = min(kernel_sqnr(model, lambda: model(prompt, use_cache=False, logits_to_keep=1)),
                                 kernel_sqnr(model, lambda: model(prompt[:, -1:], use_cache=False)))
-            _, tps, mode = decode(model, config, prompt, args.decode, not args.no_graphs)
-            row = dict(stamp, variant=variant, batch=batch, prefill=args.prefill, prefill_ms=f"{prefill_ms:.3f}",
+            _, tps, mode = decode(fwd, config, prompt, args.decode, not args.no_graphs)
+            row = dict(stamp, variant=variant, compile=args.compile, batch=batch, prefill=args.prefill,
+                       prefill_ms=f"{prefill_ms:.3f}",
                        decode_mode=mode, decode_tokens_per_s=f"{tps:.1f}", token_agreement=f"{same:.4f}",
                        logits_sqnr_db=f"{sqnr:.2f}", kernel_sqnr_db=f"{kernel_db:.2f}")
             print(" ".join(f"{k}={row[k]}" for k in ("variant", "batch", "prefill_ms", "decode_mode",
                                                      "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db")))
             rows.append(row)
             if model is not base:
-                del model
+                del model, fwd
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
     return rows
@@ -252,6 +267,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device")
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--compile", default="none",
+                   help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
+                        "attention glue fused, each QuantizedLinear one custom op); none: eager")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)

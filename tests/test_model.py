@@ -15,7 +15,8 @@ def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     import argparse
 
     rows = bench_model.run(argparse.Namespace(model="tiny", layers=None, formats=["mxfp4", "nvfp4:nvfp4"], batch=[1],
-                                              prefill=8, decode=2, reps=1, device="cpu", no_graphs=True))
+                                              prefill=8, decode=2, reps=1, device="cpu", no_graphs=True,
+                                              compile="none"))
     bf16, mx, w4a4 = rows
     assert bf16["variant"] == "bf16" and float(bf16["token_agreement"]) == 1.0 and math.isinf(float(bf16["logits_sqnr_db"]))
     # fp4 weights of a random model: 17.7 dB and 6 of 8 tokens agreed when written; a broken layer gives ~0 dB and
@@ -25,6 +26,23 @@ def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     # each layer's output against torch's fp32 product of the same codes on the same input: bf16 outputs in another
     # summation order (bf16's 2^-9 relative rounding is ~54 dB); a wrong block scale gives under 20
     assert float(mx["kernel_sqnr_db"]) > 40 and float(w4a4["kernel_sqnr_db"]) > 40, (mx, w4a4)
+
+
+def test_tiny_qwen2_compiled_runs_quantized():
+    """The second family (Qwen2: biased q / k / v projections) under `--compile` (aot_eager: the CPU machine has no
+    C++ compiler for inductor): every linear a custom op in the traced graph, the kernels' check as in eager."""
+    import argparse
+
+    import torch
+
+    torch._dynamo.reset()
+    rows = bench_model.run(argparse.Namespace(model="tiny-qwen2", layers=1, formats=["nvfp4"], batch=[2], prefill=8,
+                                              decode=2, reps=1, device="cpu", no_graphs=True, compile="aot_eager"))
+    bf16, q = rows
+    assert q["compile"] == "aot_eager" and q["decode_mode"] == "eager" and float(q["decode_tokens_per_s"]) > 0
+    assert float(q["kernel_sqnr_db"]) > 40 and float(q["logits_sqnr_db"]) > 10, q
+    _, model = bench_model.build("tiny-qwen2", 1, torch.device("cpu"))
+    assert model.model.layers[0].self_attn.q_proj.bias is not None  # the biased projections the family brings
 
 
 def test_a_pair_that_does_not_exist_fails_when_the_model_is_quantized():
