@@ -15,7 +15,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.layouts import pad_to, to_layout
 from blockscaled.qtensor import QTensor
 
-from . import configs, scratch
+from . import configs, scratch, tuned
 from .decode import (CLUSTER_MAX_CTAS, MMA_CLUSTER_SUM_PTX, MMA_M64_B_ROWS, MMA_STAGED_B_MAX_BYTES, MMA_STAGED_B_STORE_PTX,
                      STATIC_SHARED_BYTES, cluster_sum_bytes, m64_exchange_buffer, operand_codes, staged_b_bytes,
                      staged_b_chunks)
@@ -317,11 +317,27 @@ def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post
 
 
 def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post=None):
-    """`a_post`: a bf16 activation's post-scale ([1] fp32: a quantized activation's global scale), else 1."""
-    options = mma_options_for(config, a, b, m, n)
+    """`a_post`: a bf16 activation's post-scale ([1] fp32: a quantized activation's global scale), else 1. Without
+    a config, the GPU's tuned table's (`tuned.config_for`) where it has one that this shape takes."""
+    options = _tuned_options(_gpu_key(b.device), pair, a, b, m, n, k) if config is None and b.device.type == "cuda" else None
+    if options is None:
+        options = mma_options_for(config, a, b, m, n)
     key = ("mma", pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, b.device, options)
     plan = _LAUNCHES.get(key) or _mma_plan(a, b, bias is not None, m, n, k, options)
     return _mma_run(key, plan, a, b, bias, out, a_post)
+
+
+def _tuned_options(gpu: str, pair: str, a, b: QTensor, m: int, n: int, k: int) -> MmaOptions | None:
+    """The options of the GPU's tuned config for this call (`tuned.config_for`), None where the table has none or
+    the shape refuses its config (a neighbour's split above K / 64, ...): the default plan then."""
+    config = tuned.config_for(gpu, pair, m, n, k)
+    if config is None:
+        return None
+    try:
+        options = mma_options_for(config, a, b, m, n)
+    except ValueError:
+        return None
+    return options if options.split <= k // 64 else None
 
 
 def _pad_k(a, k: int):
@@ -370,6 +386,11 @@ class MmaPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
+def _gpu_key(device: torch.device) -> str:
+    return tuned.gpu_key(torch.cuda.get_device_name(device))
+
+
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 

@@ -1,0 +1,130 @@
+"""`python -m bench.autotune`: a bounded search of the mma kernels' plan knobs on the GPU it finds; the fastest
+config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm` reads (`kernels/tuned.py`).
+
+    python -m bench.autotune --pairs nvfp4 w4a16-nvfp4 --shapes 8192x8192 4096x14336 -M 1 16 [--deadline 500]
+
+- Candidates (`candidates`): the keys of `scaled_mm`'s mma `config` that the plans otherwise choose by rule, on a
+  small grid per M; a candidate the shape refuses is skipped, and each is checked against the fp64 reference (fp32
+  out) before it is timed. The default plan (`config={}`: the rules, no table) is timed alike.
+- Times: bf16 out, CUDA-graph replay (`bench.__main__.time_ms`), weights L2-warm. A config is kept only where it
+  beats the default by more than `KEEP_MARGIN` (else the entry holds None: the default stays).
+- Resumable: cells already in the table are skipped and the table is written after every cell, so a run cut at the
+  device's time limit keeps what it finished; `--deadline` stops starting new cells after that many seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import blockscaled as bs
+from blockscaled.kernels import api, tuned
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+
+from .providers import FORMAT_PAIRS, make_operands
+
+# a tuned config must beat the default by this much: run-to-run noise of a CUDA-graph median is ~1%
+KEEP_MARGIN = 0.02
+BOUND = 1e-5  # fp32 out against fp64 (tests/pairs.py)
+
+
+def candidates(m: int) -> list[dict]:
+    """The configs tried at M rows (before the shape's own checks)."""
+    if m == 1:
+        return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (4, 8, 16, 32, 64)]
+                + [{"split": s} for s in (1, 2, 4, 8, 16, 32)])
+    if m <= api.MMA_WARP_M:
+        return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
+                + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)])
+    return ([{"split": s} for s in (1, 2, 3, 4, 6, 8)] + [{"ahead": a} for a in (1, 2, 3)]
+            + [{"unroll": u} for u in (1, 2)] + [{"tile_m": 64}])
+
+
+def valid(config: dict, a, b, m: int, n: int, k: int) -> bool:
+    """Whether `config` passes the mma backend's checks at this shape (and its split divides into K / 64)."""
+    try:
+        api.mma_options_for(config, a, b, m, n)
+    except ValueError:
+        return False
+    return config.get("split", 1) <= k // 64
+
+
+def tune_cell(pair: tuple[str, str], m: int, n: int, k: int, measure, device="cuda", log=print, call=bs.scaled_mm) -> dict:
+    """One table entry: every valid candidate checked, then timed by `measure(fn) -> ms` (`call`: `scaled_mm`, or a
+    stand-in where the mma kernels cannot run)."""
+    _, _, a, b = make_operands(pair, m, n, k, device, seed=7)
+    b = b.with_data_layout("mma_m16k16")
+    ref = ref_scaled_mm(a, b)
+    name = api.SUPPORTED_PAIRS[pair]
+    times = {}
+    for config in [{}] + candidates(m):
+        if config and not valid(config, a, b, m, n, k):
+            continue
+        key = json.dumps(config, sort_keys=True)
+        try:
+            err = max_rel_err(call(a, b, out_dtype=torch.float32, backend="mma", config=config), ref)
+            if not err <= BOUND:
+                log(f"{name} M={m} {n}x{k} {key}: max_rel_err {err:.3g} > {BOUND}: skipped")
+                continue
+            times[key] = measure(lambda c=config: call(a, b, backend="mma", config=c)) * 1e3
+        except Exception as e:  # noqa: BLE001 - a candidate that cannot compile or launch is skipped, and said
+            log(f"{name} M={m} {n}x{k} {key}: {type(e).__name__}: {str(e)[:200]}")
+    if "{}" not in times:
+        raise RuntimeError(f"{name} M={m} {n}x{k}: the default plan did not run (see the log above)")
+    default_us = times.pop("{}")
+    best_key = min(times, key=times.get) if times else None
+    keep = best_key is not None and times[best_key] < default_us * (1 - KEEP_MARGIN)
+    entry = dict(pair=name, m=m, n=n, k=k, config=json.loads(best_key) if keep else None,
+                 us=round(times[best_key] if keep else default_us, 2), default_us=round(default_us, 2))
+    log(f"{name} M={m} {n}x{k}: default {default_us:.2f} us, best {best_key} {times.get(best_key, float('nan')):.2f} us"
+        f" -> {entry['config']}")
+    return entry
+
+
+def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), device="cuda", log=print,
+        call=bs.scaled_mm) -> list[dict]:
+    """Tune every (pair, shape, M) not yet in the table at `path`, writing it after each; returns its entries."""
+    entries = json.loads(path.read_text())["entries"] if path.exists() else []
+    done = {(e["pair"], e["m"], e["n"], e["k"]) for e in entries}
+    start = time.time()
+    for pair in pairs:
+        for n, k in shapes:
+            for m in ms:
+                if (api.SUPPORTED_PAIRS[pair], m, n, k) in done:
+                    continue
+                if time.time() - start > deadline:
+                    log(f"deadline: {api.SUPPORTED_PAIRS[pair]} M={m} {n}x{k} and later cells not started")
+                    return entries
+                entries.append(tune_cell(pair, m, n, k, measure, device, log, call))
+                entries.sort(key=lambda e: (e["pair"], e["n"], e["k"], e["m"]))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"entries": entries}, indent=1) + "\n")
+    return entries
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", nargs="+", choices=list(FORMAT_PAIRS), default=list(FORMAT_PAIRS))
+    p.add_argument("--shapes", nargs="+", default=["8192x8192"], help="NxK weight shapes")
+    p.add_argument("-M", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    p.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no new cell starts")
+    p.add_argument("--table", type=Path, help="default: kernels/tuned/<gpu>.json")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench.autotune times kernels: it needs a CUDA GPU")
+    from .__main__ import time_ms
+
+    path = args.table or tuned.TABLES / f"{tuned.gpu_key(torch.cuda.get_device_name())}.json"
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
+    entries = run([FORMAT_PAIRS[f] for f in args.pairs], shapes, args.M, path, lambda fn: time_ms(fn, True),
+                  args.deadline)
+    print(f"{len(entries)} entries in {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Tuned plans of the mma kernels, as data: `kernels/tuned/<gpu>.json`, written by `python -m bench.autotune`.
+
+| field      | meaning                                                                                  |
+|------------|------------------------------------------------------------------------------------------|
+| file name  | the GPU model: `gpu_key(torch.cuda.get_device_name())`, e.g. `nvidia_h200.json`          |
+| entries    | [{"pair", "m", "n", "k", "config", "us", "default_us"}]: `config` the fastest `scaled_mm`|
+|            | config of the candidates timed (None: the default plan was fastest); times in us         |
+
+Lookup (`config_for`), once per (GPU, pair, M, N, K):
+- entries of the same GPU model and pair, at the smallest tuned M >= M (a plan tuned for M rows serves fewer);
+- of those, the nearest shape by log-distance in N and K, if within a factor of 2 in each (beyond, the shape's own
+  balance of programs and K is too far off to carry a split over);
+- none of these: None, and the default plan (`api._mma_options`'s rules). A config the shape refuses (say a split
+  above K / 64) also falls back to the default, in `api._mma_launch`.
+Nothing tunes at call time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from pathlib import Path
+
+TABLES = Path(__file__).parent / "tuned"
+MAX_SHAPE_RATIO = 2.0
+
+
+def gpu_key(name: str) -> str:
+    """The table's file stem for a device name: "NVIDIA H200" -> "nvidia_h200"."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+@functools.lru_cache(maxsize=None)
+def table(gpu: str) -> tuple[dict, ...]:
+    path = TABLES / f"{gpu}.json"
+    return tuple(json.loads(path.read_text())["entries"]) if path.exists() else ()
+
+
+def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
+    """The entry `config_for` takes for (pair, m, n, k) among `entries` (see the module's docstring), or None."""
+    same = [e for e in entries if e["pair"] == pair and e["m"] >= m]
+    if not same:
+        return None
+    m_tuned = min(e["m"] for e in same)
+    limit = math.log2(MAX_SHAPE_RATIO)
+    best, best_d = None, math.inf
+    for e in same:
+        if e["m"] != m_tuned:
+            continue
+        dn, dk = abs(math.log2(e["n"] / n)), abs(math.log2(e["k"] / k))
+        if dn <= limit and dk <= limit and dn + dk < best_d:
+            best, best_d = e, dn + dk
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def config_for(gpu: str, pair: str, m: int, n: int, k: int) -> dict | None:
+    """The tuned config for one call's plan, or None for the default plan."""
+    entry = nearest(table(gpu), pair, m, n, k)
+    return None if entry is None or not entry["config"] else dict(entry["config"])
