@@ -319,7 +319,8 @@ def _mma_call(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post
 def _mma_launch(pair, a, b: QTensor, m, n, k, out_dtype, bias, out, config, a_post=None):
     """`a_post`: a bf16 activation's post-scale ([1] fp32: a quantized activation's global scale), else 1. Without
     a config, the GPU's tuned table's (`tuned.config_for`) where it has one that this shape takes."""
-    options = _tuned_options(_gpu_key(b.device), pair, a, b, m, n, k) if config is None and b.device.type == "cuda" else None
+    gpu = _tuned_gpu(b.device) if config is None and b.device.type == "cuda" else None
+    options = _tuned_options(gpu, pair, a, b, m, n, k) if gpu is not None else None
     if options is None:
         options = mma_options_for(config, a, b, m, n)
     key = ("mma", pair, m, n, k, _layout(a), out_dtype, None if bias is None else bias.dtype, b.device, options)
@@ -387,8 +388,10 @@ class MmaPlan(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=None)
-def _gpu_key(device: torch.device) -> str:
-    return tuned.gpu_key(torch.cuda.get_device_name(device))
+def _tuned_gpu(device: torch.device) -> str | None:
+    """The GPU's key in `kernels/tuned/`, None where it has no table (then a call costs this one lookup)."""
+    key = tuned.gpu_key(torch.cuda.get_device_name(device))
+    return key if tuned.table(key) else None
 
 
 def _sm_count(device: torch.device) -> int:
