@@ -197,7 +197,8 @@ def agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, fl
     return same, (math.inf if noise == 0 else 10 * math.log10(float((r * r).sum()) / noise))
 
 
-def run(args) -> list[dict]:
+def run(args, on_row=lambda row: None) -> list[dict]:
+    """Every (batch, variant) row; `on_row(row)` as each is made (a run cut by a time limit keeps what it finished)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config, base = build(args.model, args.layers, device)
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -214,7 +215,11 @@ def run(args) -> list[dict]:
             ref_logits = base(prompt, use_cache=False, logits_to_keep=keep).logits.float()
         for variant in ["bf16", *args.formats]:
             model = base if variant == "bf16" else quantized(base, variant)
-            # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each)
+            # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each); the reset
+            # keeps the variants' graphs from filling Dynamo's recompile limit on the shared forward code (8: the
+            # fourth variant ran eagerly without it)
+            if args.compile != "none":
+                torch._dynamo.reset()
             fwd = torch.compile(model, backend=args.compile, dynamic=False) if args.compile != "none" else model
             with torch.no_grad():
                 logits = fwd(prompt, use_cache=False, logits_to_keep=keep).logits.float()
@@ -233,6 +238,7 @@ def run(args) -> list[dict]:
             print(" ".join(f"{k}={row[k]}" for k in ("variant", "batch", "prefill_ms", "decode_mode",
                                                      "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db")))
             rows.append(row)
+            on_row(row)
             if model is not base:
                 del model, fwd
                 if device.type == "cuda":
@@ -273,9 +279,11 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    rows = run(args)
-    if not args.no_record and rows and rows[0]["gpu"] != "cpu":
-        print(f"appended {len(rows)} rows to {record(rows, args.results)}")
+    def on_row(row):
+        if not args.no_record and row["gpu"] != "cpu":
+            print(f"appended a row to {record([row], args.results)}")
+
+    run(args, on_row)
     return 0
 
 
