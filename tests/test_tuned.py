@@ -84,11 +84,14 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "candidates", lambda m: [{"max_split": 2}, {"split": 10**6}, {"split": 2}, {"max_split": 4}])
     calls, timed = [], []
 
-    def call(a, b, backend, config, out_dtype=torch.bfloat16):
-        assert backend == "mma"
+    poisoned = []
+
+    def call(a, b, backend, config, out):
+        assert backend == "mma" and out.dtype == torch.bfloat16
+        poisoned.append(bool(out.isnan().all()))
         calls.append(config)
-        y = bs.scaled_mm(a, b.with_data_layout("k_order"), out_dtype=out_dtype)
-        return y * 1.01 if config == {"max_split": 4} else y
+        bs.scaled_mm(a, b.with_data_layout("k_order"), out=out)
+        return out.mul_(1.02) if config == {"max_split": 4} else out
 
     def measure(fn):
         fn()
@@ -99,6 +102,7 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
     entries = autotune.run([("bf16", "nvfp4")], [(128, 128)], [1], path, measure, device="cpu", log=log.append,
                            call=call)
     assert timed == [{}, {"max_split": 2}, {"split": 2}]  # split 10**6 refused unrun, max_split 4: wrong, untimed
+    assert poisoned == [True, False, True, False, True, False, True]  # each checked call wrote a NaN-filled buffer
     assert any('{"max_split": 4}: max_rel_err' in line for line in log), log
     assert entries == json.loads(path.read_text())["entries"]
     (e,) = entries
