@@ -387,7 +387,6 @@ class MmaPlan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _tuned_gpu(device: torch.device) -> str | None:
     """The GPU's key in `kernels/tuned/`, None where it has no table (then a call costs this one lookup)."""
     key = tuned.gpu_key(torch.cuda.get_device_name(device))
