@@ -114,3 +114,29 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
                  call=call)
     assert len(timed) == 6 and any("not started" in line for line in log)
     assert [e["m"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
+
+
+def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
+    """Every committed table (`kernels/tuned/*.json`): known pairs, one entry per cell, and each kept config one that
+    `mma_options_for` accepts at the entry's M and N (a refused one would fall back to the rules without a word), a
+    split within the entry's K, and faster than the default it was timed beside."""
+    from bench.providers import FORMAT_PAIRS
+
+    pairs = {api.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
+    paths = sorted(tuned.TABLES.glob("*.json"))
+    assert paths, "no committed table"
+    for path in paths:
+        assert path.stem == tuned.gpu_key(path.stem), path
+        entries = json.loads(path.read_text())["entries"]
+        cells = [(e["pair"], e["m"], e["n"], e["k"]) for e in entries]
+        assert len(cells) == len(set(cells)), path
+        for e in entries:
+            assert e["pair"] in pairs and e["pair"] in api.MMA_PAIRS, e
+            if e["config"] is None:
+                continue
+            fa, fb = pairs[e["pair"]]
+            x = torch.randn(e["m"], 128)
+            a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
+            b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
+            api.mma_options_for(e["config"], a, b, e["m"], e["n"])
+            assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
