@@ -56,18 +56,23 @@ def valid(config: dict, a, b, m: int, n: int, k: int) -> bool:
     return config.get("split", 1) <= k // 64
 
 
+def cell(pair: tuple[str, str], m: int, n: int, k: int, device) -> tuple:
+    """One cell's operands (activation, "mma_m16k16" weights) and its configs: the default ({}) and every valid
+    candidate."""
+    _, _, a, b = make_operands(pair, m, n, k, device, seed=7)
+    b = b.with_data_layout("mma_m16k16")
+    return a, b, [{}] + [c for c in candidates(m) if valid(c, a, b, m, n, k)]
+
+
 def tune_cell(pair: tuple[str, str], m: int, n: int, k: int, measure, device="cuda", log=print, call=bs.scaled_mm) -> dict:
     """One table entry: every valid candidate checked, then timed by `measure(fn) -> ms` (`call`: `scaled_mm`, or a
     stand-in where the mma kernels cannot run)."""
-    _, _, a, b = make_operands(pair, m, n, k, device, seed=7)
-    b = b.with_data_layout("mma_m16k16")
+    a, b, configs = cell(pair, m, n, k, device)
     ref = ref_scaled_mm(a, b)
     name = api.SUPPORTED_PAIRS[pair]
     times = {}
     out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
-    for config in [{}] + candidates(m):
-        if config and not valid(config, a, b, m, n, k):
-            continue
+    for config in configs:
         key = json.dumps(config, sort_keys=True)
         try:
             out.fill_(float("nan"))
@@ -92,22 +97,25 @@ def tune_cell(pair: tuple[str, str], m: int, n: int, k: int, measure, device="cu
 
 def compile_cell(pair: tuple[str, str], m: int, n: int, k: int, device="cuda") -> None:
     """Every valid candidate of one cell run once (bf16 out), so that its binary lands in Triton's on-disk cache."""
-    _, _, a, b = make_operands(pair, m, n, k, device, seed=7)
-    b = b.with_data_layout("mma_m16k16")
-    for config in [{}] + candidates(m):
-        if not config or valid(config, a, b, m, n, k):
-            try:
-                bs.scaled_mm(a, b, backend="mma", config=config)
-            except Exception:  # noqa: BLE001 - the timing process checks, skips and logs it
-                pass
+    a, b, configs = cell(pair, m, n, k, device)
+    for config in configs:
+        try:
+            bs.scaled_mm(a, b, backend="mma", config=config)
+        except Exception:  # noqa: BLE001 - the timing process checks, skips and logs it
+            pass
     torch.cuda.synchronize()
+
+
+def finished(path: Path) -> tuple[list[dict], set[tuple]]:
+    """The table's entries at `path` (none if absent) and their cells (pair name, M, N, K)."""
+    entries = json.loads(path.read_text())["entries"] if path.exists() else []
+    return entries, {(e["pair"], e["m"], e["n"], e["k"]) for e in entries}
 
 
 def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), device="cuda", log=print,
         call=bs.scaled_mm) -> list[dict]:
     """Tune every (pair, shape, M) not yet in the table at `path`, writing it after each; returns its entries."""
-    entries = json.loads(path.read_text())["entries"] if path.exists() else []
-    done = {(e["pair"], e["m"], e["n"], e["k"]) for e in entries}
+    entries, done = finished(path)
     start = time.time()
     for pair in pairs:
         for n, k in shapes:
@@ -140,7 +148,7 @@ def main(argv=None) -> int:
     path = args.table or tuned.TABLES / f"{tuned.gpu_key(torch.cuda.get_device_name())}.json"
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     if args.jobs > 1:
-        done = {(e["pair"], e["m"], e["n"], e["k"]) for e in (json.loads(path.read_text())["entries"] if path.exists() else [])}
+        _, done = finished(path)
         work = [(FORMAT_PAIRS[f], m, n, k, "cuda") for f in args.pairs for n, k in shapes for m in args.M
                 if (api.SUPPORTED_PAIRS[FORMAT_PAIRS[f]], m, n, k) not in done]
         precompile(compile_cell, work, args.jobs)

@@ -279,6 +279,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+
     def on_row(row):
         if not args.no_record and row["gpu"] != "cpu":
             print(f"appended a row to {record([row], args.results)}")
