@@ -143,6 +143,21 @@ def _time_ms(fn, device, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def profile_prefill(fwd, prompt, path: Path, rows: int = 30) -> None:
+    """One prefill under torch.profiler: its kernels by total device time (the top `rows`) written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fwd(prompt, use_cache=False, logits_to_keep=1)  # warm
+        _sync(prompt.device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fwd(prompt, use_cache=False, logits_to_keep=1)
+            _sync(prompt.device)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=90)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table)
+
+
 def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool) -> tuple[torch.Tensor, float, str]:
     """Greedy `steps` tokens after `prompt` with a static cache: (tokens [batch, steps], tokens/s, mode)."""
     from transformers import StaticCache
@@ -226,6 +241,8 @@ def run(args, on_row=lambda row: None) -> list[dict]:
                 # a serving prefill: the last position's logits only
                 prefill_ms = _time_ms(lambda: fwd(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
+            if args.profile:
+                profile_prefill(fwd, prompt, args.profile / f"prefill_{variant.replace(':', '_')}_{args.compile}_b{batch}.txt")
             kernel_db = math.inf
             if model is not base:
                 kernel_db = min(kernel_sqnr(model, lambda: model(prompt, use_cache=False, logits_to_keep=1)),
@@ -276,6 +293,7 @@ def main(argv=None) -> int:
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
                         "attention glue fused, each QuantizedLinear one custom op); none: eager")
+    p.add_argument("--profile", type=Path, help="write each variant's prefill kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     args = p.parse_args(argv)

@@ -522,3 +522,30 @@ def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
     monkeypatch.setattr(dense, "decode_weights", counted)
     run_and_check(pair, api.DENSE_MIN_M, 4096, 4096, "cuda", gen, data_layout="default")
     assert calls == [(0, 4096)]
+
+
+def _tuned_pairs() -> list[str]:
+    from blockscaled.kernels import tuned
+
+    return sorted({e["pair"] for path in tuned.TABLES.glob("*.json") for e in tuned.table(path.stem)})
+
+
+@pytest.mark.parametrize("pair_name", _tuned_pairs())
+def test_tuned_cells_of_this_gpu(pair_name, gen):
+    """Every cell of this GPU's committed table (`kernels/tuned/`) for the pair, called as a user calls it (the
+    device's default weights, no config): the tuned config is the one taken, fp32 and bf16 out within the bound."""
+    from blockscaled.kernels import api, tuned
+
+    gpu = tuned.gpu_key(torch.cuda.get_device_name())
+    entries = [e for e in tuned.table(gpu) if e["pair"] == pair_name]
+    if not entries:
+        pytest.skip(f"no committed table entries for {pair_name} on {torch.cuda.get_device_name()}")
+    pair = next(p for p in PAIRS if f"{p[0]}x{p[1]}" == pair_name)
+    for e in entries:
+        m, n, k = e["m"], e["n"], e["k"]
+        a, b = make_operands(pair, m, n, k, "cuda", gen, data_layout="default")
+        taken = api._tuned_options(gpu, pair_name, a, b, m, n, k)
+        assert (taken is None) == (not e["config"]), (e, taken)
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="default")
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="default", out_dtype=torch.bfloat16, bias=True)
+        assert backend_used(pair, m) == "mma"
