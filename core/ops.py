@@ -6,9 +6,14 @@
 | `blockscaled::quantize` | x [rows, K]; format, scale rounding, scale layout, global scale        | (data, scale, global [1])  |
 
 Both have fake (meta) implementations: shapes and dtypes only. `QuantizedLinear` calls `linear` while
-`torch.compile` traces it (eager calls skip the dispatcher's few microseconds). The op rebuilds the weight's QTensor
-from its fields once: weights registered by `register_weight` (every QuantizedLinear's) are looked up by storage,
-so the per-weight caches (kernel views, mma factors) survive across calls.
+`torch.compile` traces it (eager calls skip the dispatcher). The op rebuilds the weight's QTensor from its fields
+once: weights registered by `register_weight` (every QuantizedLinear's) are looked up by storage, so the per-weight
+caches (kernel views, mma factors) survive across calls.
+
+The ops are defined on a `torch.library.Library` with one CompositeExplicitAutograd kernel each, not with
+`torch.library.custom_op`: its per-call wrappers (autograd, device dispatch, alias check) cost 150-350 us of host
+time a call on an H200 (torch 2.11), which left an inductor-compiled prefill host-bound. Inference only: neither op
+has a derivative, and a call on inputs that require grad raises.
 """
 
 from __future__ import annotations
@@ -43,14 +48,37 @@ def _weight(data, scale, global_scale, fmt, layout, data_layout, n, k) -> QTenso
     return w
 
 
-@torch.library.custom_op("blockscaled::linear", mutates_args=())
+_LIB = torch.library.Library("blockscaled", "DEF")
+_LIB.define("linear(Tensor x, Tensor data, Tensor scale, Tensor? global_scale, Tensor? bias, str fmt, str layout, "
+            "str data_layout, SymInt n, SymInt k, str? activation_format, str scale_rounding, "
+            "float? activation_global_scale, ScalarType out_dtype) -> Tensor")
+_LIB.define("quantize(Tensor x, str fmt, str scale_rounding, str layout, Tensor? global_scale) -> "
+            "(Tensor, Tensor, Tensor)")
+
+
+def _no_grad_inputs(op: str, *tensors) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(f"blockscaled::{op} has no derivative (inference only); got an input that requires grad")
+
+
 def linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
            bias: torch.Tensor | None, fmt: str, layout: str, data_layout: str, n: int, k: int,
            activation_format: str | None, scale_rounding: str, activation_global_scale: float | None,
            out_dtype: torch.dtype) -> torch.Tensor:
     """`linear_eager` with the weight given by its fields."""
+    _no_grad_inputs("linear", x, bias)
     return linear_eager(x, _weight(data, scale, global_scale, fmt, layout, data_layout, n, k), bias, activation_format,
                         scale_rounding, activation_global_scale, out_dtype)
+
+
+_LIB.impl("linear", linear, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("blockscaled::linear", lib=_LIB)
+def _(x, data, scale, global_scale, bias, fmt, layout, data_layout, n, k, activation_format, scale_rounding,
+      activation_global_scale, out_dtype):
+    torch._check(x.dim() == 2 and x.shape[1] == k, lambda: f"x: expected [M, {k}], got {tuple(x.shape)}")
+    return x.new_empty((x.shape[0], n), dtype=out_dtype)
 
 
 def linear_eager(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rounding, activation_global_scale,
@@ -65,13 +93,6 @@ def linear_eager(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rou
                      scale_rounding=scale_rounding, activation_global_scale=activation_global_scale)
 
 
-@linear.register_fake
-def _(x, data, scale, global_scale, bias, fmt, layout, data_layout, n, k, activation_format, scale_rounding,
-      activation_global_scale, out_dtype):
-    torch._check(x.dim() == 2 and x.shape[1] == k, lambda: f"x: expected [M, {k}], got {tuple(x.shape)}")
-    return x.new_empty((x.shape[0], n), dtype=out_dtype)
-
-
 def linear_call(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rounding, activation_global_scale,
                 out_dtype) -> torch.Tensor:
     """`torch.ops.blockscaled.linear` on QTensor `w`."""
@@ -80,17 +101,20 @@ def linear_call(x: torch.Tensor, w: QTensor, bias, activation_format, scale_roun
                                         activation_global_scale, out_dtype)
 
 
-@torch.library.custom_op("blockscaled::quantize", mutates_args=())
 def _quantize(x: torch.Tensor, fmt: str, scale_rounding: str, layout: str,
               global_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from .weights import quantize as quantize_tensor
 
+    _no_grad_inputs("quantize", x)
     q = quantize_tensor(x, fmt, scale_rounding=scale_rounding, layout=layout, global_scale=global_scale)
     g = q.global_scale.reshape(1) if q.global_scale is not None else torch.ones(1, dtype=torch.float32, device=x.device)
     return q.data, q.scale, g.clone()
 
 
-@_quantize.register_fake
+_LIB.impl("quantize", _quantize, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("blockscaled::quantize", lib=_LIB)
 def _(x, fmt, scale_rounding, layout, global_scale):
     f = get_format(fmt)
     rows, k = x.shape

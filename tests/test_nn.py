@@ -95,6 +95,13 @@ def test_custom_ops_pass_opcheck(gen):
                                                          w.data_layout, 24, 64, "nvfp4", "floor", 0.01, torch.float32), test_utils=checks)
     for fmt, layout in (("nvfp4", "swizzle_32_4_4"), ("mxfp4", "rowmajor")):
         torch.library.opcheck(torch.ops.blockscaled.quantize, (xf, fmt, "floor", layout, None), test_utils=checks)
+    # inference only: an input that requires grad is refused by name, not differentiated wrongly
+    with pytest.raises(RuntimeError, match="blockscaled::linear has no derivative"):
+        torch.ops.blockscaled.linear(xf.requires_grad_(), w.data, w.scale, w.global_scale, None, "nvfp4", w.layout,
+                                     w.data_layout, 24, 64, "nvfp4", "floor", None, torch.float32)
+    with pytest.raises(RuntimeError, match="blockscaled::quantize has no derivative"):
+        torch.ops.blockscaled.quantize(xf, "mxfp4", "floor", "rowmajor", None)
+    xf = xf.detach()
     q = ops.quantize(xf, "mxfp8", scale_rounding="rceil")
     ref = bs.quantize(xf, "mxfp8", scale_rounding="rceil")
     assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8))
