@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import blockscaled as bs
-from blockscaled.kernels import api, tuned
+from blockscaled.kernels import api, plans, tuned
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from .providers import FORMAT_PAIRS, make_operands
@@ -40,7 +40,7 @@ def candidates(m: int) -> list[dict]:
     """The configs tried at M rows (before the shape's own checks)."""
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
         return [{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)]
-    if m <= api.MMA_WARP_M:
+    if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
                 + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)])
     return ([{"split": s} for s in (1, 2, 3, 4, 6, 8)] + [{"ahead": a} for a in (1, 2, 3)]
@@ -50,7 +50,7 @@ def candidates(m: int) -> list[dict]:
 def valid(config: dict, a, b, m: int, n: int, k: int) -> bool:
     """Whether `config` passes the mma backend's checks at this shape (and its split divides into K / 64)."""
     try:
-        api.mma_options_for(config, a, b, m, n)
+        plans.mma_options_for(config, a, b, m, n)
     except ValueError:
         return False
     return config.get("split", 1) <= k // 64

@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 
 import blockscaled as bs
-from blockscaled.kernels import api, launch
+from blockscaled.kernels import api, launch, plans
 
 from .__main__ import precompile
 from .providers import FORMAT_PAIRS, make_operands
 
-MMA_FORMATS = [f for f, pair in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[pair] in api.MMA_PAIRS]
+MMA_FORMATS = [f for f, pair in FORMAT_PAIRS.items() if bs.SUPPORTED_PAIRS[pair] in plans.MMA_PAIRS]
 
 
 def parse_args(argv=None):

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import blockscaled as bs
-from blockscaled.kernels import api, configs
+from blockscaled.kernels import api, configs, plans
 
 from .providers import FORMAT_PAIRS, make_operands
 
@@ -64,9 +64,9 @@ def planned_as_h100():
     import helion._compat
     import helion.autotuner.config_spec as spec
 
-    replaced = [(configs, "arch_key", lambda device: "sm90"), (api, "_sm_count", lambda device: H100_SMS),
-                (api, "_ptx_decodes", lambda device: True), (api, "_has_wgmma", lambda device: True),
-                (api, "_has_pdl", lambda device: True),
+    replaced = [(configs, "arch_key", lambda device: "sm90"), (plans, "_sm_count", lambda device: H100_SMS),
+                (plans, "_ptx_decodes", lambda device: True), (plans, "_has_wgmma", lambda device: True),
+                (plans, "_has_pdl", lambda device: True),
                 (helion._compat, "_supports_maxnreg", lambda: True),
                 (spec, "_regs_per_block", lambda: H100_REGS_PER_SM)]
     with contextlib.ExitStack() as restore:
@@ -221,14 +221,15 @@ def mma_kernel_code(args, a, b, variant):
     "mma_m16k16" QTensor, `variant` may set any `_mma_options` key; 32 weights per thread,
     row group and window."""
     with planned_as_h100():
-        options = api.mma_options_for(variant or None, a, b, args.M, args.N)
-        plan = api._mma_plan(a, b, False, args.M, args.N, args.K, options)
+        options = plans.mma_options_for(variant or None, a, b, args.M, args.N)
+        mma_plan = plans._mma_plan(a, b, False, args.M, args.N, args.K, options)
         out = torch.empty(args.M, args.N, dtype=torch.bfloat16)
-        kargs = api._mma_args(plan, api._mma_operands(plan, a, b, None, out, api._work(None, plan, out.device)), out)
-        kernel = api.mma_kernel(args.M)
-        code = kernel.bind(kargs).to_triton_code(plan.cfg)
+        kargs = api._mma_args(mma_plan, api._mma_operands(mma_plan, a, b, None, out, api._work(None, mma_plan, out.device)),
+                              out)
+        kernel = plans.mma_kernel(args.M)
+        code = kernel.bind(kargs).to_triton_code(mma_plan.cfg)
     row_groups = dict(zip(inspect.signature(kernel.fn).parameters, kargs)).get("ROW_GROUPS", 1)  # as the plan resolved it
-    return code, kernel.fn, kargs, plan, 32 * row_groups
+    return code, kernel.fn, kargs, mma_plan, 32 * row_groups
 
 
 def main(argv=None):

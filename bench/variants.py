@@ -1,6 +1,6 @@
 """`python -m bench.variants`: check and time mma plan variants in one process.
 
-Each variant is a dict of mma plan keys (`blockscaled.kernels.api._mma_options` lists them), e.g.
+Each variant is a dict of mma plan keys (`blockscaled.kernels.plans._mma_options` lists them), e.g.
 '[{}, {"max_split": 8}, {"k_warps": 8, "shared_b": true}]'; `{}` is the default plan and
 {"backend": null} `scaled_mm`'s own choice. Weights are arranged "mma_m16k16" (`--data_layout
 k_order` times the portable kernels with {"backend": "dequant"}). For every M, pair and variant it

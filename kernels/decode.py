@@ -548,7 +548,7 @@ def _shared_b_exchange(col_groups: int, wide: bool, slices: int = 1, given: bool
     `wide`, else 4 int32), the window's parity, then, if `given`, `_shared_b_addresses`' three outputs; else the
     buffer's address, the addresses made here from %tid.x every window
     (two row groups per warp: held across the loop, they took 4 slices of mxfp8 x mxfp8 from 64 to 74 sm_90
-    registers, past the 64 of the two 512-thread programs per SM that `api.MMA_K_SLICES` counts). With one slice
+    registers, past the 64 of the two 512-thread programs per SM that `plans.MMA_K_SLICES` counts). With one slice
     the program waits at the CTA barrier; with `slices` > 1 (K slices of a program, `mma_gemv_kernel` with
     K_WARPS > 1) each 128 threads exchange their own window in their own two buffers and wait at their own named
     barrier."""

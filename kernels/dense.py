@@ -133,7 +133,7 @@ _LAUNCHES: dict[tuple, object] = {}
 
 def chunk_rows(n_stored: int, k_stored: int, config: dict | None) -> int:
     """Weight rows per chunk: `config["chunk_rows"]` (a multiple of 16) or the default rule above."""
-    from .api import MMA_WARP_M
+    from .plans import MMA_WARP_M
 
     if config:
         unknown = set(config) - set(PLAN_KEYS)

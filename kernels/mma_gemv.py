@@ -16,7 +16,7 @@ The mma fragments tie values to lanes, which Triton's tensor layouts do not prom
 value per thread (`[threads]`, indexed by the thread's own %tid.x) and each thread computes its addresses from its
 lane: no value crosses threads outside the mma and the inline-PTX exchanges.
 
-Constexpr knobs (the plan fills them by name, `api.mma_constants`; why each default: `docs/PLANS.md`):
+Constexpr knobs (the plan fills them by name, `plans.mma_constants`; why each default: `docs/PLANS.md`):
 
 | knob          | what it does                                                                                   |
 |---------------|------------------------------------------------------------------------------------------------|
@@ -77,7 +77,7 @@ HINTED_TYPES = {torch.int32: ("b32", "r", "tl.int32"), torch.int64: ("b64", "l",
 
 def hinted_loads(ptr, index, role, EVICT, count=1, stride=1):
     """`count` loads of `ptr` at index, index + stride, ...: with EVICT 1 Triton's loads with the role's `eviction`
-    policy, with EVICT 2 (`api._mma_hoist`) inline PTX carrying that policy as an L2 cache hint. Triton writes the policy
+    policy, with EVICT 2 (`plans._mma_hoist`) inline PTX carrying that policy as an L2 cache hint. Triton writes the policy
     anew for every load (11 sm_90 instructions per K-loop iteration at M = 16); here it is one pure asm without loop
     inputs, which LLVM hoists out of the loop."""
     if EVICT != 2:
@@ -443,7 +443,7 @@ def add_fragments(workspace, sums, tile, tid, groups, keep):
     order, one `red.global.add.v4.f32` per column group (`decode.FRAGMENT_ADD_PTX`; none where `keep` is false: the
     CTA sums in its cluster) instead of `add_groups`' four scalar adds at the outputs' positions. H100, M = 64, N = 8192
     (split 4): the epilogue alone 13.2 -> 8.2 us (`python -m bench.split_sums`), the kernel 2.3-5.3 us faster
-    (`api.MMA_M64_FRAGMENT_SUMS`)."""
+    (`plans.MMA_M64_FRAGMENT_SUMS`)."""
     keep = torch.zeros_like(tid) + keep.to(torch.int32)
     for c in range(groups):
         # the address as an integer: tl.inline_asm_elementwise does not take a pointer beside floats

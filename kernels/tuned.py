@@ -10,7 +10,7 @@ Lookup (`config_for`), once per (GPU, pair, M, N, K):
 - entries of the same GPU model and pair, at the smallest tuned M >= M (a plan tuned for M rows serves fewer);
 - of those, the nearest shape by log-distance in N and K, if within a factor of 2 in each (beyond, the shape's own
   balance of programs and K is too far off to carry a split over);
-- none of these: None, and the default plan (`api._mma_options`'s rules). A config the shape refuses (say a split
+- none of these: None, and the default plan (`plans._mma_options`'s rules). A config the shape refuses (say a split
   above K / 64) also falls back to the default, in `api._mma_launch`.
 Nothing tunes at call time.
 """

@@ -12,7 +12,8 @@ import blockscaled as bs
 from bench import __main__ as cli
 from bench import tritonbench as tb_runner
 from bench.providers import FORMAT_PAIRS, LLAMA_8B, LLAMA_70B, operand_bytes
-from blockscaled.kernels.api import MMA_PAIRS
+from blockscaled.kernels import plans
+from blockscaled.kernels.plans import MMA_PAIRS
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the read kernels: Triton on the GPU, its interpreter on a CPU
 
@@ -297,14 +298,13 @@ PDL_PLANS = [("nvfp4", 1, 8192, 8192), ("w4a16-nvfp4", 1, 8192, 8192), ("mxfp8",
 
 @pytest.mark.parametrize("fmt, m, n, k", PDL_PLANS)
 def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k):
-    """With PDL (the default up to M = 16, `api._mma_pdl_by_plan`) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
+    """With PDL (the default up to M = 16, `plans._mma_pdl_by_plan`) the mma kernels may start while the kernel before them runs: in their sm_90 SASS the one
     `griddepcontrol.wait` (ACQBULK) comes before every global load, store and atomic (the activation, bias, scales,
     workspace and tickets may come from that kernel), and `griddepcontrol.launch_dependents` (PREEXIT) after the
     last mma of the K loop; with "pdl" False neither is there. With "pdl_prefetch" (M <= 16; the default there, 2
     windows, 4 for fp8 weights at 8 < M <= 16) the L2 prefetches of the first windows' weights (CCTL.E.PF2: nothing returned)
     come before the wait and the loads still after it."""
     from bench import sass
-    from blockscaled.kernels import api
 
     variants = [{}, {"pdl": False}, {"pdl_prefetch": 0}] if m <= 16 else [{"pdl": True}, {}]
     argv = ["--backend", "mma", "--format", fmt, "-M", str(m), "-N", str(n), "-K", str(k), "--variants",
@@ -312,7 +312,7 @@ def test_mma_waits_for_the_grid_before_any_memory(capfd, tmp_path, fmt, m, n, k)
     assert sass.main(argv) == 0
     capfd.readouterr()
     name = fmt.replace("-", "_")
-    default_prefetch = api.MMA_PDL_PREFETCH[FORMAT_PAIRS[fmt][1] == "mxfp8", api._mma_column_groups(m)] if m <= 16 else 0
+    default_prefetch = plans.MMA_PDL_PREFETCH[FORMAT_PAIRS[fmt][1] == "mxfp8", plans._mma_column_groups(m)] if m <= 16 else 0
     for i, variant in enumerate(variants):
         ops = [op for op, _ in sass.instructions((tmp_path / f"{name}_{i}.sass").read_text())]
         if variant.get("pdl", m <= 16) is False:
@@ -342,10 +342,10 @@ def assert_programs_fit(pair, counts, programs, warps):
 
 
 def test_mma_k_warps_registers_fit_the_wave_rule(capfd):
-    """`api._mma_k_warps` counts 64 // k_warps resident programs per SM (<= 32 registers): true
+    """`plans._mma_k_warps` counts 64 // k_warps resident programs per SM (<= 32 registers): true
     for the sm_90 registers and shared memory of every bf16-activation pair at M = 1, N = K =
     8192, with every k_warps of `MMA_K_WARPS`."""
-    from blockscaled.kernels.api import MMA_K_WARPS
+    from blockscaled.kernels.plans import MMA_K_WARPS
 
     from bench import sass
 
@@ -375,12 +375,12 @@ def test_mma_staged_b_loads_the_first_window_early(capfd):
 
 
 def test_mma_k_slices_registers_fit_the_wave_rule(capfd):
-    """`api._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
+    """`plans._mma_k_slices` counts its `MMA_K_SLICES` resident programs per SM (2 of 4 slices x
     4 warps, 1 of 8 x 4): true for the sm_90 registers and shared memory of every plan it makes at
     M = 16, N = K = 8192 (4 slices of two row groups, 8 of one; fp4 weights one window ahead and two
     windows per K-loop iteration where the entry says so; bf16 x mxfp8 4 slices of one, `MMA_BF16_FP8_M16_SLICES`).
     M <= 8 takes fewer registers (sm_90, 8 slices with ahead: 48-50 at M = 8 against 51-56 at M = 16)."""
-    from blockscaled.kernels.api import MMA_BF16_FP8_M16_SLICES, MMA_K_SLICES
+    from blockscaled.kernels.plans import MMA_BF16_FP8_M16_SLICES, MMA_K_SLICES
 
     from bench import sass
 
@@ -415,7 +415,7 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
     with wgmma (sm_90: 4 HGMMA m64n64k16 per window; 3 programs, 2 for fp4 / fp8 activations on fp4
     weights) and with mma.sync (32 HMMA: 8 column groups x 4 steps; 2): registers and shared memory
     (two 64-row B windows) of every pair."""
-    from blockscaled.kernels.api import MMA_M64_PROGRAMS_PER_SM
+    from blockscaled.kernels.plans import MMA_M64_PROGRAMS_PER_SM
 
     from bench import sass
 
@@ -442,7 +442,7 @@ def test_mma_m64_registers_fit_the_wave_rule(capfd, narrow):
 def test_mma_tile_128_registers_fit_the_wave_rule(capfd, narrow):
     """`MMA_M64_TILE_128_PROGRAMS_PER_SM` holds for mma_m64_kernel's default at M = 128 (128 activation rows per
     program: 8 HGMMA m64n64k16 per window), N = K = 8192: registers and shared memory (two 128-row B windows)."""
-    from blockscaled.kernels.api import MMA_M64_TILE_128_PROGRAMS_PER_SM
+    from blockscaled.kernels.plans import MMA_M64_TILE_128_PROGRAMS_PER_SM
 
     from bench import sass
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import blockscaled as bs
+from blockscaled.kernels import plans
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 from pairs import (PAIRS, TOLERANCE, assert_split_k_workspaces_zero, backend_used, decodes_every_byte,
@@ -102,7 +103,7 @@ def test_mma_launch_from_addresses(pair, gen):
             bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
             err = max_rel_err(out, ref_scaled_mm(a, b, bias=bias_t))
             assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
-        options = api.mma_options_for(config, a, b, m, n)
+        options = plans.mma_options_for(config, a, b, m, n)
         (plan,) = [plan for key, plan in api._LAUNCHES.items()
                    if key[:5] == ("mma", bs.SUPPORTED_PAIRS[pair], m, n, k) and key[6] == out_dtype
                    and key[7] == (bias_t.dtype if bias else None) and key[-1] == options]
@@ -149,7 +150,7 @@ def test_mma_pdl_chain(pair, m, gen):
     torch.cuda.synchronize()
     check("graph")
     (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", bs.SUPPORTED_PAIRS[pair], m, n, k)]
-    assert api._mma_pdl(plan) and plan.launch.keywords["_launcher"].pdl
+    assert plans._mma_pdl(plan) and plan.launch.keywords["_launcher"].pdl
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 9, 16])
@@ -183,13 +184,12 @@ def test_mma_k_warps(pair, m, gen):
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_m16_shape_defaults(pair, gen):
     """The M = 16 defaults that depend on the shape beyond 8192^2: at 57344 x 8192 split-K by 2 summed in clusters
-    on sm_90 (`api._mma_m16_cluster_split`), else 4 K slices of two row groups, and split-K with one
-    window ahead for fp8 weights from K = 16384 (`api.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead), and at 4096^2 one
-    row group, split 8 in clusters, one window ahead (`api._mma_m16_one_group_split`), bias and bf16 out."""
-    from blockscaled.kernels import api
+    on sm_90 (`plans._mma_m16_cluster_split`), else 4 K slices of two row groups, and split-K with one
+    window ahead for fp8 weights from K = 16384 (`plans.MMA_FP8_M16_AHEAD_K`; fp4 weights: none ahead), and at 4096^2 one
+    row group, split 8 in clusters, one window ahead (`plans._mma_m16_one_group_split`), bias and bf16 out."""
 
     run_and_check(pair, 16, 57344, 8192, "cuda", gen, data_layout="mma_m16k16")
-    clusters = api._has_wgmma(torch.device("cuda"))
+    clusters = plans._has_wgmma(torch.device("cuda"))
     assert mma_plan_tails(pair, 16, 57344, 8192) == {(2, 2, True, 0, 1, False) if clusters else (2, 1, True, 0, 4, False)}
     run_and_check(pair, 16, 1024, 16384, "cuda", gen, data_layout="mma_m16k16")
     (row_groups, split, shared_b, ahead, k_warps, _), = mma_plan_tails(pair, 16, 1024, 16384)
@@ -321,7 +321,7 @@ def three_calls(pair, m, n, k, config, bias, gen):
         bs.scaled_mm(a, b, out_dtype=out_dtype, bias=bias_t, out=out, config=config)
         err = max_rel_err(out, ref)
         assert err <= TOLERANCE[out_dtype], f"{pair} M={m} {n}x{k} {config} call {call}: max_rel_err {err:.3g}"
-    options = api.mma_options_for(config, a, b, m, n)
+    options = plans.mma_options_for(config, a, b, m, n)
     name = bs.SUPPORTED_PAIRS[pair]
     (plan,) = [plan for key, plan in api._LAUNCHES.items() if key[:5] == ("mma", name, m, n, k) and key[-1] == options]
     return options, plan, plan.launch.keywords["_launcher"]
@@ -336,7 +336,6 @@ def test_mma_m64_cluster_sums(pair, m, gen):
     divisible by SPLIT, which is 2, 4 or 8); every call matches the reference (poisoned output): the decode shapes
     (8192^2: 256 programs of split 4, or 384 of split 6 where 3 per SM are counted; no clusters), split 2, 4 and 8 on grids that take them, with bias and bf16 out; the workspace stays
     zero."""
-    from blockscaled.kernels import api
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     clustered_splits = set()
@@ -344,7 +343,7 @@ def test_mma_m64_cluster_sums(pair, m, gen):
                                (8576, 2048, {"max_split": 4}, False), (4352, 2048, {"max_split": 8}, False)):
         _, plan, launcher = three_calls(pair, m, n, k, config, bias, gen)
         programs = n // 128 * plan.split
-        clustered = (plan.split in (2, 4, 8) and programs > api.MMA_CLUSTER_PROGRAMS_PER_SM * sms
+        clustered = (plan.split in (2, 4, 8) and programs > plans.MMA_CLUSTER_PROGRAMS_PER_SM * sms
                      and (4 * -(-m // 8)) % plan.split == 0)
         assert plan.consts.CLUSTER is clustered and launcher.cluster == (plan.split if clustered else 1), (m, n, plan.split)
         assert launcher.kernel is not None and launcher.launcher.metadata[1] == launcher.cluster  # the direct launch's
@@ -369,7 +368,6 @@ def test_mma_m64_wide_b(pair, gen):
     the activation's data is 16-byte aligned), and with 8-byte ones where it is not (data 8 bytes into its storage:
     the 16-byte loads would fault): both against the reference, with split-K, mma.sync, 3 windows ahead, 128-row
     tiles, bias and bf16 out; M = 17, 40, 64, 130."""
-    from blockscaled.kernels import api
 
     for m, n, k, config in ((17, 1024, 2048, None), (40, 512, 4096, {"split": 3, "wgmma": False}),
                             (64, 1024, 2048, {"ahead": 3, "max_split": 2}), (64, 8192, 8192, None),
@@ -381,7 +379,7 @@ def test_mma_m64_wide_b(pair, gen):
         if pair[0] != "bf16":  # the kernel's own loads of the fp8 activation (not the rows of "predecode")
             config = {**(config or {}), "predecode": False}
         for x, wide in ((a, True), (shifted, False)):
-            assert api.mma_options_for(config, x, b, m, n).wide_b is wide
+            assert plans.mma_options_for(config, x, b, m, n).wide_b is wide
             out = torch.full((m, n), float("nan"), device="cuda")  # poison
             err = max_rel_err(bs.scaled_mm(x, b, out_dtype=torch.float32, out=out, config=config), ref)
             assert err <= TOLERANCE[torch.float32], (m, n, k, config, wide, err)
@@ -415,7 +413,7 @@ def test_mma_predecode(pair, gen):
         a, b = make_operands(pair, m, n, k, "cuda", gen, layout, data_layout="mma_m16k16")
         ref = ref_scaled_mm(a, b)
         for cfg, predecoded in ((config or None, True), ({**config, "predecode": False}, False)):
-            assert api.mma_options_for(cfg, a, b, m, n).predecode is predecoded
+            assert plans.mma_options_for(cfg, a, b, m, n).predecode is predecoded
             out = torch.full((m, n), float("nan"), device="cuda")  # poison
             err = max_rel_err(bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=cfg), ref)
             assert err <= TOLERANCE[torch.float32], (m, n, k, cfg, err)
@@ -431,7 +429,7 @@ def test_mma_predecode(pair, gen):
         out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         err = max_rel_err(bs.scaled_mm(a, b, bias=bias, out=out, config=given or None), ref_scaled_mm(a, b, bias=bias))
         assert err <= TOLERANCE[torch.bfloat16], err
-    options = api.mma_options_for(given or None, a, b, m, n)
+    options = plans.mma_options_for(given or None, a, b, m, n)
     (plan,) = [plan for key, plan in api._LAUNCHES.items()
                if key[1:5] == (bs.SUPPORTED_PAIRS[pair], m, n, k) and key[-1] == options]
     assert api._direct_launch(plan.predecode).sources is not None  # bound: launched from the operands' addresses

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import blockscaled as bs
+from blockscaled.kernels import plans
 from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
 from blockscaled.layouts.mma import ELEMENTS, SLOTS
 
@@ -287,100 +288,99 @@ def test_split_fills_the_last_wave(monkeypatch):
     """One row group at M <= 8 and two at M = 16: the smallest split whose last wave is >= 90%
     full at 16 / 8 programs per SM (132 SMs: 2112 / 1056 resident programs), else the
     fullest; `max_split` alone takes the largest."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 1984)]
-    one_group = {(n, k): api._mma_split(k // 64, n // 64, 32, 16, cpu) for n, k in shapes}
+    one_group = {(n, k): plans._mma_split(k // 64, n // 64, 32, 16, cpu) for n, k in shapes}
     assert one_group == {(8192, 8192): 16, (10240, 8192): 32, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
     # 10240: 640 programs at split 8 and 1280 at 16 fill 0.61 of their last wave each: the first
-    two_groups = {(n, k): api._mma_split(k // 64, n // 128, 16, 8, cpu) for n, k in shapes}
+    two_groups = {(n, k): plans._mma_split(k // 64, n // 128, 16, 8, cpu) for n, k in shapes}
     assert two_groups == {(8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 1984): 1}
-    assert api._mma_split(128, 128, 32, 0, cpu) == 32 and api._mma_split(128, 128, 8, 0, cpu) == 8
+    assert plans._mma_split(128, 128, 32, 0, cpu) == 32 and plans._mma_split(128, 128, 8, 0, cpu) == 8
     with pytest.raises(ValueError, match="max_split"):
-        api._mma_options({"splits": 4}, 1, 8192, True)
+        plans._mma_options({"splits": 4}, 1, 8192, True)
     with pytest.raises(ValueError, match="row_groups"):
-        api._mma_options({"row_groups": 2}, 1, 64, True)
+        plans._mma_options({"row_groups": 2}, 1, 64, True)
     with pytest.raises(ValueError, match="shared_b"):
-        api._mma_options({"shared_b": 1}, 16, 8192, True)
+        plans._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums)
-    assert api._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
-    assert api._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # fp4 / fp8 activations: two row groups
-    assert api._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # N % 128 != 0: one, the wave rule
+    assert plans._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert plans._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # fp4 / fp8 activations: two row groups
+    assert plans._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert api._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False)  # split-K as before if 1
+    assert plans._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert api._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False)
+        assert plans._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False)
         # fp8 weights: split up to 8, no wave rule, four windows prefetched; at M = 1 as fp4 weights
-        assert api._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False)
-        assert api._mma_options(None, 1, 8192, narrow, True) == api._mma_options(None, 1, 8192, narrow)
-    assert api._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
-    assert api._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
-    assert api._mma_options({"evict": False}, 16, 8192, False).evict is False
+        assert plans._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False)
+        assert plans._mma_options(None, 1, 8192, narrow, True) == plans._mma_options(None, 1, 8192, narrow)
+    assert plans._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+    assert plans._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
+    assert plans._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
-        api._mma_options({"evict": 1}, 16, 8192, True)
+        plans._mma_options({"evict": 1}, 16, 8192, True)
     # hoisted policies: by default for fp4 / fp8 activations on fp4 weights at 1 < M <= 16, given or not with hints
-    assert [api._mma_options(None, m, 8192, True).hoist for m in (1, 2, 8, 16)] == [False, True, True, True]
-    assert api._mma_options({"evict": False}, 16, 8192, True).hoist is False
-    assert api._mma_options({"hoist": True}, 1, 8192, False).hoist is True
+    assert [plans._mma_options(None, m, 8192, True).hoist for m in (1, 2, 8, 16)] == [False, True, True, True]
+    assert plans._mma_options({"evict": False}, 16, 8192, True).hoist is False
+    assert plans._mma_options({"hoist": True}, 1, 8192, False).hoist is True
     with pytest.raises(ValueError, match="hoist applies to the eviction hints"):
-        api._mma_options({"evict": False, "hoist": True}, 16, 8192, True)
+        plans._mma_options({"evict": False, "hoist": True}, 16, 8192, True)
     with pytest.raises(ValueError, match="hoist must be a bool"):
-        api._mma_options({"hoist": 1}, 16, 8192, True)
+        plans._mma_options({"hoist": 1}, 16, 8192, True)
     # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
     # with it and at M <= 16
-    assert [api._mma_options(None, m, 8192, True)[-5:-3] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
-    assert api._mma_options({"pdl": True}, 64, 8192, True)[-5:-3] == (True, 0)
-    assert api._mma_options({"pdl": False}, 16, 8192, True)[-5:-3] == (False, 0)
-    assert api._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-5:-3] == (True, 2)
+    assert [plans._mma_options(None, m, 8192, True)[-5:-3] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
+    assert plans._mma_options({"pdl": True}, 64, 8192, True)[-5:-3] == (True, 0)
+    assert plans._mma_options({"pdl": False}, 16, 8192, True)[-5:-3] == (False, 0)
+    assert plans._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-5:-3] == (True, 2)
     for bad, message in (({"pdl": 1}, "pdl must be a bool"), ({"pdl": False, "pdl_prefetch": 1}, "pdl_prefetch is"),
                          ({"pdl_prefetch": 5}, "pdl_prefetch is"), ({"pdl_prefetch": True}, "pdl_prefetch is")):
         with pytest.raises(ValueError, match=message):
-            api._mma_options(bad, 16, 8192, True)
+            plans._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
-        api._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert api._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+        plans._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
+    assert plans._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert api._mma_options(None, 64, 8192, False) == (api.MMA_M64_MAX_SPLIT, 2, 1, True, True, api.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False, False)  # (wide_b: `mma_options_for` checks the alignment)
-    assert api._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True)
+    assert plans._mma_options(None, 64, 8192, False) == (plans.MMA_M64_MAX_SPLIT, 2, 1, True, True, plans.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False, False)  # (wide_b: `mma_options_for` checks the alignment)
+    assert plans._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
-            api._mma_options(bad, 64, 8192, True)
+            plans._mma_options(bad, 64, 8192, True)
     with pytest.raises(ValueError, match="wgmma must be a bool"):
-        api._mma_options({"wgmma": 1}, 64, 8192, True)
+        plans._mma_options({"wgmma": 1}, 64, 8192, True)
     with pytest.raises(ValueError, match="'wgmma' applies above M = 16"):
-        api._mma_options({"wgmma": True}, 16, 8192, True)
+        plans._mma_options({"wgmma": True}, 16, 8192, True)
     # split-K sums in fragment order: the default above M = 16, a bool, refused at M <= 16 (mma_gemv_kernel)
-    assert api._mma_options({"fragment_sums": False}, 64, 8192, True).fragment_sums is False
+    assert plans._mma_options({"fragment_sums": False}, 64, 8192, True).fragment_sums is False
     with pytest.raises(ValueError, match="fragment_sums must be a bool"):
-        api._mma_options({"fragment_sums": 1}, 64, 8192, True)
+        plans._mma_options({"fragment_sums": 1}, 64, 8192, True)
     with pytest.raises(ValueError, match="fragment_sums applies above M = 16"):
-        api._mma_options({"fragment_sums": True}, 16, 8192, True)
-    assert api._mma_options({"ahead": 1}, 16, 8192, False).ahead == 1  # M <= 16: 0, or 1 with shared B
+        plans._mma_options({"fragment_sums": True}, 16, 8192, True)
+    assert plans._mma_options({"ahead": 1}, 16, 8192, False).ahead == 1  # M <= 16: 0, or 1 with shared B
     for bad in (2, -1, True):
         with pytest.raises(ValueError, match="ahead must be an int in 0 .. 1 at M = 16, got"):
-            api._mma_options({"ahead": bad}, 16, 8192, True)
+            plans._mma_options({"ahead": bad}, 16, 8192, True)
     with pytest.raises(ValueError, match="ahead must be an int in 0 .. 0 at M = 1 without shared_b, got 1"):
-        api._mma_options({"ahead": 1, "shared_b": False}, 1, 8192, True)
+        plans._mma_options({"ahead": 1, "shared_b": False}, 1, 8192, True)
     for bad in (0, 4, True, 2.0):
         with pytest.raises(ValueError, match="ahead must be an int in 1 .. 3 at M = 64, got"):
-            api._mma_options({"ahead": bad}, 64, 8192, True)
+            plans._mma_options({"ahead": bad}, 64, 8192, True)
     # 2 programs per SM: 64 row programs x 4 fill 0.97 of 264; 80 x 8 the fullest, 0.81 (x 16: 0.97)
-    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
+    m64 = {(n, k): plans._mma_split(k // 64, n // 128, plans.MMA_M64_MAX_SPLIT, 2, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 8, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
     # 3 (wgmma, 80 registers): 10240 x 8192 takes 4 (320 programs, 0.81 of 396; 8 ties and comes later)
-    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 3, cpu) for n, k in shapes}
+    m64 = {(n, k): plans._mma_split(k // 64, n // 128, plans.MMA_M64_MAX_SPLIT, 3, cpu) for n, k in shapes}
     assert m64 == {(8192, 8192): 4, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 4, (1024, 1984): 1}
     # uneven (mma_m64_kernel): where the power of two leaves one wave under 90% full, the largest factor that fits
     # one wave if it fills 90%: 64 row programs x 6 = 384 of 396; 80 x 4 = 320 stays (x 5 = 400 is a second wave);
     # 2 per SM: 64 x 4 already fills 0.97 of 264, 48 x 5 = 240 fills 0.91 where 48 x 4 filled 0.73
-    m64 = {(n, k): api._mma_split(k // 64, n // 128, api.MMA_M64_MAX_SPLIT, 3, cpu, uneven=True) for n, k in shapes}
+    m64 = {(n, k): plans._mma_split(k // 64, n // 128, plans.MMA_M64_MAX_SPLIT, 3, cpu, uneven=True) for n, k in shapes}
     assert m64 == {(8192, 8192): 6, (10240, 8192): 4, (57344, 8192): 4, (8192, 28672): 6, (1024, 1984): 1}
-    assert [api._mma_split(64, 48, 8, per_sm, cpu, uneven=True) for per_sm in (2, 3)] == [5, 8]
-    assert api._mma_split(128, 64, 8, 2, cpu, uneven=True) == 4 and api._mma_split(128, 64, 4, 3, cpu, uneven=True) == 4
+    assert [plans._mma_split(64, 48, 8, per_sm, cpu, uneven=True) for per_sm in (2, 3)] == [5, 8]
+    assert plans._mma_split(128, 64, 8, 2, cpu, uneven=True) == 4 and plans._mma_split(128, 64, 4, 3, cpu, uneven=True) == 4
     # the plan: 3 with wgmma but for fp4 / fp8 activations on fp4 weights decoded in the kernel ("predecode" False), 2
     # with mma.sync; predecoded, they plan as bf16 activations
     bf16, nvfp4 = torch.randn(64, 8192).to(torch.bfloat16), bs.quantize(torch.randn(64, 8192), "nvfp4").with_data_layout("k_order")
@@ -390,18 +390,18 @@ def test_split_fills_the_last_wave(monkeypatch):
             (True, (bf16, "mxfp4"), None, 4), (True, (mxfp8, "mxfp8"), None, 4), (True, (nvfp4, "nvfp4"), in_kernel, 8),
             (True, (mxfp8, "mxfp4"), in_kernel, 8), (True, (nvfp4, "nvfp4"), None, 4), (True, (mxfp8, "mxfp4"), None, 4),
             (False, (bf16, "mxfp4"), None, 8)]:
-        monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
+        monkeypatch.setattr(plans, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 64, 10240, 8192, api.mma_options_for(config, x, b, 64, 10240))
+        plan = plans._mma_plan(x, b, False, 64, 10240, 8192, plans.mma_options_for(config, x, b, 64, 10240))
         assert (plan.split, plan.consts[-6]) == (split, has_wgmma), (has_wgmma, w)
     # 8192^2: split 6 (uneven, in the workspace) where 3 per SM are counted, else 4
     for has_wgmma, (x, w), config, split in [
             (True, (bf16, "mxfp4"), None, 6), (True, (mxfp8, "mxfp8"), None, 6), (True, (nvfp4, "nvfp4"), in_kernel, 4),
             (True, (mxfp8, "mxfp4"), in_kernel, 4), (True, (nvfp4, "nvfp4"), None, 6), (False, (bf16, "mxfp4"), None, 4)]:
-        monkeypatch.setattr(api, "_has_wgmma", lambda device, has=has_wgmma: has)
+        monkeypatch.setattr(plans, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 64, 8192, 8192, api.mma_options_for(config, x, b, 64, 8192))
-        assert (plan.split, plan.consts[-7], api._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
+        plan = plans._mma_plan(x, b, False, 64, 8192, 8192, plans.mma_options_for(config, x, b, 64, 8192))
+        assert (plan.split, plan.consts[-7], plans._mma_cluster_size(plan)) == (split, split, 1), (has_wgmma, w)
 
 
 @pytest.mark.parametrize("m, groups", [(40, 5), (130, 8)])
@@ -409,31 +409,29 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
     """mma_m64_kernel's split-K workspace holds, in fragment order (the default), 1024 sums (256 threads x 4) per
     column group of every output tile: at M = 40 five groups of 8 rows per 128 weight rows (M x N would be 40), at
     M = 130 three tiles of 64 rows, the last partial; with "fragment_sums" False M x N, at the outputs' positions."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     x = torch.randn(m, 2048).to(torch.bfloat16)
     b = bs.quantize(torch.randn(1024, 2048), "mxfp4").with_data_layout("mma_m16k16")
     for fragment_sums, sums in ((True, 1024 // 128 * -(-m // 64) * groups * 1024), (False, m * 1024)):
         config = {"max_split": 4, "fragment_sums": fragment_sums}
-        plan = api._mma_plan(x, b, False, m, 1024, 2048, api.mma_options_for(config, x, b, m, 1024))
+        plan = plans._mma_plan(x, b, False, m, 1024, 2048, plans.mma_options_for(config, x, b, m, 1024))
         assert (plan.split, plan.consts[-2], plan.workspace.sums) == (4, fragment_sums, sums), config
-        assert plan.consts.CLUSTER is False and api._mma_cluster_size(plan) == 1  # 32 programs
+        assert plan.consts.CLUSTER is False and plans._mma_cluster_size(plan) == 1  # 32 programs
 
 
 def test_uneven_split(monkeypatch):
     """"split" gives the split-K factor itself; one that does not divide the windows runs parts of W / split or
     W / split + 1 windows, at M <= 16 never with windows loaded ahead (mma_m64_kernel, which always loads ahead, clamps
     its loads past a part's end to the last window instead: `mma_gemv.ahead_window`). The wave rule takes powers of two
-    only (M = 16, 10240 x 8192: 8, `api._mma_split`; 12 and 13 were timed and did not pay)."""
-    from blockscaled.kernels import api
+    only (M = 16, 10240 x 8192: 8, `plans._mma_split`; 12 and 13 were timed and did not pay)."""
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     x, b = torch.randn(16, 8192).to(torch.bfloat16), bs.quantize(torch.randn(128, 8192), "mxfp4").with_data_layout("mma_m16k16")
 
     def plan(config, n=10240):
-        return api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(config, x, b, 16, n))
+        return plans._mma_plan(x, b, False, 16, n, 8192, plans.mma_options_for(config, x, b, 16, n))
 
     # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K by 8 with two row groups and shared B
     assert plan(None).consts[-6:] == (2, 8, True, 0, 1, False) and plan(None).split == 8
@@ -448,11 +446,11 @@ def test_uneven_split(monkeypatch):
             plan(bad)
     x64 = torch.randn(64, 8192).to(torch.bfloat16)
     for config, split in (({"split": 6}, 6), ({"split": 6, "ahead": 2}, 6), ({"split": 128}, 128), (None, 4)):
-        m64 = api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for(config, x64, b, 64, 8192))
+        m64 = plans._mma_plan(x64, b, False, 64, 8192, 8192, plans.mma_options_for(config, x64, b, 64, 8192))
         # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS, WIDE_B); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
         assert m64.split == split and m64.consts[-7] == split and m64.consts.CLUSTER is False, config
     with pytest.raises(ValueError, match="at most the K / 64 = 128"):
-        api._mma_plan(x64, b, False, 64, 8192, 8192, api.mma_options_for({"split": 129}, x64, b, 64, 8192))
+        plans._mma_plan(x64, b, False, 64, 8192, 8192, plans.mma_options_for({"split": 129}, x64, b, 64, 8192))
 
 
 def test_m16_one_group_split(monkeypatch):
@@ -460,16 +458,15 @@ def test_m16_one_group_split(monkeypatch):
     (4096^2, 6144 x 4096, 4096 x 14336), the plan takes one row group, split 8 summed in clusters and one window
     ahead; fp4 / fp8 activations on fp4 weights only up to K = 4096. The tuned Llama-3-70B shapes, a config with
     row groups, and grids too small for clusters keep two row groups."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
     bf16, nvfp4 = torch.randn(16, 256).to(torch.bfloat16), bs.quantize(torch.randn(16, 256), "nvfp4").with_data_layout("k_order")
     mxfp8 = bs.quantize(torch.randn(16, 256), "mxfp8").with_data_layout("k_order")
 
     def tail(x, w, n, k, config=None):  # (CLUSTER, ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B)
         b = bs.quantize(torch.randn(64, 256), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 16, n, k, api.mma_options_for(config, x, b, 16, n))
+        plan = plans._mma_plan(x, b, False, 16, n, k, plans.mma_options_for(config, x, b, 16, n))
         assert plan.split == plan.consts[-5]
         return plan.consts[-7:]
 
@@ -483,7 +480,7 @@ def test_m16_one_group_split(monkeypatch):
         assert tail(x, w, 1024, 16384)[1] == 2  # one row group: 128 programs, too few for clusters
     assert tail(bf16, "mxfp4", 6144, 4096) == one_group
     assert tail(bf16, "mxfp8", 6144, 4096)[:3] == (True, 2, 8)  # fp8 weights: split 8 of two groups in clusters
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # no clusters: the workspace plan stays
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: False)  # no clusters: the workspace plan stays
     assert tail(bf16, "mxfp4", 4096, 4096)[:3] == (False, 2, 16)
 
 
@@ -493,53 +490,52 @@ def test_k_warps_options(monkeypatch):
     else split-K;
     given, it excludes max_split, must divide the windows and, with shared B (K slices of 4 warps),
     is at most 8."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (1024, 1984), (4096, 4096),
               (4096, 14336), (3840, 4096), (3776, 4096)]
     # one row group: 512 / 640 / 3584 / 512 / 64 / 64 programs; 10240 at 16 warps: 1.21 waves, at 8: 0.61;
     # N = 4096 (256 programs, 0.48 of a wave) at K = 4096 only, 3840 (0.45) too, 3776 (0.447) not
-    assert {(n, k): api._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
+    assert {(n, k): plans._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
-    assert api._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False)  # shared B: 8 slices
-    assert api._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
-    assert api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
-    assert api._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False)  # shared B: 8 slices
+    assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+    assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert plans._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
-        assert api._mma_options(None, 1, 8192, True).k_warps == 1
-        assert api._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
-        assert api._mma_options(None, 16, 8192, narrow).k_warps == 0
-    assert api._mma_options({"max_split": 16}, 1, 8192, False).k_warps == 1
-    assert api._mma_options({"shared_b": True}, 1, 8192, False).k_warps == 1
-    assert api._mma_options({"row_groups": 2}, 1, 8192, False).k_warps == 0
+        assert plans._mma_options(None, 1, 8192, True).k_warps == 1
+        assert plans._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
+        assert plans._mma_options(None, 16, 8192, narrow).k_warps == 0
+    assert plans._mma_options({"max_split": 16}, 1, 8192, False).k_warps == 1
+    assert plans._mma_options({"shared_b": True}, 1, 8192, False).k_warps == 1
+    assert plans._mma_options({"row_groups": 2}, 1, 8192, False).k_warps == 0
     for bad in (3, 32, 0, True, 2.0):
         with pytest.raises(ValueError, match="k_warps must be 1, 2, 4, 8 or 16"):
-            api._mma_options({"k_warps": bad}, 1, 8192, False)
+            plans._mma_options({"k_warps": bad}, 1, 8192, False)
     for bad, m in (({"k_warps": 4, "max_split": 4}, 1), ({"k_warps": 4}, 17)):
         with pytest.raises(ValueError, match="k_warps > 1 runs at M <= 16 without 'max_split'"):
-            api._mma_options(bad, m, 8192, True)
+            plans._mma_options(bad, m, 8192, True)
     for bad in ({"k_warps": 16}, {"k_warps": 16, "shared_b": True, "row_groups": 1}):
         with pytest.raises(ValueError, match="k_warps with shared_b is at most 8"):
-            api._mma_options(bad, 16, 8192, True)
+            plans._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="ahead must be an int in 0 .. 0 at M = 1 without shared_b"):
-        api._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, False)
+        plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, False)
     a, b = torch.randn(1, 1984).to(torch.bfloat16), bs.quantize(torch.randn(64, 1984), "mxfp4").with_data_layout("mma_m16k16")
     with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
-        api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options({"k_warps": 4}, 1, 64, False))
-    plan = api._mma_plan(a, b, False, 1, 64, 1984, api._mma_options(None, 1, 64, False))
-    assert plan.consts[-2] == 1 and plan.split == api._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+        plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options({"k_warps": 4}, 1, 64, False))
+    plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options(None, 1, 64, False))
+    assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
-    monkeypatch.setattr(api, "_mma_k_warps", lambda windows, programs, device: 8)
-    plan = api._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, api._mma_options(None, 1, 8192, False))
+    monkeypatch.setattr(plans, "_mma_k_warps", lambda windows, programs, device: 8)
+    plan = plans._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, plans._mma_options(None, 1, 8192, False))
     assert (plan.consts[-2], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
     # K slices with shared B: 4 warps each, 64 rows per row group of the program
     x = bs.quantize(torch.randn(16, 1024), "nvfp4").with_data_layout("k_order")
     b = bs.quantize(torch.randn(8192, 1024), "nvfp4").with_data_layout("mma_m16k16")
-    plan = api._mma_plan(x, b, False, 16, 8192, 1024, api._mma_options({"k_warps": 4, "row_groups": 1}, 16, 8192, True))
+    plan = plans._mma_plan(x, b, False, 16, 8192, 1024, plans._mma_options({"k_warps": 4, "row_groups": 1}, 16, 8192, True))
     assert (plan.consts[-4:], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == ((True, 0, 4, False), 1, None, 16)
 
 
@@ -549,30 +545,29 @@ def test_k_slices_options(monkeypatch):
     group where theirs (1 per SM) fill 0.9-1 wave, only at K <= 8192; else split-K. The plan
     takes the slices' row groups, split 1, no workspace and 16 / 32 warps, and with 8 slices for
     fp4 weights one window ahead and two windows per K-loop iteration (unless the config gives "unroll")."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
     shapes = [(8192, 8192), (10240, 8192), (57344, 8192), (8192, 28672), (1024, 8192), (8448, 8192), (8192, 192)]
     # 57344: 448 programs of two groups = 1.7 waves; 8192: 128 of one = 0.97; 10240: 160 = 1.21, 80 = 0.30
-    assert {(n, k): api._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
+    assert {(n, k): plans._mma_k_slices(k // 64, n, cpu) for n, k in shapes} == {
         (8192, 8192): (8, 1, 1, 2), (10240, 8192): None, (57344, 8192): (4, 2, 0, 1), (8192, 28672): None,
         (1024, 8192): None, (8448, 8192): (8, 1, 1, 2), (8192, 192): None}  # 3 windows: no 8 slices
     x = bs.quantize(torch.randn(16, 8192), "mxfp8").with_data_layout("k_order")
     for pair_b, n, expected in (("mxfp8", 8192, (8, 1, 32)), ("mxfp4", 8192, (8, 1, 32)), ("mxfp4", 57344, (4, 2, 16))):
         b = bs.quantize(torch.randn(64, 8192), pair_b).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x, b, False, 16, n, 8192, api.mma_options_for(None, x, b, 16, n))
+        plan = plans._mma_plan(x, b, False, 16, n, 8192, plans.mma_options_for(None, x, b, 16, n))
         row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
         assert (k_warps, row_groups, plan.cfg.config["num_warps"]) == expected and shared_b
         assert (split == 1) == (k_warps > 1) and (plan.workspace is None) == (k_warps > 1)
     bf16 = torch.randn(16, 8192).to(torch.bfloat16)
     b = bs.quantize(torch.randn(8192, 8192), "mxfp4").with_data_layout("mma_m16k16")
-    plan = api._mma_plan(bf16[:9], b, False, 9, 8192, 8192, api.mma_options_for(None, bf16[:9], b, 9, 8192))
+    plan = plans._mma_plan(bf16[:9], b, False, 9, 8192, 8192, plans.mma_options_for(None, bf16[:9], b, 9, 8192))
     assert plan.consts[-6:] == (1, 1, True, 1, 8, False) and plan.workspace is None  # 8 slices, bf16 x fp4: ahead 1
     for w in ("mxfp8", "mxfp4"):  # not for fp8 weights, nor at 4 slices
         for act, n in ((bf16, 8192), (x, 8192), (bf16, 57344), (x, 57344)):
             b = bs.quantize(torch.randn(64, 8192), w).with_data_layout("mma_m16k16")
-            plan = api._mma_plan(act, b, False, 16, n, 8192, api.mma_options_for(None, act, b, 16, n))
+            plan = plans._mma_plan(act, b, False, 16, n, 8192, plans.mma_options_for(None, act, b, 16, n))
             eight_on_fp4 = w == "mxfp4" and n == 8192  # 8 slices, any activation on fp4 weights: ahead 1, unroll 2
             # bf16 on fp8 weights at 8192^2: 4 slices of one row group, ahead 1, unroll 2 (MMA_BF16_FP8_M16_SLICES)
             four_bf16_fp8 = w == "mxfp8" and n == 8192 and act is bf16
@@ -582,15 +577,15 @@ def test_k_slices_options(monkeypatch):
                 assert plan.consts[-2] == (4 if four_bf16_fp8 else 8) and plan.consts[-5] == 1, (w, act.dtype)
                 assert plan.cfg.config["num_warps"] == (16 if four_bf16_fp8 else 32)
             if eight_on_fp4:  # a given unroll wins
-                options = api.mma_options_for({"unroll": 1}, act, b, 16, n)
-                assert "range_unroll_factors" not in api._mma_plan(act, b, False, 16, n, 8192, options).cfg.config
+                options = plans.mma_options_for({"unroll": 1}, act, b, 16, n)
+                assert "range_unroll_factors" not in plans._mma_plan(act, b, False, 16, n, 8192, options).cfg.config
     for m, act in ((3, bf16[:3]), (8, bs.quantize(torch.randn(8, 8192), "nvfp4").with_data_layout("k_order"))):
         for w, n, expected in (("mxfp4", 8192, (1, 1, True, 1, 8)), ("mxfp8", 8192, (1, 1, True, 0, 8)),
                                ("mxfp4", 57344, None)):  # 1 < M <= 8: 8 slices with shared B, else split-K
             wb = bs.quantize(torch.randn(64, 8192), w).with_data_layout("mma_m16k16")
-            plan = api._mma_plan(act, wb, False, m, n, 8192, api.mma_options_for(None, act, wb, m, n))
+            plan = plans._mma_plan(act, wb, False, m, n, 8192, plans.mma_options_for(None, act, wb, m, n))
             assert plan.consts[-6:-1] == expected if expected else (plan.consts[-2] == 1 and plan.split > 1), (m, w, n)
-    plan = api._mma_plan(bf16, b, False, 16, 8192, 8192, api.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
+    plan = plans._mma_plan(bf16, b, False, 16, 8192, 8192, plans.mma_options_for({"row_groups": 2}, bf16, b, 16, 8192))
     assert plan.consts[-2] == 1 and plan.split > 1  # a config that sets row_groups: split-K
 
 
@@ -598,15 +593,14 @@ def test_fp8_m16_ahead_options(monkeypatch):
     """fp8 weights on split-K at 8 < M <= 16 load one window ahead from K = MMA_FP8_M16_AHEAD_K (not
     below it, not fp4 weights, not at M <= 8, not where K slices run); a config that gives "ahead"
     (or anything that leaves the automatic plan) keeps its own, one that gives "unroll" only keeps the rule."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    threshold = api.MMA_FP8_M16_AHEAD_K
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
+    threshold = plans.MMA_FP8_M16_AHEAD_K
 
     def tail(w, m, n, k, config=None, act="bf16"):
         b = bs.quantize(torch.randn(64, k), w).with_data_layout("mma_m16k16")
         a = torch.randn(m, k).to(torch.bfloat16) if act == "bf16" else bs.quantize(torch.randn(m, k), act).with_data_layout("k_order")
-        plan = api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
+        plan = plans._mma_plan(a, b, False, m, n, k, plans.mma_options_for(config, a, b, m, n))
         row_groups, split, shared_b, ahead, k_warps, _ = plan.consts[-6:]
         return ahead, k_warps, split > 1
 
@@ -627,9 +621,8 @@ def test_stage_b_options(monkeypatch):
     one row group and no shared B, where M x (2 K + 16) <= 32 KB + 16 and a lane stages at most 16
     chunks of 16 K (else the split-K default, as before); given, it needs fp4 / fp8
     activations at M <= 8, k_warps > 1 and no shared B, and a plan it fits."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     # (N, K): (k_warps, staged); 8192 x 28672: 57 KB; 1024 x 8192: 64 programs, split-K; K = 16384: the largest;
     # K = 4096: 4 windows per warp, lanes 16-31 stage chunks 0-15 again; 4096 x 14336: 0.48 of a wave, split-K
     expected = {(8192, 8192): (16, True), (10240, 8192): (8, True), (57344, 8192): (16, True), (8192, 28672): (1, False),
@@ -637,9 +630,9 @@ def test_stage_b_options(monkeypatch):
                 (6144, 4096): (16, True), (28672, 4096): (16, True), (4096, 14336): (1, False)}
     for (n, k), want in expected.items():
         b = bs.quantize(torch.randn(64, k), "nvfp4").with_data_layout("mma_m16k16")
-        options = api._mma_options(None, 1, n, True)
+        options = plans._mma_options(None, 1, n, True)
         x = bs.quantize(torch.randn(1, k), "nvfp4").with_data_layout("k_order")
-        plan = api._mma_plan(x, b, False, 1, n, k, options)
+        plan = plans._mma_plan(x, b, False, 1, n, k, options)
         row_groups, split, shared_b, ahead, k_warps, staged = plan.consts[-6:]
         assert (k_warps, staged) == want, (n, k)
         if staged:
@@ -647,75 +640,73 @@ def test_stage_b_options(monkeypatch):
                 1, 1, False, 0, None, k_warps)
         else:  # the split-K default of fp4 / fp8 activations: two row groups, shared B
             assert (row_groups, shared_b, k_warps) == (2, True, 1) and split > 1
-    assert api._mma_stage_b(1, 16384, 2) and not api._mma_stage_b(1, 16384 + 64, 1) and not api._mma_stage_b(2, 16384, 2)
-    assert api._mma_stage_b(3, 2048, 4) and api._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
-    assert api._mma_stage_b(1, 1024, 16) and not api._mma_stage_b(1, 1024, 32)  # a window a warp; none
+    assert plans._mma_stage_b(1, 16384, 2) and not plans._mma_stage_b(1, 16384 + 64, 1) and not plans._mma_stage_b(2, 16384, 2)
+    assert plans._mma_stage_b(3, 2048, 4) and plans._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
+    assert plans._mma_stage_b(1, 1024, 16) and not plans._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert api._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False)  # two row groups unless given
-    assert api._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
+    assert plans._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False)  # two row groups unless given
+    assert plans._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
         with pytest.raises(ValueError, match="stage_b runs fp4 / fp8 activations at M <= 8 with 'k_warps' > 1"):
-            api._mma_options(bad, m, 8192, narrow)
+            plans._mma_options(bad, m, 8192, narrow)
     with pytest.raises(ValueError, match="stage_b must be a bool"):
-        api._mma_options({**given, "stage_b": 1}, 1, 8192, True)
+        plans._mma_options({**given, "stage_b": 1}, 1, 8192, True)
     b = bs.quantize(torch.randn(64, 16384), "nvfp4").with_data_layout("mma_m16k16")
     x2 = bs.quantize(torch.randn(2, 16384), "nvfp4").with_data_layout("k_order")
     with pytest.raises(ValueError, match=r"stage_b needs M x \(2 K \+ 16\) <= 32784 bytes"):
-        api._mma_plan(x2, b, False, 2, 64, 16384, api._mma_options({**given, "k_warps": 2}, 2, 64, True))
+        plans._mma_plan(x2, b, False, 2, 64, 16384, plans._mma_options({**given, "k_warps": 2}, 2, 64, True))
 
 
 def test_unroll_options():
     """"unroll" 1 or 2 unrolls the K loop (Helion's range_unroll_factors on the loop, index 1); other values
     are refused, naming the key. Above M = 16 fp4 weights take 2 by default from K = MMA_M64_UNROLL_K (16384),
     fp8 weights and shorter K 1; a given "unroll" wins."""
-    from blockscaled.kernels import api
 
     b = bs.quantize(torch.randn(64, 1024), "mxfp4").with_data_layout("mma_m16k16")
     x = torch.randn(16, 1024, dtype=torch.bfloat16)
     for unroll in (1, 2):
-        plan = api._mma_plan(x, b, False, 16, 64, 1024, api._mma_options({"unroll": unroll}, 16, 64, False))
+        plan = plans._mma_plan(x, b, False, 16, 64, 1024, plans._mma_options({"unroll": unroll}, 16, 64, False))
         assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, unroll]
     x64 = torch.randn(64, 16384, dtype=torch.bfloat16)
     for w, k, config, expected in (("nvfp4", 16384, None, 2), ("mxfp4", 16384, None, 2), ("mxfp4", 16320, None, 1),
                                    ("mxfp8", 16384, None, 1), ("nvfp4", 16384, {"unroll": 1}, 1)):
         wb = bs.quantize(torch.randn(128, k), w).with_data_layout("mma_m16k16")
-        plan = api._mma_plan(x64[:, :k], wb, False, 64, 128, k, api.mma_options_for(config, x64[:, :k], wb, 64, 128))
+        plan = plans._mma_plan(x64[:, :k], wb, False, 64, 128, k, plans.mma_options_for(config, x64[:, :k], wb, 64, 128))
         assert plan.cfg.config.get("range_unroll_factors", [0, 1]) == [0, expected], (w, k, config)
     for bad in (0, 3, 2.0, True):
         with pytest.raises(ValueError, match="unroll must be 1 or 2"):
-            api._mma_options({"unroll": bad}, 16, 64, False)
+            plans._mma_options({"unroll": bad}, 16, 64, False)
 
 
 def test_wide_b_options():
     """bf16 and fp8 activations above M = 16 take "wide_b" (16-byte loads of a thread's share) by default where their
     data is 16-byte aligned, else not (an activation 8 bytes into its storage); fp4 activations and M <= 16 never, nor with the eviction hints; a given True where it cannot run is refused, naming the key. The plan passes
     it as WIDE_B."""
-    from blockscaled.kernels import api
 
     b = bs.quantize(torch.randn(128, 1024), "mxfp4").with_data_layout("mma_m16k16")
     x = torch.randn(64, 1024, dtype=torch.bfloat16)
     shifted = torch.randn(64 * 1024 + 4, dtype=torch.bfloat16)[4:].view(64, 1024)  # 8 bytes into its storage
     assert x.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 8
     xq, x4 = bs.quantize(x.float(), "mxfp8"), bs.quantize(x.float(), "nvfp4")
-    assert api.mma_options_for(None, x, b, 64, 128).wide_b is True
-    assert api.mma_options_for(None, shifted, b, 64, 128).wide_b is False
+    assert plans.mma_options_for(None, x, b, 64, 128).wide_b is True
+    assert plans.mma_options_for(None, shifted, b, 64, 128).wide_b is False
     # fp4 / fp8 activations on fp4 weights run the bf16 plan over rows decoded into a buffer of the plan's own
-    assert api.mma_options_for(None, xq, b, 64, 128)[-2:] == (True, True)
-    assert api.mma_options_for(None, x4, b, 64, 128)[-2:] == (True, True)
-    assert api.mma_options_for({"predecode": False}, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
-    assert api.mma_options_for({"predecode": False}, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
-    assert api.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
-    assert api.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
-    assert api.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
-    assert api.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
-    plan = api._mma_plan(x, b, False, 64, 128, 1024, api.mma_options_for(None, x, b, 64, 128))
+    assert plans.mma_options_for(None, xq, b, 64, 128)[-2:] == (True, True)
+    assert plans.mma_options_for(None, x4, b, 64, 128)[-2:] == (True, True)
+    assert plans.mma_options_for({"predecode": False}, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
+    assert plans.mma_options_for({"predecode": False}, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
+    assert plans.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
+    assert plans.mma_options_for({"wide_b": False}, x, b, 64, 128).wide_b is False
+    assert plans.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
+    assert plans.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
+    plan = plans._mma_plan(x, b, False, 64, 128, 1024, plans.mma_options_for(None, x, b, 64, 128))
     assert plan.consts[-1] is True
     for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True, "predecode": False}, x4, 64),
                       ({"wide_b": True}, x[:16], 16),
                       ({"wide_b": 1}, x, 64), ({"wide_b": True, "evict": True}, x, 64)):
         with pytest.raises(ValueError, match="wide_b is a bool"):
-            api.mma_options_for(bad, a, b, m, 128)
+            plans.mma_options_for(bad, a, b, m, 128)
 
 
 def test_predecode_options(monkeypatch):
@@ -724,40 +715,40 @@ def test_predecode_options(monkeypatch):
     plan's own; not at M <= 16, nor on fp8 weights, unless given; refused for bf16 activations or as a non-bool."""
     from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     fp4_w = bs.quantize(torch.randn(256, 2048), "mxfp4").with_data_layout("mma_m16k16")
     fp8_w = bs.quantize(torch.randn(256, 2048), "mxfp8").with_data_layout("mma_m16k16")
     x = torch.randn(64, 2048)
     acts = {fmt: bs.quantize(x, fmt) for fmt in ("nvfp4", "mxfp4", "mxfp8")}
     for fmt, a in acts.items():
         for m in (17, 64):
-            options = api.mma_options_for(None, bs.quantize(x[:m], fmt), fp4_w, m, 256)
-            assert options.predecode and options == api.mma_options_for(None, x[:m].to(torch.bfloat16), fp4_w, m, 256)._replace(
+            options = plans.mma_options_for(None, bs.quantize(x[:m], fmt), fp4_w, m, 256)
+            assert options.predecode and options == plans.mma_options_for(None, x[:m].to(torch.bfloat16), fp4_w, m, 256)._replace(
                 predecode=True), (fmt, m)
-        assert not api.mma_options_for(None, bs.quantize(x[:16], fmt), fp4_w, 16, 256).predecode
-        assert not api.mma_options_for(None, a, fp8_w, 64, 256).predecode
-        assert api.mma_options_for({"predecode": True}, a, fp8_w, 64, 256).predecode
-        assert not api.mma_options_for({"predecode": False}, a, fp4_w, 64, 256).predecode
+        assert not plans.mma_options_for(None, bs.quantize(x[:16], fmt), fp4_w, 16, 256).predecode
+        assert not plans.mma_options_for(None, a, fp8_w, 64, 256).predecode
+        assert plans.mma_options_for({"predecode": True}, a, fp8_w, 64, 256).predecode
+        assert not plans.mma_options_for({"predecode": False}, a, fp4_w, 64, 256).predecode
         a16 = bs.quantize(x[:16], fmt)
-        assert api.mma_options_for({"predecode": True}, a16, fp4_w, 16, 256) == api.mma_options_for(
+        assert plans.mma_options_for({"predecode": True}, a16, fp4_w, 16, 256) == plans.mma_options_for(
             None, x[:16].to(torch.bfloat16), fp4_w, 16, 256)._replace(predecode=True)
-        plan = api._mma_plan(a, fp4_w, False, 64, 256, 2048, api.mma_options_for(None, a, fp4_w, 64, 256))
-        bf16_plan = api._mma_plan(x.to(torch.bfloat16), fp4_w, False, 64, 256, 2048,
-                                  api.mma_options_for(None, x.to(torch.bfloat16), fp4_w, 64, 256))
+        plan = plans._mma_plan(a, fp4_w, False, 64, 256, 2048, plans.mma_options_for(None, a, fp4_w, 64, 256))
+        bf16_plan = plans._mma_plan(x.to(torch.bfloat16), fp4_w, False, 64, 256, 2048,
+                                  plans.mma_options_for(None, x.to(torch.bfloat16), fp4_w, 64, 256))
         assert plan.consts == bf16_plan.consts and plan.predecode.launch is None
         shape = (64, 2048 // a.fmt.block_size, a.fmt.block_size)  # bf16 rows: per call, not the plan's (scratch.py)
         assert plan.workspace.rows == shape
         assert plan.workspace._replace(rows=None) == (bf16_plan.workspace or api.ScratchSpec())
         work = api.scratch.get(None, plan.workspace, torch.device("cpu"))
         assert work.rows.dtype == torch.bfloat16 and work.rows.shape == shape
-        assert api._mma_plan(a, fp4_w, False, 64, 256, 2048,
-                             api.mma_options_for({"predecode": False}, a, fp4_w, 64, 256)).predecode is None
+        assert plans._mma_plan(a, fp4_w, False, 64, 256, 2048,
+                             plans.mma_options_for({"predecode": False}, a, fp4_w, 64, 256)).predecode is None
     for bad, a in (({"predecode": True}, x.to(torch.bfloat16)), ({"predecode": 1}, acts["nvfp4"])):
         with pytest.raises(ValueError, match="predecode is a bool"):
-            api.mma_options_for(bad, a, fp4_w, 64, 256)
+            plans.mma_options_for(bad, a, fp4_w, 64, 256)
     with pytest.raises(ValueError, match="stage_b runs fp4 / fp8 activations"):  # the bf16 plan's keys only
-        api.mma_options_for({"predecode": True, "stage_b": True, "k_warps": 2, "shared_b": False},
+        plans.mma_options_for({"predecode": True, "stage_b": True, "k_warps": 2, "shared_b": False},
                             bs.quantize(x[:1], "nvfp4"), fp4_w, 1, 256)
 
 
@@ -766,40 +757,39 @@ def test_tile_m_options(monkeypatch):
     one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
     for the wave rule (2 resident per SM with 128 rows; above M = 128 no split from half a wave). Other values,
     M <= 64, mma.sync and other "ahead" are refused, naming the key."""
-    from blockscaled.kernels import api
 
-    assert api.MMA_TILE_128_MAX_M == 128
+    assert plans.MMA_TILE_128_MAX_M == 128
     for m, config, expected in ((65, {}, 128), (128, {}, 128), (129, {}, 64), (4096, {}, 64), (100, {"ahead": 2}, 64),
                                 (100, {"wgmma": False}, 64), (300, {"tile_m": 128}, 128), (128, {"tile_m": 64}, 64)):
-        assert api._mma_options(config, m, 256, False).tile_m == expected, (m, config)
+        assert plans._mma_options(config, m, 256, False).tile_m == expected, (m, config)
     b = bs.quantize(torch.randn(256, 1024), "mxfp4").with_data_layout("mma_m16k16")
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     for m, tile_m in ((300, 128), (300, 64), (100, 128)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, 256, 1024, api._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
+        plan = plans._mma_plan(x, b, False, m, 256, 1024, plans._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
         assert plan.consts[-4] == tile_m and plan.split == 1
         assert plan.consts[-6:-4] == (True, 1)  # WGMMA, AHEAD
     # 128 rows: 2 resident per SM for the wave rule whatever the pair (127 registers): 10240 x 8192 splits by 8
     x = torch.randn(128, 1024, dtype=torch.bfloat16)
-    plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({}, 128, 10240, False))
-    assert plan.consts[-4] == 128 and api.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
-    plan = api._mma_plan(x, b, False, 128, 10240, 8192, api._mma_options({"tile_m": 64}, 128, 10240, False))
-    assert plan.split == api._mma_split(128, 160, api.MMA_M64_MAX_SPLIT, api.MMA_M64_PROGRAMS_PER_SM[True, False], None)
+    plan = plans._mma_plan(x, b, False, 128, 10240, 8192, plans._mma_options({}, 128, 10240, False))
+    assert plan.consts[-4] == 128 and plans.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
+    plan = plans._mma_plan(x, b, False, 128, 10240, 8192, plans._mma_options({"tile_m": 64}, 128, 10240, False))
+    assert plan.split == plans._mma_split(128, 160, plans.MMA_M64_MAX_SPLIT, plans.MMA_M64_PROGRAMS_PER_SM[True, False], None)
     # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs)
     for m, n, split in ((192, 8192, 2), (192, 10240, 1), (256, 8192, 1), (1024, 8192, 1), (1024, 10240, 1)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options({}, m, n, False))
+        plan = plans._mma_plan(x, b, False, m, n, 8192, plans._mma_options({}, m, n, False))
         assert (plan.consts[-4], plan.split) == (64, split), (m, n)
-    plan = api._mma_plan(x, b, False, 1024, 10240, 8192, api._mma_options({"max_split": 4}, 1024, 10240, False))
+    plan = plans._mma_plan(x, b, False, 1024, 10240, 8192, plans._mma_options({"max_split": 4}, 1024, 10240, False))
     assert plan.split == 4  # a config's max_split: the largest
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
-    plan = api._mma_plan(x, b, False, 100, 256, 1024, api._mma_options({}, 100, 256, False))
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: False)  # mma.sync: 64 rows per program
+    plan = plans._mma_plan(x, b, False, 100, 256, 1024, plans._mma_options({}, 100, 256, False))
     assert plan.consts[-4] == 64 and plan.consts[-6] is False
     for bad, m in (({"tile_m": 96}, 100), ({"tile_m": 128}, 64), ({"tile_m": 128, "wgmma": False}, 100),
                    ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100)):
         with pytest.raises(ValueError, match="tile_m must be 64, or 128"):
-            api._mma_options(bad, m, 256, False)
+            plans._mma_options(bad, m, 256, False)
 
 
 def test_cluster_options(monkeypatch):
@@ -811,11 +801,10 @@ def test_cluster_options(monkeypatch):
     M = 16, 10240 x 8192 (split 8, 640 programs), fp8 weights at 8192 x 28672 (split 8, 512) and M <= 8 with 4 or 8
     accumulators in clusters of as many (one per CTA); not the K-slice plans (no split), split 16 (fp4 weights at
     8192 x 28672) or a split that does not divide the accumulators (M = 1, one row group, split 8)."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
-    assert api.MMA_CLUSTER_PROGRAMS_PER_SM == 2
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
+    assert plans.MMA_CLUSTER_PROGRAMS_PER_SM == 2
     for m, n, config, split, cluster in ((64, 10240, {}, 4, True), (64, 10240, {"max_split": 8}, 8, True),
                                          (64, 57344, {"max_split": 2}, 2, True), (64, 8192, {"max_split": 4}, 4, False),
                                          (64, 8192, {}, 6, False),
@@ -828,11 +817,11 @@ def test_cluster_options(monkeypatch):
                                          (100, 10240, {"max_split": 4, "tile_m": 64}, 4, True)):
         b = bs.quantize(torch.randn(n, 128), "mxfp4").with_data_layout("mma_m16k16")
         x = torch.randn(m, 128, dtype=torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, n, 8192, api._mma_options(config, m, n, False))
+        plan = plans._mma_plan(x, b, False, m, n, 8192, plans._mma_options(config, m, n, False))
         assert (plan.split, plan.consts.CLUSTER) == (split, cluster), (m, n, config)
     for bad, m in (({"cluster": 1}, 16), ({"cluster": 1}, 64)):
         with pytest.raises(ValueError, match="cluster must be a bool"):
-            api._mma_options(bad, m, 8192, False)
+            plans._mma_options(bad, m, 8192, False)
     for m, n, k, w, config, split, cluster in ((16, 10240, 8192, "mxfp4", None, 8, True),
                                                (16, 10240, 8192, "mxfp4", {"cluster": False, "max_split": 8}, 8, False),
                                                (16, 8192, 28672, "mxfp8", None, 8, True),
@@ -852,30 +841,29 @@ def test_cluster_options(monkeypatch):
                                                (4, 10240, 8192, "mxfp4", {"max_split": 4, "row_groups": 2}, 4, True)):
         b = bs.quantize(torch.randn(128, k), w).with_data_layout("mma_m16k16")
         x = torch.randn(m, k).to(torch.bfloat16)
-        plan = api._mma_plan(x, b, False, m, n, k, api.mma_options_for(config, x, b, m, n))
-        assert (plan.split, plan.consts[-7], api._mma_cluster_size(plan)) == (split, cluster, split if cluster else 1), (
+        plan = plans._mma_plan(x, b, False, m, n, k, plans.mma_options_for(config, x, b, m, n))
+        assert (plan.split, plan.consts[-7], plans._mma_cluster_size(plan)) == (split, cluster, split if cluster else 1), (
             m, n, k, w, config)
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: False)  # not sm_90: no clusters
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: False)  # not sm_90: no clusters
     x = torch.randn(16, 8192).to(torch.bfloat16)
-    plan = api._mma_plan(x, b, False, 16, 10240, 8192, api.mma_options_for(None, x, b, 16, 10240))
+    plan = plans._mma_plan(x, b, False, 16, 10240, 8192, plans.mma_options_for(None, x, b, 16, 10240))
     assert plan.consts[-7] is False and plan.split == 8
-    plan = api._mma_plan(x, b, False, 16, 57344, 8192, api.mma_options_for(None, x, b, 16, 57344))
+    plan = plans._mma_plan(x, b, False, 16, 57344, 8192, plans.mma_options_for(None, x, b, 16, 57344))
     assert plan.split == 1 and plan.consts[-2] == 4  # 4 K slices of two row groups
 
 
 def test_m16_cluster_split_by_pair(monkeypatch):
     """At M = 16, 57344 x 8192 on sm_90 every pair runs split-K by 2 in clusters of two row groups instead of 4 K
     slices of two."""
-    from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "_has_wgmma", lambda device: True)
-    monkeypatch.setattr(api, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     for act_fmt, w in (("bf16", "mxfp4"), ("bf16", "nvfp4"), ("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"),
                        ("mxfp8", "mxfp8"), ("bf16", "mxfp8")):
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         x = torch.randn(16, 8192)
         a = x.to(torch.bfloat16) if act_fmt == "bf16" else bs.quantize(x, act_fmt).with_data_layout("k_order")
-        plan = api._mma_plan(a, b, False, 16, 57344, 8192, api.mma_options_for(None, a, b, 16, 57344))
+        plan = plans._mma_plan(a, b, False, 16, 57344, 8192, plans.mma_options_for(None, a, b, 16, 57344))
         row_groups, split, _, ahead, k_warps, _ = plan.consts[-6:]
         assert (k_warps, split, plan.consts[-7]) == (1, 2, True) and row_groups == 2 and ahead == 0, (act_fmt, w)
         assert plan.workspace is not None and plan.cfg.config["num_warps"] == 4
@@ -1365,11 +1353,9 @@ def test_pdl_by_plan(monkeypatch):
     1 < M <= 16 where a program runs more than `MMA_PDL_MX_ACT_MAX_WINDOWS` windows (split 16 at 8192 x 28672: 28,
     split 2 at 57344 x 8192: 64, measured slower with PDL); on where they run 16 (10240 x 8192 split 8, the 8 K slices
     at 8192^2), at M = 1, for nvfp4 and bf16 activations and for fp8 weights; "pdl" or "pdl_prefetch" given decide."""
-    from blockscaled.kernels import api
-
     for name, value in (("_sm_count", lambda device: 132), ("_has_wgmma", lambda device: True),
                         ("_has_pdl", lambda device: True)):
-        monkeypatch.setattr(api, name, value)
+        monkeypatch.setattr(plans, name, value)
     x = torch.randn(16, 256)
     acts = {fmt: bs.quantize(x, fmt).with_data_layout("k_order") for fmt in ("mxfp4", "mxfp8", "nvfp4")}
     acts["bf16"] = x.to(torch.bfloat16)
@@ -1377,22 +1363,22 @@ def test_pdl_by_plan(monkeypatch):
 
     def pdl(act, weight, m, n, k, config=None):
         a, b = acts[act], weights[weight]
-        plan = api._mma_plan(a, b, False, m, n, k, api.mma_options_for(config, a, b, m, n))
+        plan = plans._mma_plan(a, b, False, m, n, k, plans.mma_options_for(config, a, b, m, n))
         windows = k // 64 // (plan.split * plan.consts[-2])  # a program's (K_WARPS: a warp's) windows
         return plan.consts.PDL, windows
 
-    on = 1 + api.MMA_PDL_PREFETCH[False, 2]
+    on = 1 + plans.MMA_PDL_PREFETCH[False, 2]
     for act in ("mxfp4", "mxfp8"):
         assert pdl(act, "mxfp4", 16, 8192, 28672) == (0, 28)
         assert pdl(act, "mxfp4", 16, 57344, 8192) == (0, 64)
         assert pdl(act, "mxfp4", 16, 10240, 8192) == (on, 16)
         assert pdl(act, "mxfp4", 16, 8192, 8192) == (on, 16)
-        assert pdl(act, "mxfp4", 1, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[False, 1]
+        assert pdl(act, "mxfp4", 1, 8192, 28672)[0] == 1 + plans.MMA_PDL_PREFETCH[False, 1]
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl": True})[0] == on
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"pdl_prefetch": 1})[0] == 2
         assert pdl(act, "mxfp4", 16, 8192, 28672, {"evict": True})[0] == 0  # a config without them: by the plan
-    assert pdl("mxfp8", "mxfp8", 16, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[True, 2]  # fp8 weights
-    assert pdl("mxfp8", "mxfp8", 1, 8192, 28672)[0] == 1 + api.MMA_PDL_PREFETCH[True, 1]
+    assert pdl("mxfp8", "mxfp8", 16, 8192, 28672)[0] == 1 + plans.MMA_PDL_PREFETCH[True, 2]  # fp8 weights
+    assert pdl("mxfp8", "mxfp8", 1, 8192, 28672)[0] == 1 + plans.MMA_PDL_PREFETCH[True, 1]
     for act in ("nvfp4", "bf16"):
         assert pdl(act, "mxfp4", 16, 8192, 28672)[0] == on
 
@@ -1401,23 +1387,21 @@ def test_launch_only_configs_keep_the_default_plan(monkeypatch):
     """"pdl" and "pdl_prefetch" change how a plan launches, not the plan: a config of only them plans as no config does
     (staged B at M = 1 for fp4 activations, K warps, K slices, split-K in clusters, mma_m64_kernel) but for the
     kernel's PDL constant (0 off, 1 + the prefetched windows on; off by default above M = 16)."""
-    from blockscaled.kernels import api
-
     for name, value in (("_sm_count", lambda device: 132), ("_has_wgmma", lambda device: True),
                         ("_has_pdl", lambda device: True)):
-        monkeypatch.setattr(api, name, value)
+        monkeypatch.setattr(plans, name, value)
     bf16 = torch.randn(16, 256).to(torch.bfloat16)
     nvfp4 = bs.quantize(torch.randn(16, 256), "nvfp4").with_data_layout("k_order")
     b = bs.quantize(torch.randn(64, 256), "nvfp4").with_data_layout("mma_m16k16")
 
     def plan(x, m, n, k, config=None):
-        return api._mma_plan(x, b, False, m, n, k, api.mma_options_for(config, x, b, m, n))
+        return plans._mma_plan(x, b, False, m, n, k, plans.mma_options_for(config, x, b, m, n))
 
     for x, m, n, k in ((nvfp4, 1, 8192, 8192), (bf16, 1, 8192, 8192), (bf16, 16, 8192, 8192), (nvfp4, 16, 10240, 8192),
                        (bf16, 64, 8192, 8192)):
         default, off = plan(x, m, n, k), plan(x, m, n, k, {"pdl": False})
         variants = [(off, 0), (plan(x, m, n, k, {"pdl_prefetch": 0}), 1) if m <= 16 else (plan(x, m, n, k, {"pdl": True}), 1)]
-        assert default.consts.PDL == (1 + api.MMA_PDL_PREFETCH[False, api._mma_column_groups(m)] if m <= 16 else 0)
+        assert default.consts.PDL == (1 + plans.MMA_PDL_PREFETCH[False, plans._mma_column_groups(m)] if m <= 16 else 0)
         for other, pdl in variants:
             assert other.consts.PDL == pdl
             assert other.consts._replace(PDL=0) == default.consts._replace(PDL=0), (m, n, k, pdl)

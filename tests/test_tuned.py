@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.kernels import api, tuned
+from blockscaled.kernels import api, plans, tuned
 
 ENTRIES = [
     dict(pair="bf16xnvfp4", m=1, n=8192, k=8192, config={"k_warps": 8}),
@@ -21,11 +21,11 @@ ENTRIES = [
 @pytest.fixture
 def table_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(tuned, "TABLES", tmp_path)
-    tuned.table.cache_clear()
-    tuned.config_for.cache_clear()
+    for cache in (tuned.table, tuned.config_for, api._tuned_options_of):
+        cache.cache_clear()
     yield tmp_path
-    tuned.table.cache_clear()
-    tuned.config_for.cache_clear()
+    for cache in (tuned.table, tuned.config_for, api._tuned_options_of):
+        cache.cache_clear()
 
 
 def test_gpu_key():
@@ -62,7 +62,7 @@ def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
         assert api._tuned_options("g", pair, a, b, 16, 256, 128) is None  # K = 128: split 3 > 2 windows
     b = bs.quantize(torch.randn(256, 128), "nvfp4").with_data_layout("mma_m16k16")
     options = api._tuned_options("g", "bf16xnvfp4", x.to(torch.bfloat16), b, 16, 256, 128)
-    assert options == api.mma_options_for({"max_split": 2}, x.to(torch.bfloat16), b, 16, 256)
+    assert options == plans.mma_options_for({"max_split": 2}, x.to(torch.bfloat16), b, 16, 256)
 
 
 def test_autotune_candidates_pass_the_checks_somewhere():
@@ -73,7 +73,7 @@ def test_autotune_candidates_pass_the_checks_somewhere():
         x = torch.randn(m, 128)
         b = bs.quantize(torch.randn(256, 128), "nvfp4").with_data_layout("mma_m16k16")
         for config in autotune.candidates(m):
-            api.mma_options_for(config, x.to(torch.bfloat16), b, m, 8192)
+            plans.mma_options_for(config, x.to(torch.bfloat16), b, m, 8192)
 
 
 def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
@@ -131,12 +131,12 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
         cells = [(e["pair"], e["m"], e["n"], e["k"]) for e in entries]
         assert len(cells) == len(set(cells)), path
         for e in entries:
-            assert e["pair"] in pairs and e["pair"] in api.MMA_PAIRS, e
+            assert e["pair"] in pairs and e["pair"] in plans.MMA_PAIRS, e
             if e["config"] is None:
                 continue
             fa, fb = pairs[e["pair"]]
             x = torch.randn(e["m"], 128)
             a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
             b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
-            api.mma_options_for(e["config"], a, b, e["m"], e["n"])
+            plans.mma_options_for(e["config"], a, b, e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import blockscaled as bs
-from blockscaled.kernels import api
+from blockscaled.kernels import api, plans
 from blockscaled.layouts import mma_stored_shape
 from blockscaled.reference import dequantize
 
@@ -14,15 +14,15 @@ FORMATS = ["nvfp4", "mxfp4", "mxfp8"]
 @pytest.mark.parametrize("capability,layout", [((8, 0), "mma_m16k16"), ((8, 9), "mma_m16k16"), ((9, 0), "mma_m16k16"),
                                                ((10, 0), "k_order"), ((12, 0), "k_order"), ((7, 5), "k_order")])
 def test_weight_layout_by_capability(monkeypatch, capability, layout):
-    monkeypatch.setattr(api, "_capability", lambda device: capability)
-    monkeypatch.setattr(api, "_ptx_decodes", lambda device: device.type == "cuda")
+    monkeypatch.setattr(plans, "_capability", lambda device: capability)
+    monkeypatch.setattr(plans, "_ptx_decodes", lambda device: device.type == "cuda")
     assert api.weight_data_layout(torch.device("cuda", 0)) == layout
     assert api.weight_data_layout("cpu") == "k_order"
 
 
 def test_weight_layout_off_nvidia(monkeypatch):
-    monkeypatch.setattr(api, "_capability", lambda device: (9, 0))
-    monkeypatch.setattr(api, "_ptx_decodes", lambda device: False)  # AMD: no PTX
+    monkeypatch.setattr(plans, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(plans, "_ptx_decodes", lambda device: False)  # AMD: no PTX
     assert api.weight_data_layout(torch.device("cuda", 0)) == "k_order"
 
 
