@@ -690,3 +690,17 @@ def test_kernel_times_arguments_and_cpu_refusal():
                                                                      [{}, {"split": 4}])
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         kernel_times.main(["--format", "nvfp4"])
+
+
+def test_mid_m_probe_compiles_a_pipelined_wgmma_loop(capfd):
+    """bench.mid_m compiles for sm_90 here: per 64 K, 4 wgmma of k16 fed by TMA copies in a ring (more copies than one
+    iteration's two), no spills; its dot waits for the wgmma before the next decode (`wait_pendings` 0: the A
+    operand is the decoded registers), the cost the GPU run measures."""
+    from bench import mid_m
+
+    variant = mid_m.DEFAULT_VARIANTS[1]
+    assert mid_m.main(["--sass", "--variants", json.dumps([variant])]) == 0
+    (counts,) = [json.loads(line) for line in capfd.readouterr().out.splitlines() if line.startswith("{")]
+    assert counts["variant"] == variant
+    assert counts["HGMMA"] == 4 and counts["wgmma"] == 4 and counts["tma_copy"] > 2 and counts["spill"] == 0
+    assert "0" in counts["wait_pendings"]
