@@ -276,10 +276,10 @@ def record(rows: list[dict], folder: Path) -> Path:
     return path
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     from .__main__ import RESULTS
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.model", description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=list(CONFIGS), default="llama3-8b")
     p.add_argument("--layers", type=int, help="keep this many decoder layers (default: the model's)")
     p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8", "nvfp4:nvfp4"],
@@ -296,7 +296,11 @@ def main(argv=None) -> int:
     p.add_argument("--profile", type=Path, help="write each variant's prefill kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     def on_row(row):
         if not args.no_record and row["gpu"] != "cpu":

@@ -12,11 +12,9 @@ from bench import model as bench_model  # noqa: E402
 
 
 def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
-    import argparse
-
-    rows = bench_model.run(argparse.Namespace(model="tiny", layers=None, formats=["mxfp4", "nvfp4:nvfp4"], batch=[1],
-                                              prefill=8, decode=2, reps=1, device="cpu", no_graphs=True,
-                                              compile="none"))
+    rows = bench_model.run(bench_model.parse_args(["--model", "tiny", "--formats", "mxfp4", "nvfp4:nvfp4", "--batch", "1",
+                                                   "--prefill", "8", "--decode", "2", "--reps", "1", "--device", "cpu",
+                                                   "--no-graphs"]))
     bf16, mx, w4a4 = rows
     assert bf16["variant"] == "bf16" and float(bf16["token_agreement"]) == 1.0 and math.isinf(float(bf16["logits_sqnr_db"]))
     # fp4 weights of a random model: 17.7 dB and 6 of 8 tokens agreed when written; a broken layer gives ~0 dB and
@@ -28,16 +26,18 @@ def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     assert float(mx["kernel_sqnr_db"]) > 40 and float(w4a4["kernel_sqnr_db"]) > 40, (mx, w4a4)
 
 
-def test_tiny_qwen2_compiled_runs_quantized():
+def test_tiny_qwen2_compiled_runs_quantized(tmp_path):
     """The second family (Qwen2: biased q / k / v projections) under `--compile` (aot_eager: the CPU machine has no
-    C++ compiler for inductor): every linear a custom op in the traced graph, the kernels' check as in eager."""
-    import argparse
-
+    C++ compiler for inductor): every linear a custom op in the traced graph, the kernels' check as in eager; with
+    `--profile`, each variant's prefill table."""
     import torch
 
     torch._dynamo.reset()
-    rows = bench_model.run(argparse.Namespace(model="tiny-qwen2", layers=1, formats=["nvfp4"], batch=[2], prefill=8,
-                                              decode=2, reps=1, device="cpu", no_graphs=True, compile="aot_eager"))
+    rows = bench_model.run(bench_model.parse_args([
+        "--model", "tiny-qwen2", "--layers", "1", "--formats", "nvfp4", "--batch", "2", "--prefill", "8", "--decode", "2",
+        "--reps", "1", "--device", "cpu", "--no-graphs", "--compile", "aot_eager", "--profile", str(tmp_path)]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_bf16_aot_eager_b2.txt", "prefill_nvfp4_aot_eager_b2.txt"]
+    assert "Name" in (tmp_path / "prefill_nvfp4_aot_eager_b2.txt").read_text()
     bf16, q = rows
     assert q["compile"] == "aot_eager" and q["decode_mode"] == "eager" and float(q["decode_tokens_per_s"]) > 0
     assert float(q["kernel_sqnr_db"]) > 40 and float(q["logits_sqnr_db"]) > 10, q
