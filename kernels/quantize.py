@@ -80,19 +80,15 @@ def _e4m3_bits(y):
     """fp32 -> E4M3 byte (int32), round to nearest even, for |y| <= 448 or NaN (-> 0x7F, sign dropped).
 
     Normal (|y| >= 2^-6): rebias the exponent (127 -> 7) and round the 23-bit mantissa to 3 at bit 20.
-    Subnormal: the significand 1.m shifted to units of 2^-9, rounded half to even; 8 carries into 0x08."""
+    Subnormal: |y| rounded to a multiple of 2^-9 by adding and taking away 2^14 (whose fp32 ulp is 2^-9; the addition
+    rounds to nearest even), in units of 2^-9; 8 carries into 0x08. (An input below fp32's normal range rounds to 0
+    whether or not the GPU flushes it.)"""
     bits = y.view(torch.int32)
     sign = (bits >> 24) & 0x80
     a = bits & 0x7FFFFFFF
     normal = (a + 0x7FFFF + ((a >> 20) & 1) - (120 << 23)) >> 20
-    e = a >> 23
-    significand = torch.where(e > 0, (a & 0x7FFFFF) | 0x800000, 0)
-    shift = torch.clamp(141 - e, 21, 25)  # e <= 120 here; from 25 on every significand rounds to 0
-    q = significand >> shift
-    rem = significand - (q << shift)
-    half = 1 << (shift - 1)
-    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(torch.int32)
-    code = torch.where(a >= 0x3C800000, normal, q) | sign
+    subnormal = (((torch.abs(y) + 16384.0) - 16384.0) * 512.0).to(torch.int32)
+    code = torch.where(a >= 0x3C800000, normal, subnormal) | sign
     return torch.where(a > 0x7F800000, 0x7F, code)
 
 
