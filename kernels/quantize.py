@@ -7,10 +7,10 @@
 | scale (out)    | the layout's stored shape      | E8M0 (mx) / E4M3 (nvfp4)     | written in place through `scale_offset`  |
 | global_scale   | [1]                            | fp32 (nvfp4)                 | read on the device: no host sync         |
 
-Every rounding is the reference's, done in integer arithmetic where a float cast could differ between the
-GPU and the Triton interpreter: the E8M0 exponent from the fp32 bit fields, fp32 -> E4M3 round-to-nearest-even
-from the bits (subnormals included), E2M1 by midpoint comparisons, and nvfp4's three divisions as IEEE
-`div_rn` (Triton's `/` on fp32 is `div.full.f32`, 2 ulp). NaN: a block with a NaN gets the NaN scale code
+Every rounding is the reference's, done in integer arithmetic or IEEE fp32 addition where a float cast could differ
+between the GPU and the Triton interpreter: the E8M0 exponent from the fp32 bit fields, fp32 -> E4M3
+round-to-nearest-even from the bits (subnormals by adding 2^14), E2M1 from the bits of 2|y| rounded to one mantissa
+bit (below 1 by adding 2^23), and nvfp4's three divisions as IEEE `div_rn` (Triton's `/` on fp32 is `div.full.f32`, 2 ulp). NaN: a block with a NaN gets the NaN scale code
 (E8M0 255, E4M3 0x7F) and its elements encode as +0 (fp4) or 0x7F (fp8), whatever the NaN's sign bit.
 """
 
