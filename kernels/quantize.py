@@ -144,10 +144,10 @@ def quantize_kernel(
         v = v.reshape(tile_r.block_size, tile_c.block_size * per_chunk, BLOCK)
         # each block's index in the row (tile_c is one chunk: config)
         blocks = (tile_c.index[:, None] * per_chunk + hl.arange(per_chunk)[None, :]).reshape(tile_c.block_size * per_chunk)
-        amax = torch.amax(torch.abs(v), dim=-1)
-        # Triton's max drops NaN; the reference's amax keeps it
-        nan = torch.amax((v != v).to(torch.int32), dim=-1) > 0
-        amax = torch.where(nan, float("nan"), amax)
+        # the largest magnitude by its bits, one integer reduction: non-negative floats order as their bits, and a
+        # NaN's are above Inf's, so a block with a NaN gets a NaN amax as the reference's does (Triton's float max
+        # drops NaN)
+        amax = torch.amax(v.view(torch.int32) & 0x7FFFFFFF, dim=-1).view(torch.float32)
         if NV:
             gs = torch.full_like(amax, 1.0) * global_scale[0]
             if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
