@@ -144,12 +144,11 @@ def _time_ms(fn, device, reps: int) -> float:
 
 
 def profile_prefill(fwd, prompt, path: Path, rows: int = 30) -> None:
-    """One prefill under torch.profiler: its kernels by total device time (the top `rows`) written to `path`."""
+    """One prefill under torch.profiler (after `run`'s timed ones: warm), its kernels by total device time (the top
+    `rows`) written to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
-        fwd(prompt, use_cache=False, logits_to_keep=1)  # warm
-        _sync(prompt.device)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             fwd(prompt, use_cache=False, logits_to_keep=1)
             _sync(prompt.device)
