@@ -49,6 +49,12 @@ def compile_sm90(folder: Path) -> int:
                 else:
                     run = lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None)  # noqa: E731
                 compile_launch(run, kq, folder, f"quantize_{fmt}_{str(dtype)[6:]}_{'decoded' if decoded else 'codes'}")
+    for decoded in (False, True):  # nvfp4 on decode rows: each program reduces the whole input for its global scale
+        x, f = torch.randn(2, 8192, dtype=torch.bfloat16), bs.get_format("nvfp4")
+        assert x.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
+        run = (lambda: kq.quantize_decoded(x, f, "floor", None)) if decoded else (  # noqa: E731
+            lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None))
+        compile_launch(run, kq, folder, f"quantize_nvfp4_bfloat16_{'decoded' if decoded else 'codes'}_own_amax")
     return 0
 
 

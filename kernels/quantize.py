@@ -128,13 +128,14 @@ def quantize_kernel(
     DECODED: hl.constexpr,
     BF16_BITS: hl.constexpr,
     FROM_AMAX: hl.constexpr,
+    OWN_AMAX: hl.constexpr,
     BLOCK: hl.constexpr,
 ) -> torch.Tensor:
     """x [rows, K / C, C] (chunks of C = a power of two of blocks) -> data [rows, K / C, C (/ 2 packed)] and the flat
     scale buffer, or with DECODED, bf16 `decoded` [rows, K / C, C] = element x block scale (exact in bf16; the nvfp4 global scale
     not applied), what `dequantize.dequantize_kernel` makes of that data and scale. With FROM_AMAX (nvfp4 without
-    a given global scale) `global_scale` holds the input's amax; every program derives the scale from it (no launch
-    of its own) and the first writes it to `global_out`."""
+    a given global scale) `global_scale` holds the input's amax, or with OWN_AMAX (small inputs) every program reduces
+    the whole input itself; every program derives the scale from the amax and the first writes it to `global_out`."""
     rows, chunks, chunk = x.size(0), x.size(1), x.size(2)
     per_chunk = chunk // BLOCK
     groups = chunks * per_chunk
@@ -154,6 +155,15 @@ def quantize_kernel(
         amax = torch.amax(v.view(torch.int32) & 0x7FFFFFFF, dim=-1).view(torch.float32)
         if NV:
             gs = torch.full_like(amax, 1.0) * global_scale[0]
+            if OWN_AMAX:  # the whole input's amax by its bits, as above, 8 rows x one chunk at a time
+                top = hl.zeros([chunk], dtype=torch.int32)
+                for whole_r, whole_c in hl.tile([rows, chunks], block_size=[8, 1]):
+                    if BF16_BITS:
+                        w = x[whole_r, whole_c, :].to(torch.int32) << 16
+                    else:
+                        w = x[whole_r, whole_c, :].to(torch.float32).view(torch.int32)
+                    top = torch.maximum(top, torch.amax(torch.amax(w & 0x7FFFFFFF, dim=0), dim=0))
+                gs = torch.full_like(amax, 1.0) * torch.amax(top, dim=0).view(torch.float32)
             if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
                 gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
                 first = (tile_r.index[:, None] == 0) & (blocks[None, :] == 0)
@@ -200,17 +210,26 @@ def quantize_config(fmt: BlockFormat) -> helion.Config:
 _LAUNCHES: dict[tuple, object] = {}
 
 
-def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(the kernel's [1] fp32 global scale input, the global scale [1] after the kernel, FROM_AMAX): given (a number,
-    or a tensor: not read here), or for nvfp4 without one the input's amax (one reduction) from which the kernel
-    derives it into a new tensor; mx formats: 1, unused."""
+# nvfp4 without a global scale: up to this many input elements every program of the kernel reduces the whole input
+# for its amax (at most 32 KB of bf16 more per program, from L2) instead of a reduction launched before it. Not yet
+# timed against the separate reduction (issue #60): chosen for decode rows (M <= 2 at K = 8192).
+QUANTIZE_OWN_AMAX_ELEMENTS = 16384
+
+
+def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
+    """(the kernel's [1] fp32 global scale input, the global scale [1] after the kernel, FROM_AMAX, OWN_AMAX): given (a
+    number, or a tensor: not read here), or for nvfp4 without one derived by the kernel into a new tensor from the
+    input's amax: one reduction launched here, or for inputs of at most QUANTIZE_OWN_AMAX_ELEMENTS the kernel's own;
+    mx formats: 1, unused."""
     if not fmt.global_scale:
-        return _one(x.device), _one(x.device), False
+        return _one(x.device), _one(x.device), False, False
     if global_scale is None:
         out = torch.empty(1, dtype=torch.float32, device=x.device)
-        return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, True
+        if x.numel() <= QUANTIZE_OWN_AMAX_ELEMENTS:
+            return _one(x.device), out, True, True
+        return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, True, False
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
-    return g, g, False
+    return g, g, False, False
 
 
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
@@ -246,15 +265,16 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     `reference.quantize` makes them: data in k_order, scales stored in `layout` (zero padding included)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g_in, g, from_amax = _global_scale(x, fmt, global_scale)
+    g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
     data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), g_in, g, g,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
-            from_amax, fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax), x.device)
+            from_amax, own_amax, fmt.block_size)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax, own_amax),
+            x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
 
@@ -263,10 +283,11 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     launch: what the mma kernels' bf16-activation plans read (`scaled_mm(..., activation_format=...)`)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g_in, g, from_amax = _global_scale(x, fmt, global_scale)
+    g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
     args = (_blocks(x, fmt), g, g, g_in, g, _chunks(decoded, k, fmt), *_format_flags(fmt),
-            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax,
+            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax, own_amax,
             fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax), x.device)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax, own_amax),
+            x.device)
     return decoded, g

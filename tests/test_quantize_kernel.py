@@ -55,6 +55,50 @@ def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen):
         _assert_same_codes(q, r)
 
 
+def _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, device):
+    """nvfp4 without a global scale: the input's amax reduced by every program itself (inputs up to
+    QUANTIZE_OWN_AMAX_ELEMENTS) or by a reduction launched first, the same codes, scales and global scale as the
+    reference's, in `quantize` and in `quantize_decoded` (19 rows: the programs' 8-row reads end past the input); a NaN
+    anywhere makes the global scale NaN."""
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "QUANTIZE_OWN_AMAX_ELEMENTS", 1 << 30 if own_amax else 0)
+    x = _hostile(19, 128, gen)
+    x[8, 3], x[9, 1], x[10, 2] = 1.0, 1.0, 1.0  # (the hostile NaN and Infs would decide the amax wherever it is read)
+    x[18, 127] = 1e35  # the amax (above row 3's 1e30 ones) in the last row and column: the reads' 3-row tail
+    if with_nan:
+        x[18, 126] = float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(device=device, dtype=dtype)
+        q = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="kernel")
+        r = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="reference")
+        _assert_same_codes(q, r)
+        assert bool(r.global_scale.isnan()) == with_nan
+        rows, g = quantize_decoded(xd, bs.get_format("nvfp4"), "floor", None)
+        torch.testing.assert_close(g.reshape(()), r.global_scale.reshape(()), rtol=0, atol=0, equal_nan=True)
+        if not with_nan:
+            want = (dequantize(r, torch.float64) / r.global_scale.double()).to(torch.bfloat16)
+            assert torch.equal(rows.nan_to_num(), want.nan_to_num())
+
+
+BOTH_WAYS = [pytest.mark.parametrize("own_amax", [True, False], ids=["own_amax", "amax_launched_first"]),
+             pytest.mark.parametrize("with_nan", [False, True], ids=["finite", "a_nan"])]
+
+
+@interpreter
+@BOTH_WAYS[0]
+@BOTH_WAYS[1]
+def test_nvfp4_device_global_scale_both_ways_cpu(own_amax, with_nan, gen, monkeypatch):
+    _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, "cpu")
+
+
+@cuda
+@BOTH_WAYS[0]
+@BOTH_WAYS[1]
+def test_nvfp4_device_global_scale_both_ways_gpu(own_amax, with_nan, gen, monkeypatch):
+    _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, "cuda")
+
+
 @interpreter
 @pytest.mark.parametrize("fmt,rounding", CASES)
 def test_decoded_rows_are_the_dequantized_codes_cpu(fmt, rounding, gen):
