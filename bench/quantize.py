@@ -55,6 +55,16 @@ def compile_sm90(folder: Path) -> int:
         run = (lambda: kq.quantize_decoded(x, f, "floor", None)) if decoded else (  # noqa: E731
             lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None))
         compile_launch(run, kq, folder, f"quantize_nvfp4_bfloat16_{'decoded' if decoded else 'codes'}_own_amax")
+    hw = kq._hw_e4m3
+    kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
+    try:
+        for decoded in (False, True):  # mxfp8 with the hardware's E4M3 conversion
+            x, f = torch.randn(64, 1024, dtype=torch.bfloat16), bs.get_format("mxfp8")
+            run = (lambda: kq.quantize_decoded(x, f, "floor", None)) if decoded else (  # noqa: E731
+                lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None))
+            compile_launch(run, kq, folder, f"quantize_mxfp8_bfloat16_{'decoded' if decoded else 'codes'}_hw_e4m3")
+    finally:
+        kq._hw_e4m3 = hw
     return 0
 
 

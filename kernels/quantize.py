@@ -95,6 +95,18 @@ def _e4m3_bits(y):
     return torch.where(nan, 0x7F, code)
 
 
+def _e4m3_codes(y, HW_E4M3: bool):
+    """`_e4m3_bits` of y, or with HW_E4M3 (sm_89+) from the hardware's conversion, two elements an instruction:
+    cvt.rn.satfinite rounds to nearest even and saturates at 448 as `_e4m3_bits` does; a NaN's code is made 0x7F
+    here whatever its sign (the hardware keeps it)."""
+    if not HW_E4M3:
+        return _e4m3_bits(y)
+    # $1 = element 2i, $2 = element 2i + 1; cvt puts its first source in the upper byte
+    code = hl.inline_asm_elementwise("cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,r,r", [y], dtype=torch.uint8,
+                                     is_pure=True, pack=2)
+    return torch.where(y != y, 0x7F, code.to(torch.int32))
+
+
 def _e2m1_codes(y):
     """fp32 -> E2M1 code (int32), nearest, ties to even, saturating at 6; -0 keeps its sign, NaN -> 0.
 
@@ -129,6 +141,7 @@ def quantize_kernel(
     BF16_BITS: hl.constexpr,
     FROM_AMAX: hl.constexpr,
     OWN_AMAX: hl.constexpr,
+    HW_E4M3: hl.constexpr,
     BLOCK: hl.constexpr,
 ) -> torch.Tensor:
     """x [rows, K / C, C] (chunks of C = a power of two of blocks) -> data [rows, K / C, C (/ 2 packed)] and the flat
@@ -183,12 +196,12 @@ def quantize_kernel(
             else:
                 scale_value = e8m0_to_float32(code)
             if FP8:
-                values = e4m3_to_float32(_e4m3_bits(scaled))
+                values = e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3))
             else:
                 values = e2m1_to_float32(_e2m1_codes(scaled))
             decoded[tile_r, tile_c, :] = (values * scale_value[:, :, None]).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.bfloat16)
         elif FP8:
-            data[tile_r, tile_c, :] = _e4m3_bits(scaled).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.uint8)
+            data[tile_r, tile_c, :] = _e4m3_codes(scaled, HW_E4M3).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.uint8)
         else:
             codes = _e2m1_codes(scaled).reshape(tile_r.block_size, tile_c.block_size, chunk // 2, 2)
             low, high = hl.split(codes)
@@ -232,6 +245,17 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> tuple[torc
     return g, g, False, False
 
 
+# mxfp8's element codes from the hardware's fp32 -> E4M3 conversion (sm_89+) instead of integer rounding: 672 -> 432
+# sm_90 instructions a thread (64 x 1024, bf16 in). Off until timed and checked on a GPU (issue #60).
+QUANTIZE_HW_E4M3 = False
+
+
+def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
+    """The kernel's HW_E4M3: E4M3 elements on an sm_89+ GPU with QUANTIZE_HW_E4M3 (never in the interpreter)."""
+    return (QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and x.is_cuda
+            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+
+
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
     """The kernel's NV (nvfp4: E4M3 scales over a global scale) and FP8 (E4M3 elements) constexprs; neither: mxfp4.
     (Booleans: Helion passes module-level constants compared in the kernel as arguments, so both branches compile.)"""
@@ -266,14 +290,15 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     rows, k = x.shape
     cols = k // fmt.block_size
     g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
+    hw = _hw_e4m3(x, fmt)
     data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), g_in, g, g,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
-            from_amax, own_amax, fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax, own_amax),
+            from_amax, own_amax, hw, fmt.block_size)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax, own_amax, hw),
             x.device)
     return data, scale, g.reshape(()) if fmt.global_scale else None
 
@@ -284,10 +309,11 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     rows, k = x.shape
     cols = k // fmt.block_size
     g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
+    hw = _hw_e4m3(x, fmt)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
     args = (_blocks(x, fmt), g, g, g_in, g, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax, own_amax,
-            fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax, own_amax),
-            x.device)
+            hw, fmt.block_size)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax, own_amax,
+                        hw), x.device)
     return decoded, g
