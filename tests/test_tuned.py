@@ -69,7 +69,7 @@ def test_autotune_candidates_pass_the_checks_somewhere():
     """Every candidate is a config the mma backend takes at its M for a large shape (no dead grid points)."""
     from bench import autotune
 
-    for m in (1, 8, 16, 64, 128):
+    for m in (1, 8, 16, 64, 128, 256):
         x = torch.randn(m, 128)
         b = bs.quantize(torch.randn(256, 128), "nvfp4").with_data_layout("mma_m16k16")
         for config in autotune.candidates(m):
