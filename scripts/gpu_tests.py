@@ -1,19 +1,22 @@
 """Run GPU tests one pytest process per test id, several at a time: how the `bench/results/*_gpu_tests_*.log` files
 are made on the GPU machine. Run it from the repository root:
 
-    python3 scripts/gpu_tests.py --log LOG [--shard I --shards N] [--jobs P] [--deadline S] [--ids FILE] [PATH ...]
+    python3 scripts/gpu_tests.py --log LOG [--shard I --shards N] [--jobs P] [--deadline S] [--ids FILE | --rerun OLD_LOG]
+                                 [PATH ...]
 
 One process per id keeps one id's GPU memory and any crash from reaching the others, and lets a
 command under the device's time limit run a shard of the ids (round robin over the collected order). Each id is
 PASS (exit 0, passed, nothing skipped), SKIP (exit 0 with a skip: on a GPU machine a skip is a finding, so its reason
 goes to the log), FAIL (any other exit) or NOTRUN (not started before --deadline seconds). The exit status is 1 when
-any id failed or skipped.
+any id failed or skipped. `--rerun OLD_LOG` runs the ids an earlier log did not pass (FAIL, SKIP, NOTRUN), as when a
+call's time limit cut a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import re
 import subprocess
 import sys
 import time
@@ -42,6 +45,19 @@ def classify(returncode: int, stdout: str) -> str:
     return "SKIP" if "skipped" in summary or " passed" not in summary else "PASS"
 
 
+def unpassed(log: str) -> list[str]:
+    """The ids of a runner's log whose last line says FAIL, SKIP or NOTRUN, in the log's order (an id that passed on a
+    later line is dropped)."""
+    status: dict[str, str] = {}
+    with open(log) as f:
+        for line in f:
+            m = re.match(r"(PASS|FAIL|SKIP|NOTRUN)\s+[\d.]+s\s+(\S+::\S+)\s*$", line)
+            if m:
+                status.pop(m.group(2), None)
+                status[m.group(2)] = m.group(1)
+    return [test_id for test_id, s in status.items() if s != "PASS"]
+
+
 def run_one(test_id: str, start: float, deadline: float) -> tuple[str, str, float, str]:
     if time.time() - start > deadline:
         return test_id, "NOTRUN", 0.0, ""
@@ -61,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=8, help="pytest processes at a time")
     p.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no id starts")
     p.add_argument("--ids", help="file of test ids to run instead of the collected shard")
+    p.add_argument("--rerun", metavar="OLD_LOG", help="run the ids this earlier log did not pass")
     args = p.parse_args(argv)
     if not 0 <= args.shard < args.shards:
         p.error(f"--shard must be in 0 .. --shards - 1, got {args.shard} of {args.shards}")
-    if args.ids:
+    if args.rerun:
+        ids = unpassed(args.rerun)
+        what = f"{len(ids)} ids not passed in {args.rerun}"
+    elif args.ids:
         with open(args.ids) as f:
             ids = [line.strip() for line in f if line.strip()]
         what = f"{len(ids)} ids from {args.ids}"

@@ -668,6 +668,16 @@ def test_gpu_tests_runner_sorts_every_outcome(tmp_path, monkeypatch):
     assert runner.main(["--log", str(tmp_path / "ids.log"), "--ids", str(passing)]) == 0
     assert runner.main(["--log", str(tmp_path / "late.log"), "--ids", str(passing), "--deadline", "-1"]) == 0
     assert (tmp_path / "late.log").read_text().splitlines()[1].startswith("NOTRUN")
+    # --rerun: the ids a log did not pass (the summary line's counts are not ids), then the rest of that run
+    old = tmp_path / "cut.log"
+    old.write_text("# shard 0 of 1: 3 of 3 ids\n" + "".join(
+        f"{status} {1.0:6.1f}s {suite}::{name}\n" for status, name in
+        (("PASS", "test_passes"), ("NOTRUN", "test_skips"), ("FAIL", "test_fails"), ("NOTRUN", "test_passes")))
+        + "# {'PASS': 1, 'NOTRUN': 2} in 9 s\n")
+    assert runner.unpassed(str(old)) == [f"{suite}::test_skips", f"{suite}::test_fails", f"{suite}::test_passes"]
+    assert runner.main(["--log", str(tmp_path / "rerun.log"), "--rerun", str(old)]) == 1  # the failure and the skip
+    rerun = (tmp_path / "rerun.log").read_text()
+    assert rerun.count("PASS ") == 1 and rerun.count("FAIL ") == 1 and rerun.count("SKIP ") == 1
     with pytest.raises(SystemExit):
         runner.main(["--log", str(tmp_path / "x.log"), "--shard", "2", "--shards", "2"])
     (tmp_path / "test_broken.py").write_text("import not_a_module_anywhere\n")
