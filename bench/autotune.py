@@ -45,7 +45,10 @@ def candidates(m: int) -> list[dict]:
                 + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)])
     # above 64 rows, 128 activation rows a program with split-K too: the activation is re-read from L2 once per 128
     # weight rows whatever the tile, the weights once per tile_m rows (M = 256, 8192^2, tile_m 64: ~411 MB a call)
-    wide = [{"tile_m": 128, "split": s} for s in (1, 2, 3, 4)] if m > plans.MMA_M64_B_ROWS else []
+    # and 16 warps (256 weight rows: the activation's re-reads halved too, docs/MID_M.md)
+    wide = ([{"tile_m": 128, "split": s} for s in (1, 2, 3, 4)] + [{"tile_m": 128, "warps": 16, "split": s}
+                                                                    for s in (1, 2, 3, 4)]
+            if m > plans.MMA_M64_B_ROWS else [])
     return ([{"split": s} for s in (1, 2, 3, 4, 6, 8)] + [{"ahead": a} for a in (1, 2, 3)]
             + [{"unroll": u} for u in (1, 2)] + [{"tile_m": 64}] + wide)
 

@@ -640,14 +640,14 @@ MMA_STEPS_M64_PTX = [_mma_steps(8, 8 * c * MMA_SHARED_B_ROW) for c in range(MMA_
 WGMMA_LBO, WGMMA_SBO = 128, 1024
 
 
-def _wgmma_exchange(wide: bool, rows: int = MMA_M64_B_ROWS) -> str:
+def _wgmma_exchange(wide: bool, rows: int = MMA_M64_B_ROWS, shares: int | None = None) -> str:
     """Output $0: the window buffer's wgmma matrix descriptor (int64: start address >> 4, LBO
     >> 4 at bit 16, SBO >> 4 at bit 32, no swizzle); inputs: the thread's 8 B registers (4
     int64 if `wide`), with `rows` 128 then those of its row + 64 (stored 8 core-matrix rows further),
     the window's parity, then the address of an `m64_exchange_buffer(True, rows)` buffer
     (`shared_buffer_ptx`)."""
     size = _m64_window_bytes(True, rows)
-    shares = rows // MMA_M64_B_ROWS
+    shares = shares or rows // MMA_M64_B_ROWS  # a thread's rows: t >> 2 (with 512 threads all 128), + 64 with two
     n_in = (4 if wide else 8) * shares
     regs = ("".join(f"mov.b64 {{w{2 * i}, w{2 * i + 1}}}, ${1 + i}; " for i in range(n_in)) if wide
             else "".join(f"mov.b32 w{i}, ${1 + i}; " for i in range(n_in)))
@@ -691,6 +691,8 @@ def _wgmma_steps(col_groups: int) -> str:
 # by bf16 activation / by column groups (1 .. 8; mma_m64_kernel takes 3 .. 8)
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
 WGMMA_EXCHANGE_128_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS) for wide in (False, True)}
+# 128 rows exchanged by 512 threads (mma_m64_kernel with 16 warps), one share each
+WGMMA_EXCHANGE_128_ONE_SHARE_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS, 1) for wide in (False, True)}
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}
 
 

@@ -3,7 +3,7 @@
 | kernel            | M       | program                                    | MMA                                   |
 |-------------------|---------|--------------------------------------------|---------------------------------------|
 | `mma_gemv_kernel` | <= 16   | 4 warps x ROW_GROUPS 16-row weight groups  | mma.sync m16n8k16, activation as B    |
-| `mma_m64_kernel`  | > 16    | 8 warps x 16 rows, TILE_M activation rows  | wgmma m64nNk16 (sm_90), else mma.sync |
+| `mma_m64_kernel`  | > 16    | WARPS x 16 rows, TILE_M activation rows    | wgmma m64nNk16 (sm_90), else mma.sync |
 
 The weights are the A operand. Per 64-K window a thread loads one word per mma step (int32 of 8 E2M1 codes, int64 of
 8 E4M3 codes: `blockscaled.layouts.mma`), places the codes under bf16's fields with 11 (E2M1) or 6 (E4M3) integer ops
@@ -33,6 +33,7 @@ Constexpr knobs (the plan fills them by name, `plans.mma_constants`; why each de
 | WGMMA, TILE_M | mma_m64_kernel: wgmma with the weights as register A; 64 or 128 activation rows per program    |
 | FRAGMENT_SUMS | mma_m64_kernel's split-K workspace in fragment order (vector reductions)                       |
 | WIDE_B        | mma_m64_kernel: a thread's bf16 / fp8 B share in 16-byte loads                                 |
+| WARPS         | mma_m64_kernel: 8 warps (128 weight rows), or 16 (256, TILE_M 128: one B share a thread)       |
 
 Launched by `launch.DirectLaunch` (clusters, programmatic dependent launch); the workspace, tickets and any predecoded
 activation rows come from `scratch.get`, per stream and per CUDA-graph capture.
@@ -53,7 +54,7 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGME
                      FRAGMENT_ZERO_PTX, GRID_DEPENDENCY_WAIT_PTX,
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
-                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
+                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_ONE_SHARE_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
 
@@ -699,6 +700,16 @@ def m64_sums(first, second, TILE_M):
     return (first + second,) if TILE_M == 128 else (first,)
 
 
+def wgmma_exchange_128_one_share(b, win, buffer, ACT_ELEM):
+    """`wgmma_exchange_128` with 512 threads (16 warps): thread t's share `b` of row t >> 2 of the 128 rows
+    (`decode.WGMMA_EXCHANGE_128_ONE_SHARE_PTX`); returns the descriptor of rows 0 .. 63."""
+    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
+    return hl.inline_asm_elementwise(
+        WGMMA_EXCHANGE_128_ONE_SHARE_PTX[wide], ",".join(["=l"] + ["l" if wide else "r"] * len(b) + ["r", "r"]),
+        [*b, window_parity(b[0], win), buffer], dtype=torch.int64, is_pure=False, pack=1,
+    )
+
+
 def second_64_rows(descriptor):
     """The wgmma descriptor of rows 64 .. 127 of a 128-row window (`wgmma_exchange_128`): 8 core-matrix rows
     further."""
@@ -812,6 +823,7 @@ def mma_m64_kernel(
     HAS_BIAS: hl.constexpr,
     EVICT: hl.constexpr,
     PDL: hl.constexpr,
+    WARPS: hl.constexpr,
     COL_GROUPS: hl.constexpr,
     SPLIT: hl.constexpr,
     WGMMA: hl.constexpr,
@@ -847,7 +859,8 @@ def mma_m64_kernel(
     # SPLIT that does not divide the windows (config "split"): part p runs windows p W / SPLIT .. (p + 1) W / SPLIT
     uneven = windows % SPLIT != 0
     blocks = 64 // BLOCK
-    rows, tiles_m = N // 128, (M + TILE_M - 1) // TILE_M
+    # WARPS 16 (TILE_M 128): 256 weight rows a program, each thread one activation row's share of the window
+    rows, tiles_m = N // (16 * WARPS), (M + TILE_M - 1) // TILE_M
     for program in hl.tile(SPLIT * rows * tiles_m, block_size=1):
         # program rows first: consecutive programs share their TILE_M activation rows, and the weights (32 MB at
         # N = K = 8192 for fp4) stay in L2 from one tile of the activation to the next; the K parts last (the parts
@@ -857,13 +870,13 @@ def mma_m64_kernel(
         part = pid % SPLIT if CLUSTER else pid // (rows * tiles_m)
         tile = pid // SPLIT if CLUSTER else pid % (rows * tiles_m)
         tile_p, tile_m = tile % rows, tile // rows
-        tid = thread_ids(256)
+        tid = thread_ids(32 * WARPS)
         if PDL:
             tid = grid_wait(tid)
         lane = tid & 31
         g = lane >> 2
         q = lane & 3
-        gr = tile_p * 8 + (tid >> 5)  # the warp's row group
+        gr = tile_p * WARPS + (tid >> 5)  # the warp's row group
         # the first activation row (0 spelled out for one tile: ptxas took 38 more registers at M = 64 when it
         # could not see that)
         col0 = tile_m * TILE_M if M > TILE_M else 0
@@ -872,10 +885,10 @@ def mma_m64_kernel(
         row_2 = torch.where(r + 64 < M, r + 64, M - 1)  # TILE_M 128: its row in the second 64
         # accumulators s<c><i>: column group c, accumulator i (Helion carries tensors, not tuples)
         (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33, s40, s41, s42, s43, s50, s51,
-         s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = zero_sums(256, 32)
+         s52, s53, s60, s61, s62, s63, s70, s71, s72, s73) = zero_sums(32 * WARPS, 32)
         if TILE_M == 128:  # t<c><i>: the second 64 activation rows
             (t00, t01, t02, t03, t10, t11, t12, t13, t20, t21, t22, t23, t30, t31, t32, t33, t40, t41, t42, t43, t50,
-             t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = zero_sums(256, 32)
+             t51, t52, t53, t60, t61, t62, t63, t70, t71, t72, t73) = zero_sums(32 * WARPS, 32)
         # AHEAD windows ahead: window w + AHEAD's words are loaded before window w's barrier, which
         # ptxas does not move them past; windows w .. w + AHEAD - 1 wait in carried tensors, sets
         # p (w), u (w + 1), v (w + 2) of 10: `window_words` (wrapping at the end: in bounds, unused)
@@ -884,10 +897,10 @@ def mma_m64_kernel(
         # mxfp8 x mxfp4 at M = 64, 8192^2 took 42.4 instead of 36.0 us; the scales are read after the loop)
         ctas = cluster_arrive(hl.zeros([], dtype=torch.int32), CLUSTER)
         size, align = m64_exchange_buffer(WGMMA, TILE_M)
-        b_buffer = shared_buffer(size, 256, align)
+        b_buffer = shared_buffer(size, 32 * WARPS, align)
         p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = window_words(x64, xs, w, f, row, gr, first, lane, q, g, windows, blocks, K,
                                                               ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
-        if TILE_M == 128:  # (AHEAD 1) the second row's B share of window w, set o
+        if TILE_M == 128 and WARPS == 8:  # (AHEAD 1) the second row's B share of window w, set o
             o0, o1, o2, o3, o4 = pad_slots(b_words(x64, xs, row_2, first, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT))
         if AHEAD > 1:
             u0, u1, u2, u3, u4, u5, u6, u7, u8, u9 = window_words(
@@ -903,7 +916,10 @@ def mma_m64_kernel(
                 x64, xs, w, f, row, gr, ahead_window(first, it.begin + AHEAD, steps, windows, uneven), lane, q, g,
                 windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
-            if TILE_M == 128:
+            if TILE_M == 128 and WARPS == 16:  # 512 threads: one share each of the 128 rows
+                address = wgmma_exchange_128_one_share(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer,
+                                                       ACT_ELEM)
+            elif TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
                                                                                     uneven), q, K, ACT_ELEM, BLOCK_A,
                                                        A_LAYOUT, EVICT))
@@ -940,7 +956,7 @@ def mma_m64_kernel(
                     s70, s71, s72, s73 = mma_window_m64(frags, address, 7, (s70, s71, s72, s73))
             if AHEAD == 1:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = n0, n1, n2, n3, n4, n5, n6, n7, n8, n9
-                if TILE_M == 128:
+                if TILE_M == 128 and WARPS == 8:
                     o0, o1, o2, o3, o4 = m0, m1, m2, m3, m4
             elif AHEAD == 2:
                 p0, p1, p2, p3, p4, p5, p6, p7, p8, p9 = u0, u1, u2, u3, u4, u5, u6, u7, u8, u9

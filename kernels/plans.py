@@ -129,6 +129,9 @@ MMA_M64_UNROLL_K = 16384
 # 128 activation rows per program (one weight decode for two wgmma) up to this M (M = 128, bf16 x mxfp8: 0.68x ->
 # 0.87x; M = 256 lost: 0.57x -> 0.45x for nvfp4 x nvfp4).
 MMA_TILE_128_MAX_M = 128
+# mma_m64_kernel's warps (16 weight rows each): 16 (256 weight rows x 128 activation rows a program) halves the
+# activation's re-reads from L2 (docs/MID_M.md); not yet run on a GPU: 8.
+MMA_M64_WARPS = 8
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # Split-K parts sum in thread-block clusters only above this many programs per SM (a cluster's CTAs share one GPC):
@@ -225,6 +228,7 @@ class MmaOptions(NamedTuple):
     fragment_sums: bool  # M > MMA_WARP_M, split-K in the workspace: sums in fragment order, vector reductions (FRAGMENT_SUMS)
     wide_b: bool = False  # M > MMA_WARP_M, bf16 / fp8 activations: a thread's B share in 16-byte loads (WIDE_B)
     predecode: bool = False  # fp4 / fp8 activations decoded to bf16 by a kernel of their own, then the bf16 plan
+    warps: int = 8  # M > MMA_WARP_M: warps of mma_m64_kernel, 16 weight rows each (WARPS: 8, or 16 with tile_m 128)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
@@ -249,6 +253,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     | fragment_sums | > 16      | bool                    | MMA_M64_FRAGMENT_SUMS                                     |
     | wide_b        | > 16      | bool (16-byte aligned)  | MMA_M64_WIDE_B                                            |
     | predecode     | any       | bool (fp4/fp8 act.)     | `_mma_predecode`: on fp4 weights above M = 16             |
+    | warps         | > 64      | 8, 16 (16: tile_m 128)  | 8 (MMA_M64_WARPS)                                         |
 
     Above M = 16 a warp runs one row group with shared B. With "predecode" the activation is decoded to bf16 rows
     first and the bf16-activation options apply (`mma_options_for` lays the other keys over those). `narrow`: fp4 /
@@ -256,11 +261,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode", "warps"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
-                         f"'pdl_prefetch', 'fragment_sums', 'wide_b' and 'predecode', or None, got {config!r}")
+                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode' and 'warps', or None, got {config!r}")
     predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights))
     if type(predecode) is not bool or (predecode and not narrow):
         raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations, got {config!r}")
@@ -344,9 +349,16 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or not aligned or evict))):
         raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 or fp8 activations whose "
                          f"data is 16-byte aligned and without evict, got {config!r} at M = {m}")
+    warps = config.get("warps", MMA_M64_WARPS)
+    if type(warps) is not int or warps not in (8, 16) or (warps == 16 and (
+            tile_m != 2 * MMA_M64_B_ROWS or config.get("fragment_sums") or config.get("cluster"))):
+        raise ValueError(f"config: warps is 8, or 16 with tile_m 128 (above M = {MMA_M64_B_ROWS}, wgmma, ahead 1) and "
+                         f"neither fragment_sums nor cluster, got {config!r} at M = {m}")
+    if warps == 16:  # (the fragment-order workspace and the cluster sums are laid out for 256 threads)
+        fragment_sums, cluster = False, False
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums, wide_b, predecode)
+                      fragment_sums, wide_b, predecode, warps)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -535,12 +547,14 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
     if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
         options = options._replace(tile_m=MMA_M64_B_ROWS)
+    if options.warps == 16 and not (wgmma and options.tile_m > MMA_M64_B_ROWS and n % (16 * options.warps) == 0):
+        raise ValueError(f"config: warps 16 runs wgmma with tile_m 128 on N % 256 == 0 (stored), got N = {n}")
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
-        options = options._replace(programs_per_sm=MMA_M64_TILE_128_PROGRAMS_PER_SM if options.tile_m > MMA_M64_B_ROWS
-                                   else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
+        options = options._replace(programs_per_sm=1 if options.warps == 16 else MMA_M64_TILE_128_PROGRAMS_PER_SM
+                                   if options.tile_m > MMA_M64_B_ROWS else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
     # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
-    row_programs = (n // MMA_M64_PROGRAM_ROWS * -(-m // options.tile_m) if wide_m
+    row_programs = (n // (16 * options.warps) * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
     if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead and not wide_m)):
         raise ValueError(f"config: split {options.split} must be at most the K / 64 = {k // 64} windows and, with "
@@ -562,7 +576,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                   COL_GROUPS=_mma_column_groups(m), CLUSTER=cluster, SPLIT=split, AHEAD=options.ahead)
     if wide_m:
         consts = mma_constants(m)(**common, WGMMA=wgmma, TILE_M=options.tile_m, FRAGMENT_SUMS=options.fragment_sums,
-                                  WIDE_B=options.wide_b)
+                                  WIDE_B=options.wide_b, WARPS=options.warps)
     else:
         consts = mma_constants(m)(**common, ROW_GROUPS=options.row_groups, SHARED_B=options.shared_b,
                                   K_WARPS=options.k_warps, STAGE_B=options.stage_b)
@@ -572,7 +586,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                 if wide_m and options.fragment_sums else m * n)
         workspace = ScratchSpec(sums, row_programs)
     unroll = options.unroll or (2 if wide_m and b.fmt.is_packed and k >= MMA_M64_UNROLL_K else MMA_UNROLL)
-    cfg = helion.Config(block_sizes=[], num_warps=8 if wide_m else row_warps * options.k_warps, num_stages=1,
+    cfg = helion.Config(block_sizes=[], num_warps=options.warps if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return MmaPlan(None, cfg, consts, split, m, workspace)
 

@@ -471,6 +471,22 @@ def test_mma_m64_tiles(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [65, 130, 256])
+def test_mma_m64_sixteen_warps(pair, m, gen):
+    """mma_m64_kernel with 16 warps ("warps": 16): 256 weight rows and 128 activation rows a program, each of the
+    512 threads one row's share of the window; the last tile partial at M = 65 and 130, split-K through the workspace
+    at output positions (even and uneven), two windows per iteration, bias and bf16 out, a ragged K."""
+    for config in ({"warps": 16, "tile_m": 128, "max_split": 1}, {"warps": 16, "tile_m": 128, "split": 2},
+                   {"warps": 16, "tile_m": 128, "split": 3, "unroll": 2}):
+        run_and_check(pair, m, 1024, 2048, "cuda", gen, data_layout="mma_m16k16", backend="mma", config=config)
+    assert_split_k_workspaces_zero()
+    run_and_check(pair, m, 8192, 8192, "cuda", gen, data_layout="mma_m16k16", backend="mma",
+                  config={"warps": 16, "tile_m": 128})
+    run_and_check(pair, m, 512, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  backend="mma", config={"warps": 16, "tile_m": 128, "split": 2})
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 17, 64, 65])
 def test_mma_layout_elsewhere(pair, m, gen):
     """"mma_m16k16" weights at N % 64 != 0 and, past M = 16, at N % 128 != 0 take the k_order copy."""

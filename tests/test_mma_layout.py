@@ -20,6 +20,16 @@ from pairs import decodes_every_byte, decodes_every_scale, fp4_weights, mma_scal
 U32 = 0xFFFFFFFF
 
 
+
+def _pdl(options):
+    """(pdl, pdl_prefetch) of plan options."""
+    return options.pdl, options.pdl_prefetch
+
+
+def _wide_predecode(options):
+    """(wide_b, predecode) of plan options."""
+    return options.wide_b, options.predecode
+
 def f32(x: float) -> float:
     """x rounded to float32, as the GPU's fp32 adds round (the PTX interpreters below)."""
     return struct.unpack("f", struct.pack("f", x))[0]
@@ -306,17 +316,17 @@ def test_split_fills_the_last_wave(monkeypatch):
         plans._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
     # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums)
-    assert plans._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
-    assert plans._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # fp4 / fp8 activations: two row groups
-    assert plans._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False)  # N % 128 != 0: one, the wave rule
+    assert plans._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
+    assert plans._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # fp4 / fp8 activations: two row groups
+    assert plans._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert plans._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False)  # split-K as before if 1
+    assert plans._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert plans._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False)
+        assert plans._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False, 8)
         # fp8 weights: split up to 8, no wave rule, four windows prefetched; at M = 1 as fp4 weights
-        assert plans._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False)
+        assert plans._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False, 8)
         assert plans._mma_options(None, 1, 8192, narrow, True) == plans._mma_options(None, 1, 8192, narrow)
-    assert plans._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+    assert plans._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
     assert plans._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert plans._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
@@ -331,21 +341,21 @@ def test_split_fills_the_last_wave(monkeypatch):
         plans._mma_options({"hoist": 1}, 16, 8192, True)
     # programmatic dependent launch: on by default up to M = 16 (with two windows prefetched), given above; prefetch only
     # with it and at M <= 16
-    assert [plans._mma_options(None, m, 8192, True)[-5:-3] for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
-    assert plans._mma_options({"pdl": True}, 64, 8192, True)[-5:-3] == (True, 0)
-    assert plans._mma_options({"pdl": False}, 16, 8192, True)[-5:-3] == (False, 0)
-    assert plans._mma_options({"pdl_prefetch": 2}, 1, 8192, True)[-5:-3] == (True, 2)
+    assert [_pdl(plans._mma_options(None, m, 8192, True)) for m in (1, 16, 64)] == [(None, 2), (None, 2), (False, 0)]
+    assert _pdl(plans._mma_options({"pdl": True}, 64, 8192, True)) == (True, 0)
+    assert _pdl(plans._mma_options({"pdl": False}, 16, 8192, True)) == (False, 0)
+    assert _pdl(plans._mma_options({"pdl_prefetch": 2}, 1, 8192, True)) == (True, 2)
     for bad, message in (({"pdl": 1}, "pdl must be a bool"), ({"pdl": False, "pdl_prefetch": 1}, "pdl_prefetch is"),
                          ({"pdl_prefetch": 5}, "pdl_prefetch is"), ({"pdl_prefetch": True}, "pdl_prefetch is")):
         with pytest.raises(ValueError, match=message):
             plans._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
         plans._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert plans._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
+    assert plans._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert plans._mma_options(None, 64, 8192, False) == (plans.MMA_M64_MAX_SPLIT, 2, 1, True, True, plans.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True,False, False)  # (wide_b: `mma_options_for` checks the alignment)
-    assert plans._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True)
+    assert plans._mma_options(None, 64, 8192, False) == (plans.MMA_M64_MAX_SPLIT, 2, 1, True, True, plans.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, False, 8)  # (wide_b: `mma_options_for` checks the alignment)
+    assert plans._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True, 8)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             plans._mma_options(bad, 64, 8192, True)
@@ -500,10 +510,10 @@ def test_k_warps_options(monkeypatch):
     assert {(n, k): plans._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
-    assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False)  # shared B: 8 slices
-    assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False)
-    assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
-    assert plans._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False)
+    assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)  # shared B: 8 slices
+    assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
+    assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
+    assert plans._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert plans._mma_options(None, 1, 8192, True).k_warps == 1
         assert plans._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -644,7 +654,7 @@ def test_stage_b_options(monkeypatch):
     assert plans._mma_stage_b(3, 2048, 4) and plans._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
     assert plans._mma_stage_b(1, 1024, 16) and not plans._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert plans._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False)  # two row groups unless given
+    assert plans._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)  # two row groups unless given
     assert plans._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
@@ -692,8 +702,8 @@ def test_wide_b_options():
     assert plans.mma_options_for(None, x, b, 64, 128).wide_b is True
     assert plans.mma_options_for(None, shifted, b, 64, 128).wide_b is False
     # fp4 / fp8 activations on fp4 weights run the bf16 plan over rows decoded into a buffer of the plan's own
-    assert plans.mma_options_for(None, xq, b, 64, 128)[-2:] == (True, True)
-    assert plans.mma_options_for(None, x4, b, 64, 128)[-2:] == (True, True)
+    assert _wide_predecode(plans.mma_options_for(None, xq, b, 64, 128)) == (True, True)
+    assert _wide_predecode(plans.mma_options_for(None, x4, b, 64, 128)) == (True, True)
     assert plans.mma_options_for({"predecode": False}, xq, b, 64, 128).wide_b is True  # fp8: 16 bytes a thread
     assert plans.mma_options_for({"predecode": False}, x4, b, 64, 128).wide_b is False  # fp4: one 8-byte word
     assert plans.mma_options_for(None, x[:16], b, 16, 128).wide_b is False
@@ -790,6 +800,32 @@ def test_tile_m_options(monkeypatch):
                    ({"tile_m": 128, "ahead": 2}, 100), ({"tile_m": 128.0}, 100)):
         with pytest.raises(ValueError, match="tile_m must be 64, or 128"):
             plans._mma_options(bad, m, 256, False)
+
+
+def test_sixteen_warps_options(monkeypatch):
+    """"warps": 16 (mma_m64_kernel with 256 weight rows and 128 activation rows a program): only with tile_m 128 (M >
+    64, wgmma, ahead 1) on N % 256 == 0, without the fragment-order workspace or cluster sums (laid out for 256
+    threads); the plan runs 16 warps, the WARPS constant, a program per 256 x 128 and the wave rule with one program
+    an SM (M = 256, 8192^2: 64 programs, split 2). Off by default."""
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
+    b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
+    x = torch.randn(256, 1024, dtype=torch.bfloat16)
+    assert plans._mma_options({}, 256, 8192, False).warps == plans.MMA_M64_WARPS == 8
+    options = plans._mma_options({"warps": 16, "tile_m": 128}, 256, 8192, False)
+    assert (options.warps, options.fragment_sums, options.cluster) == (16, False, False)
+    plan = plans._mma_plan(x, b, False, 256, 8192, 8192, options)
+    assert (plan.consts.WARPS, plan.consts.TILE_M, plan.cfg.config["num_warps"], plan.split) == (16, 128, 16, 2)
+    assert plan.workspace.sums == 256 * 8192 and plan.workspace.tickets == 64  # at the outputs' positions, a ticket a tile
+    eight = plans._mma_plan(x, b, False, 256, 8192, 8192, plans._mma_options({"tile_m": 128}, 256, 8192, False))
+    assert (eight.consts.WARPS, eight.cfg.config["num_warps"]) == (8, 8)
+    for bad, m in (({"warps": 16}, 256), ({"warps": 16, "tile_m": 128}, 64), ({"warps": 12, "tile_m": 128}, 256),
+                   ({"warps": 16, "tile_m": 128, "fragment_sums": True}, 256),
+                   ({"warps": 16, "tile_m": 128, "cluster": True}, 256), ({"warps": 16.0, "tile_m": 128}, 256)):
+        with pytest.raises(ValueError, match="warps is 8, or 16 with tile_m 128|tile_m must be 64, or 128"):
+            plans._mma_options(bad, m, 8192, False)
+    with pytest.raises(ValueError, match="warps 16 runs wgmma with tile_m 128 on N % 256 == 0"):
+        plans._mma_plan(x, b, False, 256, 8192 + 128, 8192, plans._mma_options({"warps": 16, "tile_m": 128}, 256, 8192 + 128, False))
 
 
 def test_cluster_options(monkeypatch):
