@@ -34,35 +34,28 @@ CASES = (("nvfp4", "floor", True), ("nvfp4", "floor", False), ("mxfp4", "floor",
 
 
 def compile_sm90(folder: Path) -> int:
-    """Every variant of the quantize kernel (codes and scales or decoded rows, bf16 or fp32 in, each format) through
-    Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
+    """Every variant of the quantize kernel (codes and scales or decoded rows, bf16 or fp32 in, each format; nvfp4 on
+    decode rows, where every program reduces the whole input for its global scale; mxfp8 with the hardware's E4M3
+    conversion) through Triton's sm_90 compiler, no GPU needed; prints registers and spills per variant."""
     from blockscaled.kernels import quantize as kq
 
     from .sass import compile_launch
 
+    def both(x, fmt, stem, suffix=""):  # the codes-and-scales kernel and the decoded-rows one of the same input
+        f = bs.get_format(fmt)
+        compile_launch(lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None), kq, folder, f"{stem}_codes{suffix}")
+        compile_launch(lambda: kq.quantize_decoded(x, f, "floor", None), kq, folder, f"{stem}_decoded{suffix}")
+
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for dtype in (torch.bfloat16, torch.float32):
-            for decoded in (False, True):
-                x, f = torch.randn(64, 1024, dtype=dtype), bs.get_format(fmt)
-                if decoded:
-                    run = lambda: kq.quantize_decoded(x, f, "floor", None)  # noqa: E731
-                else:
-                    run = lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None)  # noqa: E731
-                compile_launch(run, kq, folder, f"quantize_{fmt}_{str(dtype)[6:]}_{'decoded' if decoded else 'codes'}")
-    for decoded in (False, True):  # nvfp4 on decode rows: each program reduces the whole input for its global scale
-        x, f = torch.randn(2, 8192, dtype=torch.bfloat16), bs.get_format("nvfp4")
-        assert x.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
-        run = (lambda: kq.quantize_decoded(x, f, "floor", None)) if decoded else (  # noqa: E731
-            lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None))
-        compile_launch(run, kq, folder, f"quantize_nvfp4_bfloat16_{'decoded' if decoded else 'codes'}_own_amax")
+            both(torch.randn(64, 1024, dtype=dtype), fmt, f"quantize_{fmt}_{str(dtype)[6:]}")
+    rows = torch.randn(2, 8192, dtype=torch.bfloat16)
+    assert rows.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
+    both(rows, "nvfp4", "quantize_nvfp4_bfloat16", "_own_amax")
     hw = kq._hw_e4m3
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
-        for decoded in (False, True):  # mxfp8 with the hardware's E4M3 conversion
-            x, f = torch.randn(64, 1024, dtype=torch.bfloat16), bs.get_format("mxfp8")
-            run = (lambda: kq.quantize_decoded(x, f, "floor", None)) if decoded else (  # noqa: E731
-                lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None))
-            compile_launch(run, kq, folder, f"quantize_mxfp8_bfloat16_{'decoded' if decoded else 'codes'}_hw_e4m3")
+        both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
     finally:
         kq._hw_e4m3 = hw
     return 0

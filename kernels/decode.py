@@ -690,9 +690,9 @@ def _wgmma_steps(col_groups: int) -> str:
 
 # by bf16 activation / by column groups (1 .. 8; mma_m64_kernel takes 3 .. 8)
 WGMMA_EXCHANGE_PTX = {wide: _wgmma_exchange(wide) for wide in (False, True)}
-WGMMA_EXCHANGE_128_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS) for wide in (False, True)}
-# 128 rows exchanged by 512 threads (mma_m64_kernel with 16 warps), one share each
-WGMMA_EXCHANGE_128_ONE_SHARE_PTX = {wide: _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS, 1) for wide in (False, True)}
+# by (bf16 activation, shares a thread): 2 with 256 threads (rows r and r + 64), 1 with 512 (mma_m64_kernel's 16 warps)
+WGMMA_EXCHANGE_128_PTX = {(wide, shares): _wgmma_exchange(wide, 2 * MMA_M64_B_ROWS, shares)
+                          for wide in (False, True) for shares in (1, 2)}
 WGMMA_STEPS_PTX = {c: _wgmma_steps(c) for c in range(1, MMA_M64_B_ROWS // 8 + 1)}
 
 

@@ -54,7 +54,7 @@ from .decode import (CLUSTER_ARRIVE_PTX, CLUSTER_WAIT_PTX, ELEMENT_CODES, FRAGME
                      FRAGMENT_ZERO_PTX, GRID_DEPENDENCY_WAIT_PTX,
                      LAUNCH_DEPENDENTS_PTX, MMA_A_FRAGMENTS_PTX, MMA_B_FRAGMENTS_PTX, MMA_CLUSTER_SUM_PTX, MMA_K_WARP_SUM_PTX,
                      MMA_M64_EXCHANGE_PTX, MMA_SHARED_B_ADDRESSES_PTX, MMA_SHARED_B_PTX, MMA_STAGED_B_LOAD_PTX, MMA_STAGED_B_STORE_PTX,
-                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_ONE_SHARE_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
+                     MMA_STEPS_M64_PTX, MMA_STEPS_PTX, WGMMA_EXCHANGE_128_PTX, WGMMA_EXCHANGE_PTX, WGMMA_SBO,
                      WGMMA_STEPS_PTX, k_warp_sum_rounds, m64_exchange_buffer, mma_b_factor, shared_b_bytes,
                      shared_buffer_ptx, staged_b_bytes, staged_b_chunk, staged_b_chunks, staged_b_offset)
 
@@ -683,13 +683,15 @@ def m64_exchange(b, win, buffer, ACT_ELEM, WGMMA):
     )
 
 
-def wgmma_exchange_128(b, b_2, win, buffer, ACT_ELEM):
-    """`m64_exchange` (wgmma) of a window of 128 activation rows: the thread's share `b` of row r and `b_2`
-    of row r + 64; returns the descriptor of rows 0 .. 63 (`decode.WGMMA_EXCHANGE_128_PTX`)."""
+def wgmma_exchange_128(shares, win, buffer, ACT_ELEM):
+    """`m64_exchange` (wgmma) of a window of 128 activation rows: the thread's shares (`b_registers` each) of row
+    r = t >> 2 and, with 256 threads, of row r + 64 (with 512 threads r covers all 128); returns the descriptor of
+    rows 0 .. 63 (`decode.WGMMA_EXCHANGE_128_PTX`)."""
     wide = ACT_ELEM == ELEMENT_CODES["bf16"]
+    b = [v for share in shares for v in share]
     return hl.inline_asm_elementwise(
-        WGMMA_EXCHANGE_128_PTX[wide], ",".join(["=l"] + ["l" if wide else "r"] * (2 * len(b)) + ["r", "r"]),
-        [*b, *b_2, window_parity(b[0], win), buffer], dtype=torch.int64, is_pure=False, pack=1,
+        WGMMA_EXCHANGE_128_PTX[wide, len(shares)], ",".join(["=l"] + ["l" if wide else "r"] * len(b) + ["r", "r"]),
+        [*b, window_parity(b[0], win), buffer], dtype=torch.int64, is_pure=False, pack=1,
     )
 
 
@@ -698,16 +700,6 @@ def m64_sums(first, second, TILE_M):
     column group: with TILE_M 128 the second 64 activation rows are column groups 8 .. 15, one call of each helper
     (`store_sums` then reads all 64 totals in one batch)."""
     return (first + second,) if TILE_M == 128 else (first,)
-
-
-def wgmma_exchange_128_one_share(b, win, buffer, ACT_ELEM):
-    """`wgmma_exchange_128` with 512 threads (16 warps): thread t's share `b` of row t >> 2 of the 128 rows
-    (`decode.WGMMA_EXCHANGE_128_ONE_SHARE_PTX`); returns the descriptor of rows 0 .. 63."""
-    wide = ACT_ELEM == ELEMENT_CODES["bf16"]
-    return hl.inline_asm_elementwise(
-        WGMMA_EXCHANGE_128_ONE_SHARE_PTX[wide], ",".join(["=l"] + ["l" if wide else "r"] * len(b) + ["r", "r"]),
-        [*b, window_parity(b[0], win), buffer], dtype=torch.int64, is_pure=False, pack=1,
-    )
 
 
 def second_64_rows(descriptor):
@@ -917,15 +909,14 @@ def mma_m64_kernel(
                 windows, blocks, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, WIDE_B)
             loaded_b = unpad_slots((p0, p1, p2, p3, p4), b_word_count(ACT_ELEM))
             if TILE_M == 128 and WARPS == 16:  # 512 threads: one share each of the 128 rows
-                address = wgmma_exchange_128_one_share(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer,
-                                                       ACT_ELEM)
+                address = wgmma_exchange_128((b_registers(loaded_b, ACT_ELEM, ACT_SCALE),), win, b_buffer, ACT_ELEM)
             elif TILE_M == 128:
                 m0, m1, m2, m3, m4 = pad_slots(b_words(x64, xs, row_2, ahead_window(first, it.begin + 1, steps, windows,
                                                                                     uneven), q, K, ACT_ELEM, BLOCK_A,
                                                        A_LAYOUT, EVICT))
                 loaded_b_2 = unpad_slots((o0, o1, o2, o3, o4), b_word_count(ACT_ELEM))
-                address = wgmma_exchange_128(b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
-                                             b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM)
+                address = wgmma_exchange_128((b_registers(loaded_b, ACT_ELEM, ACT_SCALE),
+                                              b_registers(loaded_b_2, ACT_ELEM, ACT_SCALE)), win, b_buffer, ACT_ELEM)
             else:
                 address = m64_exchange(b_registers(loaded_b, ACT_ELEM, ACT_SCALE), win, b_buffer, ACT_ELEM, WGMMA)
             frags = a_fragments([p5, p6, p7, p8, p9], W_ELEM, ENCODING)

@@ -71,7 +71,6 @@ def _has_wgmma(device: torch.device) -> bool:
 # mma_m64_kernel above (M = 128: 0.80x against 0.18x for the k_order kernels, nvfp4 x nvfp4, H100).
 MMA_PAIRS = ("bf16xmxfp4", "bf16xnvfp4", "mxfp4xmxfp4", "nvfp4xnvfp4", "mxfp8xmxfp4", "bf16xmxfp8", "mxfp8xmxfp8")
 MMA_WARP_M = 16
-MMA_M64_PROGRAM_ROWS = 128  # weight rows per program of mma_m64_kernel (8 warps x 16)
 # Split-K cap by (column groups, row groups): 32 at M = 1 was fastest at three of the four Llama-3-70B shapes (H100).
 MMA_MAX_SPLIT = {(1, 1): 32, (1, 2): 64, (2, 1): 8, (2, 2): 16}
 # Resident programs per SM of the wave rule (from the sm_90 register counts): a short last wave cost 14% at
@@ -130,8 +129,10 @@ MMA_M64_UNROLL_K = 16384
 # 0.87x; M = 256 lost: 0.57x -> 0.45x for nvfp4 x nvfp4).
 MMA_TILE_128_MAX_M = 128
 # mma_m64_kernel's warps (16 weight rows each): 16 (256 weight rows x 128 activation rows a program) halves the
-# activation's re-reads from L2 (docs/MID_M.md); not yet run on a GPU: 8.
+# activation's re-reads from L2 (docs/MID_M.md); not yet run on a GPU: 8. With 16, 127 registers x 512 threads: one
+# program resident per SM for the wave rule.
 MMA_M64_WARPS = 8
+MMA_M64_WARPS_16_PROGRAMS_PER_SM = 1
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # Split-K parts sum in thread-block clusters only above this many programs per SM (a cluster's CTAs share one GPC):
@@ -492,7 +493,7 @@ def _mma_stage_b(m: int, k: int, k_warps: int) -> bool:
 
 def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: MmaOptions) -> MmaPlan:
     """The MmaPlan of one mma cache key: split-K over the 64-K windows, one program per
-    64 * row_groups rows (M > MMA_WARP_M: MMA_M64_PROGRAM_ROWS rows, 8 warps), or with k_warps > 1
+    64 * row_groups rows (M > MMA_WARP_M: 16 rows a warp, 8 or 16 warps), or with k_warps > 1
     one program of k_warps warps per 16 * row_groups rows (with shared B k_warps K slices of 4
     warps per 64 * row_groups rows) and no split. Where the options leave k_warps 0 it comes from
     `_mma_k_slices` at 1 < M <= 16 (with its row groups, shared B, and for fp4 weights its ahead and, unless
@@ -550,10 +551,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     if options.warps == 16 and not (wgmma and options.tile_m > MMA_M64_B_ROWS and n % (16 * options.warps) == 0):
         raise ValueError(f"config: warps 16 runs wgmma with tile_m 128 on N % 256 == 0 (stored), got N = {n}")
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs
-        options = options._replace(programs_per_sm=1 if options.warps == 16 else MMA_M64_TILE_128_PROGRAMS_PER_SM
+        options = options._replace(programs_per_sm=MMA_M64_WARPS_16_PROGRAMS_PER_SM if options.warps == 16
+                                   else MMA_M64_TILE_128_PROGRAMS_PER_SM
                                    if options.tile_m > MMA_M64_B_ROWS else MMA_M64_PROGRAMS_PER_SM[wgmma, fp4_on_fp4])
     row_warps = program_row_warps(options.k_warps, options.shared_b)
-    # mma_m64_kernel: a program per 128 weight rows and tile_m activation rows
+    # mma_m64_kernel: a program per 16 x warps weight rows and tile_m activation rows
     row_programs = (n // (16 * options.warps) * -(-m // options.tile_m) if wide_m
                     else n // (16 * row_warps * options.row_groups))
     if options.split and (options.split > k // 64 or (k // 64 % options.split and options.ahead and not wide_m)):

@@ -24,6 +24,7 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
 from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_shape
 
+from . import plans
 from .api import _launch_cached, _one
 from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
@@ -167,7 +168,6 @@ def quantize_kernel(
         # drops NaN)
         amax = torch.amax(v.view(torch.int32) & 0x7FFFFFFF, dim=-1).view(torch.float32)
         if NV:
-            gs = torch.full_like(amax, 1.0) * global_scale[0]
             if OWN_AMAX:  # the whole input's amax by its bits, as above, 8 rows x one chunk at a time
                 top = hl.zeros([chunk], dtype=torch.int32)
                 for whole_r, whole_c in hl.tile([rows, chunks], block_size=[8, 1]):
@@ -177,6 +177,8 @@ def quantize_kernel(
                         w = x[whole_r, whole_c, :].to(torch.float32).view(torch.int32)
                     top = torch.maximum(top, torch.amax(torch.amax(w & 0x7FFFFFFF, dim=0), dim=0))
                 gs = torch.full_like(amax, 1.0) * torch.amax(top, dim=0).view(torch.float32)
+            else:  # the given global scale, or the amax a reduction launched before this kernel left there
+                gs = torch.full_like(amax, 1.0) * global_scale[0]
             if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
                 gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
                 first = (tile_r.index[:, None] == 0) & (blocks[None, :] == 0)
@@ -252,8 +254,7 @@ QUANTIZE_HW_E4M3 = False
 
 def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
     """The kernel's HW_E4M3: E4M3 elements on an sm_89+ GPU with QUANTIZE_HW_E4M3 (never in the interpreter)."""
-    return (QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and x.is_cuda
-            and torch.cuda.get_device_capability(x.device) >= (8, 9))
+    return QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and x.is_cuda and plans._capability(x.device) >= (8, 9)
 
 
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
