@@ -168,7 +168,7 @@ def scaled_mm(
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
     if b.data_layout == "mma_m16k16":
-        if backend == "dense" or (backend is None and _mma_runs(pair, a, device) and _dense_runs(pair, m, device)):
+        if backend == "dense" or (backend is None and _mma_runs(pair, a, device) and _dense_runs(pair, m, n, device)):
             if pair not in MMA_PAIRS or not _mma_activation(a):
                 raise ValueError(f"backend: 'dense' runs {MMA_PAIRS} with k_order activations; got {pair}")
             from .dense import dense_mm
@@ -381,12 +381,17 @@ def _mma_runs(pair: str, a, device: torch.device) -> bool:
 # The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on. H200, 8192^2,
 # x cuBLAS bf16, mma_m64 / dense (bench/results/h200_bench_m256_8192_dense_mma_n8192_k8192_08d5118_2026-11-28.log):
 # M = 256 0.50-0.59 / 0.26-0.54 (the decode pass costs more than the in-loop decode), M = 512 0.43-0.52 / 0.62-0.66.
+# Where mma_m64_kernel's 16-warp tile runs (wgmma, N % 256 == 0) from DENSE_MIN_M_SIXTEEN_WARPS: M = 512 16 warps /
+# dense 0.83 / 0.77x (bf16 x mxfp4), 0.81 / 0.73x (nvfp4 x nvfp4); M = 1024 0.80 / 0.88x, 0.79 / 0.83x
+# (bench/results/h200_warps16_mid_m_8192_*_2026-11-29.log).
 DENSE_MIN_M = 512
+DENSE_MIN_M_SIXTEEN_WARPS = 1024
 
 
-def _dense_runs(pair: str, m: int, device: torch.device) -> bool:
+def _dense_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
     """Whether `scaled_mm` takes the dense plan by default (on a GPU where the mma kernels run)."""
-    return m >= DENSE_MIN_M
+    sixteen = plans._has_wgmma(device) and n % 256 == 0 and m >= plans.MMA_M64_WARPS_16_MIN_M
+    return m >= (DENSE_MIN_M_SIXTEEN_WARPS if sixteen else DENSE_MIN_M)
 
 
 def _mma_activation(a) -> bool:

@@ -128,10 +128,12 @@ MMA_M64_UNROLL_K = 16384
 # 128 activation rows per program (one weight decode for two wgmma) up to this M (M = 128, bf16 x mxfp8: 0.68x ->
 # 0.87x; M = 256 lost: 0.57x -> 0.45x for nvfp4 x nvfp4).
 MMA_TILE_128_MAX_M = 128
-# mma_m64_kernel's warps (16 weight rows each): 16 (256 weight rows x 128 activation rows a program) halves the
-# activation's re-reads from L2 (docs/MID_M.md); not yet run on a GPU: 8. With 16, 127 registers x 512 threads: one
-# program resident per SM for the wave rule.
+# mma_m64_kernel's warps (16 weight rows each): 16 (256 weight rows x 128 activation rows a program, tile_m 128)
+# halves the activation's re-reads from L2 (docs/MID_M.md), from MMA_M64_WARPS_16_MIN_M rows where N % 256 == 0
+# (H200, 8192^2, M = 512: bf16 x mxfp4 0.59x -> 0.83x, nvfp4 x nvfp4 0.56x -> 0.81x; M = 256 split: 0.68 -> 0.71x,
+# 0.66 -> 0.62x), else 8. With 16, 127 registers x 512 threads: one program resident per SM for the wave rule.
 MMA_M64_WARPS = 8
+MMA_M64_WARPS_16_MIN_M = 512
 MMA_M64_WARPS_16_PROGRAMS_PER_SM = 1
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
@@ -254,7 +256,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     | fragment_sums | > 16      | bool                    | MMA_M64_FRAGMENT_SUMS                                     |
     | wide_b        | > 16      | bool (16-byte aligned)  | MMA_M64_WIDE_B                                            |
     | predecode     | any       | bool (fp4/fp8 act.)     | `_mma_predecode`: on fp4 weights above M = 16             |
-    | warps         | > 64      | 8, 16 (16: tile_m 128)  | 8 (MMA_M64_WARPS)                                         |
+    | warps         | > 64      | 8, 16 (16: tile_m 128)  | 16 with tile_m 128 from MMA_M64_WARPS_16_MIN_M rows at    |
+    |               |           |                         | N % 256 == 0, else 8 (MMA_M64_WARPS); 8 without wgmma     |
 
     Above M = 16 a warp runs one row group with shared B. With "predecode" the activation is decoded to bf16 rows
     first and the bf16-activation options apply (`mma_options_for` lays the other keys over those). `narrow`: fp4 /
@@ -340,7 +343,10 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     tile_128 = m > MMA_M64_B_ROWS and wgmma and ahead == 1  # where 128 activation rows per program can run
-    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and m <= MMA_TILE_128_MAX_M else MMA_M64_B_ROWS)
+    sixteen = (tile_128 and m >= MMA_M64_WARPS_16_MIN_M and n % (16 * 16) == 0
+               and not set(config) & {"warps", "tile_m", "fragment_sums", "cluster"})  # the 16-warp default
+    tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and (m <= MMA_TILE_128_MAX_M or sixteen)
+                        else MMA_M64_B_ROWS)
     if type(tile_m) is not int or tile_m not in (MMA_M64_B_ROWS, 2 * MMA_M64_B_ROWS) or (
             tile_m > MMA_M64_B_ROWS and not tile_128):
         raise ValueError(f"config: tile_m must be 64, or 128 above M = 64 with wgmma and ahead 1, got {config!r} "
@@ -350,7 +356,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "wide_b" in config and (type(wide_b) is not bool or (wide_b and (not wide_m or not aligned or evict))):
         raise ValueError(f"config: wide_b is a bool, True only above M = {MMA_WARP_M} with bf16 or fp8 activations whose "
                          f"data is 16-byte aligned and without evict, got {config!r} at M = {m}")
-    warps = config.get("warps", MMA_M64_WARPS)
+    warps = config.get("warps", 16 if sixteen else MMA_M64_WARPS)
     if type(warps) is not int or warps not in (8, 16) or (warps == 16 and (
             tile_m != 2 * MMA_M64_B_ROWS or config.get("fragment_sums") or config.get("cluster"))):
         raise ValueError(f"config: warps is 8, or 16 with tile_m 128 (above M = {MMA_M64_B_ROWS}, wgmma, ahead 1) and "
@@ -546,8 +552,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     from .mma_gemv import fragment_workspace_sums, program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)
-    if not wgmma:  # 128 activation rows per program take wgmma's second descriptor
-        options = options._replace(tile_m=MMA_M64_B_ROWS)
+    if not wgmma:  # 128 activation rows per program (and so 16 warps) take wgmma's second descriptor
+        options = options._replace(tile_m=MMA_M64_B_ROWS, warps=MMA_M64_WARPS)
     if options.warps == 16 and not (wgmma and options.tile_m > MMA_M64_B_ROWS and n % (16 * options.warps) == 0):
         raise ValueError(f"config: warps 16 runs wgmma with tile_m 128 on N % 256 == 0 (stored), got N = {n}")
     if wide_m and options.programs_per_sm:  # the wave rule: resident programs of the kernel that runs

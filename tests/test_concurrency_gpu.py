@@ -31,6 +31,7 @@ CASES = {
     "split_k_workspace_m16": ("bf16", "mxfp4", 16, {"max_split": 8, "cluster": False}),
     "split_k_workspace_m1": ("bf16", "nvfp4", 1, {"max_split": 16, "cluster": False}),
     "cluster_sums_m16": ("nvfp4", "nvfp4", 16, {"max_split": 8}),
+    "sixteen_warps_m256_split": ("nvfp4", "nvfp4", 256, {"warps": 16, "tile_m": 128, "split": 2}),
     "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
     "dense_m512_chunks": ("nvfp4", "nvfp4", 512, "dense"),  # decoded weights: this call's, 4 chunks
 }

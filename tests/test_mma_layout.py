@@ -764,12 +764,12 @@ def test_predecode_options(monkeypatch):
 
 def test_tile_m_options(monkeypatch):
     """Above M = 64 a program takes 128 activation rows by default up to M = MMA_TILE_128_MAX_M (wgmma,
-    one window ahead), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
+    one window ahead) and from MMA_M64_WARPS_16_MIN_M with 16 warps (N % 256 == 0), else 64, and 64 where the device has no wgmma; the plan counts its programs over M
     for the wave rule (2 resident per SM with 128 rows; above M = 128 no split from half a wave). Other values,
     M <= 64, mma.sync and other "ahead" are refused, naming the key."""
 
     assert plans.MMA_TILE_128_MAX_M == 128
-    for m, config, expected in ((65, {}, 128), (128, {}, 128), (129, {}, 64), (4096, {}, 64), (100, {"ahead": 2}, 64),
+    for m, config, expected in ((65, {}, 128), (128, {}, 128), (129, {}, 64), (4096, {}, 128), (4096, {"warps": 8}, 64), (100, {"ahead": 2}, 64),
                                 (100, {"wgmma": False}, 64), (300, {"tile_m": 128}, 128), (128, {"tile_m": 64}, 64)):
         assert plans._mma_options(config, m, 256, False).tile_m == expected, (m, config)
     b = bs.quantize(torch.randn(256, 1024), "mxfp4").with_data_layout("mma_m16k16")
@@ -806,7 +806,8 @@ def test_sixteen_warps_options(monkeypatch):
     """"warps": 16 (mma_m64_kernel with 256 weight rows and 128 activation rows a program): only with tile_m 128 (M >
     64, wgmma, ahead 1) on N % 256 == 0, without the fragment-order workspace or cluster sums (laid out for 256
     threads); the plan runs 16 warps, the WARPS constant, a program per 256 x 128 and the wave rule with one program
-    an SM (M = 256, 8192^2: 64 programs, split 2). Off by default."""
+    an SM (M = 256, 8192^2: 64 programs, split 2). The default from MMA_M64_WARPS_16_MIN_M rows on N % 256 == 0
+    unless the config names warps, tile_m, fragment_sums or cluster; 8 warps and 64 rows where wgmma does not run."""
     monkeypatch.setattr(plans, "_has_wgmma", lambda device: True)
     monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
@@ -826,6 +827,33 @@ def test_sixteen_warps_options(monkeypatch):
             plans._mma_options(bad, m, 8192, False)
     with pytest.raises(ValueError, match="warps 16 runs wgmma with tile_m 128 on N % 256 == 0"):
         plans._mma_plan(x, b, False, 256, 8192 + 128, 8192, plans._mma_options({"warps": 16, "tile_m": 128}, 256, 8192 + 128, False))
+    low = plans.MMA_M64_WARPS_16_MIN_M
+    for config, m, n, expected in (({}, low, 8192, (16, 128)), ({}, 4 * low, 8192, (16, 128)),
+                                   ({}, low - 1, 8192, (8, 64)), ({}, low, 8192 + 128, (8, 64)),
+                                   ({"tile_m": 128}, low, 8192, (8, 128)), ({"cluster": True}, low, 8192, (8, 64)),
+                                   ({"split": 2}, low, 8192, (16, 128)), ({"wgmma": False}, low, 8192, (8, 64))):
+        options = plans._mma_options(config, m, n, False)
+        assert (options.warps, options.tile_m) == expected, (config, m, n)
+    x = torch.randn(low, 1024, dtype=torch.bfloat16)
+    plan = plans._mma_plan(x, b, False, low, 8192, 8192, plans._mma_options({}, low, 8192, False))
+    assert (plan.consts.WARPS, plan.consts.TILE_M, plan.split) == (16, 128, 1)  # 128 programs: one wave unsplit
+    monkeypatch.setattr(plans, "_has_wgmma", lambda device: False)  # mma.sync: 8 warps, 64 rows
+    plan = plans._mma_plan(x, b, False, low, 8192, 8192, plans._mma_options({}, low, 8192, False))
+    assert (plan.consts.WARPS, plan.consts.TILE_M) == (8, 64)
+
+
+def test_dense_plan_rows(monkeypatch):
+    """The default call's dense plan: from DENSE_MIN_M rows, or DENSE_MIN_M_SIXTEEN_WARPS where the 16-warp tile runs
+    (wgmma and N % 256 == 0)."""
+    from blockscaled.kernels import api
+
+    device = torch.device("cuda")
+    for wgmma in (True, False):
+        monkeypatch.setattr(plans, "_has_wgmma", lambda device: wgmma)
+        first = api.DENSE_MIN_M_SIXTEEN_WARPS if wgmma else api.DENSE_MIN_M
+        assert [api._dense_runs("bf16xmxfp4", m, 8192, device) for m in (first - 1, first)] == [False, True]
+        assert [api._dense_runs("bf16xmxfp4", m, 8192 + 128, device) for m in (api.DENSE_MIN_M - 1, api.DENSE_MIN_M)] == [False, True]
+    assert api.DENSE_MIN_M <= plans.MMA_M64_WARPS_16_MIN_M < api.DENSE_MIN_M_SIXTEEN_WARPS
 
 
 def test_cluster_options(monkeypatch):
