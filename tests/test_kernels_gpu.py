@@ -524,8 +524,9 @@ def test_dense_plan(pair, out_dtype, gen):
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
-    """From DENSE_MIN_M rows the default call takes the dense plan (one weight decode launch, no mma kernel)."""
-    from blockscaled.kernels import api, dense
+    """From DENSE_MIN_M rows (DENSE_MIN_M_SIXTEEN_WARPS with wgmma at N % 256 == 0) the default call takes the dense
+    plan (one weight decode launch, no mma kernel); a row fewer, none."""
+    from blockscaled.kernels import api, dense, plans
 
     decode, calls = dense.decode_weights, []
 
@@ -534,7 +535,10 @@ def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
         return decode(b, r0, rows, *rest)
 
     monkeypatch.setattr(dense, "decode_weights", counted)
-    run_and_check(pair, api.DENSE_MIN_M, 4096, 4096, "cuda", gen, data_layout="default")
+    first = api.DENSE_MIN_M_SIXTEEN_WARPS if plans._has_wgmma(torch.device("cuda")) else api.DENSE_MIN_M
+    run_and_check(pair, first - 1, 4096, 4096, "cuda", gen, data_layout="default")
+    assert calls == []
+    run_and_check(pair, first, 4096, 4096, "cuda", gen, data_layout="default")
     assert calls == [(0, 4096)]
 
 
