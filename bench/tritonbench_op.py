@@ -100,7 +100,8 @@ class Operator(BenchmarkOperator):
     @register_benchmark()
     def blockscaled_dense(self, pair_name, x, w):
         """The weights decoded to bf16, then cuBLAS (`backend="dense"`): the fallback any user could write, at every
-        M; the default takes it from M = 512 (`api.DENSE_MIN_M`). Weights for the device as `blockscaled`'s."""
+        M; the default takes it from M = 512 (`api._dense_runs`: from 1024 where the 16-warp mma tile fits one wave).
+        Weights for the device as `blockscaled`'s."""
         a, b = self._operands(pair_name, x, w)
         b = ours_weights("blockscaled", b)
         if b.data_layout != "mma_m16k16":  # the plan decodes that layout; elsewhere it is not a choice

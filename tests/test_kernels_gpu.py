@@ -524,9 +524,9 @@ def test_dense_plan(pair, out_dtype, gen):
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
-    """From DENSE_MIN_M rows (DENSE_MIN_M_SIXTEEN_WARPS with wgmma at N % 256 == 0) the default call takes the dense
-    plan (one weight decode launch, no mma kernel); a row fewer, none."""
-    from blockscaled.kernels import api, dense, plans
+    """From the first row count `api._dense_runs` gives the dense plan (DENSE_MIN_M, or where the 16-warp tile fits one
+    wave past it) the default call takes it (one weight decode launch, no mma kernel); a row fewer, none."""
+    from blockscaled.kernels import api, dense
 
     decode, calls = dense.decode_weights, []
 
@@ -535,7 +535,8 @@ def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
         return decode(b, r0, rows, *rest)
 
     monkeypatch.setattr(dense, "decode_weights", counted)
-    first = api.DENSE_MIN_M_SIXTEEN_WARPS if plans._has_wgmma(torch.device("cuda")) else api.DENSE_MIN_M
+    first = next(m for m in range(api.DENSE_MIN_M, api.DENSE_MIN_M_SIXTEEN_WARPS + 1)  # (its rule: tests/test_mma_layout.py)
+                 if api._dense_runs(f"{pair[0]}x{pair[1]}", m, 4096, torch.device("cuda")))
     run_and_check(pair, first - 1, 4096, 4096, "cuda", gen, data_layout="default")
     assert calls == []
     run_and_check(pair, first, 4096, 4096, "cuda", gen, data_layout="default")

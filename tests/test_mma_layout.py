@@ -786,10 +786,10 @@ def test_tile_m_options(monkeypatch):
     assert plan.consts[-4] == 128 and plans.MMA_M64_TILE_128_PROGRAMS_PER_SM == 2 and plan.split == 8
     plan = plans._mma_plan(x, b, False, 128, 10240, 8192, plans._mma_options({"tile_m": 64}, 128, 10240, False))
     assert plan.split == plans._mma_split(128, 160, plans.MMA_M64_MAX_SPLIT, plans.MMA_M64_PROGRAMS_PER_SM[True, False], None)
-    # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs)
+    # above M = 128 no split from half a wave of programs (bf16 activations: 3 resident per SM, 396 on 132 SMs; 8 warps)
     for m, n, split in ((192, 8192, 2), (192, 10240, 1), (256, 8192, 1), (1024, 8192, 1), (1024, 10240, 1)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
-        plan = plans._mma_plan(x, b, False, m, n, 8192, plans._mma_options({}, m, n, False))
+        plan = plans._mma_plan(x, b, False, m, n, 8192, plans._mma_options({"warps": 8}, m, n, False))
         assert (plan.consts[-4], plan.split) == (64, split), (m, n)
     plan = plans._mma_plan(x, b, False, 1024, 10240, 8192, plans._mma_options({"max_split": 4}, 1024, 10240, False))
     assert plan.split == 4  # a config's max_split: the largest
@@ -843,17 +843,20 @@ def test_sixteen_warps_options(monkeypatch):
 
 
 def test_dense_plan_rows(monkeypatch):
-    """The default call's dense plan: from DENSE_MIN_M rows, or DENSE_MIN_M_SIXTEEN_WARPS where the 16-warp tile runs
-    (wgmma and N % 256 == 0)."""
+    """The default call's dense plan from DENSE_MIN_M rows, except below DENSE_MIN_M_SIXTEEN_WARPS where the 16-warp
+    tile runs (wgmma, N % 256 == 0) in one wave of programs (N / 256 x M / 128, one an SM; 132 SMs here)."""
     from blockscaled.kernels import api
 
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     device = torch.device("cuda")
-    for wgmma in (True, False):
+    assert (api.DENSE_MIN_M, plans.MMA_M64_WARPS_16_MIN_M, api.DENSE_MIN_M_SIXTEEN_WARPS) == (512, 512, 1024)
+    for wgmma, m, n, dense in ((True, 511, 8192, False), (True, 512, 8192, False),  # 128 programs
+                               (True, 513, 8192, True), (True, 768, 8192, True),  # 160, 192
+                               (True, 1023, 4096, False), (True, 1024, 4096, True),  # 128, past the rows
+                               (True, 512, 10240, True), (True, 512, 8192 + 128, True), (False, 512, 8192, True),
+                               (False, 511, 8192, False)):
         monkeypatch.setattr(plans, "_has_wgmma", lambda device: wgmma)
-        first = api.DENSE_MIN_M_SIXTEEN_WARPS if wgmma else api.DENSE_MIN_M
-        assert [api._dense_runs("bf16xmxfp4", m, 8192, device) for m in (first - 1, first)] == [False, True]
-        assert [api._dense_runs("bf16xmxfp4", m, 8192 + 128, device) for m in (api.DENSE_MIN_M - 1, api.DENSE_MIN_M)] == [False, True]
-    assert api.DENSE_MIN_M <= plans.MMA_M64_WARPS_16_MIN_M < api.DENSE_MIN_M_SIXTEEN_WARPS
+        assert api._dense_runs("bf16xmxfp4", m, n, device) == dense, (wgmma, m, n)
 
 
 def test_cluster_options(monkeypatch):

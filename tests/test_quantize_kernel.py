@@ -205,16 +205,18 @@ def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen)
 
 
 @cuda
+@pytest.mark.parametrize("hw", [True, False], ids=["hardware", "integer"])
 @pytest.mark.parametrize("rounding", ["floor", "rceil"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(rounding, dtype, gen, monkeypatch):
-    """mxfp8 with `QUANTIZE_HW_E4M3` (the hardware's cvt.rn.satfinite.e4m3x2, two elements an instruction, byte order
-    and NaN's code made by the kernel): codes, scales and decoded rows the reference's on the hostile rows, and every
-    bf16 pattern once as a row (past 448, Inf, NaN of both signs, subnormals)."""
+def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, monkeypatch):
+    """mxfp8 both ways on the GPU: with `QUANTIZE_HW_E4M3` (the default; the hardware's cvt.rn.satfinite.e4m3x2, two
+    elements an instruction, byte order and NaN's code made by the kernel) and with the integer rounding the
+    interpreter runs: codes, scales and decoded rows the reference's on the hostile rows, and every bf16 pattern once
+    as a row (past 448, Inf, NaN of both signs, subnormals)."""
     from blockscaled.kernels import quantize as kq
 
-    monkeypatch.setattr(kq, "QUANTIZE_HW_E4M3", True)
-    assert kq._hw_e4m3(torch.empty(1, device="cuda"), bs.get_format("mxfp8"))
+    monkeypatch.setattr(kq, "QUANTIZE_HW_E4M3", hw)
+    assert kq._hw_e4m3(torch.empty(1, device="cuda"), bs.get_format("mxfp8")) == hw
     every_bf16 = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).reshape(2048, 32)
     for x in (_hostile(1000, 4096, gen).to(dtype), every_bf16.to(dtype)):
         q = bs.quantize(x.cuda(), "mxfp8", scale_rounding=rounding, layout="swizzle_32_4_4")
