@@ -12,7 +12,7 @@ from blockscaled.formats import BlockFormat
 from blockscaled.layouts import pad_to, to_layout
 from blockscaled.qtensor import QTensor
 
-from . import configs, plans, scratch, tuned
+from . import configs, cute_mm, plans, scratch, tuned
 from .decode import operand_codes
 from .launch import DirectLaunch
 from .plans import (MMA_PAIRS, MmaOptions, MmaPlan, Predecode, _aligned, _mma_cluster_size, _mma_pdl,
@@ -144,8 +144,10 @@ def scaled_mm(
     prepare it. Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
     `out` (optional) receives the result. `config`: for the mma kernels a dict of plan keys
     (`_mma_options` lists them and refuses any other), else a Helion config. `backend` ("mma",
-    "dense", "dequant", "dot_scaled", "dot_scaled_cdna4") overrides the choice by device and layout; "dense" (weights
-    decoded to bf16, then cuBLAS; the default from DENSE_MIN_M rows on) takes a config dict of `dense.PLAN_KEYS`.
+    "dense", "dequant", "dot_scaled", "dot_scaled_cdna4", "cute") overrides the choice by device and layout; "dense"
+    (weights decoded to bf16, then cuBLAS; the default from DENSE_MIN_M rows on) takes a config dict of
+    `dense.PLAN_KEYS`; "cute" (nvfp4 x nvfp4 on sm_100 through Helion's CuTe backend, `kernels/cute_mm.py`; needs
+    `helion[cute]`; not run on a GPU yet) takes no config.
     Calls may overlap (threads, streams, CUDA graphs): no call shares mutable memory with
     another that can run at the same time (`kernels/scratch.py`).
 
@@ -167,6 +169,12 @@ def scaled_mm(
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
+    if backend is None and pair == "nvfp4xnvfp4" and cute_mm.cute_default(device):
+        backend = "cute"
+    if backend == "cute":
+        if config is not None:
+            raise ValueError(f"config: backend 'cute' takes none (its plan is `cute_mm.CUTE_CONFIG`), got {config!r}")
+        return cute_mm.cute_scaled_mm(a, b, out_dtype, bias, out)
     if b.data_layout == "mma_m16k16":
         if backend == "dense" or (backend is None and _mma_runs(pair, a, device) and _dense_runs(pair, m, n, device)):
             if pair not in MMA_PAIRS or not _mma_activation(a):
@@ -231,7 +239,7 @@ def scaled_mm(
 
 
 _LAUNCHES: dict[tuple, object] = {}
-BACKENDS = ("dequant", "mma", "dense", "dot_scaled", "dot_scaled_cdna4")
+BACKENDS = ("dequant", "mma", "dense", "dot_scaled", "dot_scaled_cdna4", "cute")
 
 
 def weight_data_layout(device: torch.device | str) -> str:

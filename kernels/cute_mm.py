@@ -1,0 +1,139 @@
+"""nvfp4 x nvfp4 on Helion's CuTe backend: Blackwell's block-scaled MMA (tcgen05 with E4M3 scale factors).
+
+| operand   | stored as (QTensor)                   | the kernel reads                  | dtype            |
+|-----------|---------------------------------------|-----------------------------------|------------------|
+| a         | data [M, K / 2], k_order              | [M, K / 16, 8] (a view)           | float4_e2m1fn_x2 |
+| a scales  | rowmajor or swizzle_32_4_4, [M, K/16] | flat, indexed by `_scale_index`   | float8_e4m3fn    |
+| b (N x K) | data [N, K / 2], k_order              | [K / 16, 8, N] (a permuted view)  | float4_e2m1fn_x2 |
+| b scales  | rowmajor or swizzle_32_4_4, [N, K/16] | flat, indexed by `_scale_index`   | float8_e4m3fn    |
+| out       | [M, N] fp32 from the kernel           | x both global scales, + bias, cast to out_dtype after |
+
+Each byte holds two E2M1 codes, even K in the low nibble (`hl.float4_e2m1fn_x2_to_float32` returns (low, high)).
+Helion 1.5.0 proves the contraction below block-scaled (8 byte pairs a 16-element group, one E4M3 scale a side and
+group; `_compiler/cute/scaled_contraction.py`) and on sm_100 with `cute_scaled_mma` lowers it to its
+`block_scaled_mma` plan: a prepare kernel gathers both operands and their scales through the proven addresses into a
+per-call workspace, then a persistent tcgen05 kernel runs 128 x tile_n x tile_k tiles. The global scales stay out of
+the kernel: the plan's epilogue takes a Python float (a host read of a device scalar every call), so they multiply
+the fp32 output instead.
+
+Not run on a GPU: we have no Blackwell, and the device image lacks the CuTe DSL. `tests/test_cute_mm.py` generates
+the sm_100 code on a CPU and evaluates the plan's addresses against the fp64 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+import helion
+import helion.language as hl
+
+from blockscaled.qtensor import QTensor
+
+# Helion's native tile (its third seed, `autotuner_heuristics/cute_block_scaled.py`): 128 x 256 x 256, clusters of
+# 2 CTAs along M, persistent, 4 stages (5 with the fp32 output tile: 235,520 bytes of shared memory, over 232,448).
+# Not tuned: nothing here has run on sm_100.
+CUTE_CONFIG = dict(cute_scaled_mma=True, cute_collective_mma=False, cute_scaled_tile_n=256, cute_scaled_tile_k=256,
+                   cute_scaled_stages=4, cute_scaled_cluster_m=2, cute_scaled_persistent=True)
+CUTE_TILE = [128, 128, 16]  # the source tiles (M, N, K groups): the native plan sets its own
+
+
+def _scale_index(r, c, cols, swizzled):
+    """Flat offset of scale (r, c) of [rows, cols]: rowmajor, or SWIZZLE_32_4_4 (`layouts.swizzle_32_4_4_offset`)
+    written with // and %, since Helion's scale-address proof declines the >> and & form."""
+    if swizzled:
+        tiles = (cols + 3) // 4
+        return ((r // 128) * tiles + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    return r * cols + c
+
+
+def _nvfp4_body(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
+                A_SWIZZLED: hl.constexpr, B_SWIZZLED: hl.constexpr) -> torch.Tensor:
+    m, groups, _ = a.shape
+    n = b.size(2)
+    for row, col in hl.tile([m, n]):
+        acc = hl.zeros([row, col], dtype=torch.float32)
+        for group in hl.tile(groups):
+            left = a_scale[_scale_index(row.index[:, None], group.index[None, :], groups, A_SWIZZLED)].to(torch.float32)
+            right = b_scale[_scale_index(col.index[None, :], group.index[:, None], groups, B_SWIZZLED)].to(torch.float32)
+            for byte in hl.static_range(8):
+                a0, a1 = hl.float4_e2m1fn_x2_to_float32(a[row, group, byte])
+                b0, b1 = hl.float4_e2m1fn_x2_to_float32(b[group, byte, col])
+                acc = acc + ((a0.unsqueeze(2) * b0.unsqueeze(0) + a1.unsqueeze(2) * b1.unsqueeze(0))
+                             * left.unsqueeze(2) * right.unsqueeze(0)).sum(1)
+        out[row, col] = acc
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def nvfp4_kernel() -> helion.Kernel:
+    """The CuTe-backend kernel (made on first use: `helion.kernel(backend="cute")` checks nothing until bound)."""
+    return helion.kernel(_nvfp4_body, backend="cute", static_shapes=True,
+                         config=helion.Config(block_sizes=CUTE_TILE, **CUTE_CONFIG))
+
+
+# scaled_mm's default for nvfp4 x nvfp4 on sm_100 where the CuTe extra is installed: off until the kernel has run on
+# a Blackwell GPU against the reference (`hl.dot_scaled` on the Triton backend meanwhile). Set True to take it.
+CUTE_DEFAULT_ON_SM100 = False
+
+
+def cute_default(device: torch.device) -> bool:
+    """Whether `scaled_mm` takes this backend without being asked: CUTE_DEFAULT_ON_SM100 on an NVIDIA sm_100 GPU with
+    Helion's CuTe backend installed."""
+    return (CUTE_DEFAULT_ON_SM100 and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] == 10 and cute_unavailable() is None)
+
+
+def cute_unavailable() -> str | None:
+    """Why Helion's CuTe backend cannot run here (None: it can): the optional extra `helion[cute]`
+    (nvidia-cutlass-dsl 4.7.0 for CUDA 13, apache-tvm-ffi) and a torch built with CUDA >= 13."""
+    from helion._compiler.cute.cutedsl_compat import _cute_backend_requirement_error
+
+    return _cute_backend_requirement_error()
+
+
+def arguments(a: QTensor, b: QTensor, acc: torch.Tensor) -> tuple:
+    """The kernel's arguments: views of a and b (see the table above, no copies), the fp32 output, whether each
+    operand's scales are swizzled."""
+    m, k = a.shape
+    n = b.shape[0]
+    groups = k // 16
+    a_data = a.data.view(torch.float4_e2m1fn_x2).view(m, groups, 8)
+    b_data = b.data.view(torch.float4_e2m1fn_x2).view(n, groups, 8).permute(1, 2, 0)
+    return (a_data, a.scale.reshape(-1), b_data, b.scale.reshape(-1), acc, a.layout == "swizzle_32_4_4",
+            b.layout == "swizzle_32_4_4")
+
+
+def check_operands(a, b) -> None:
+    """What the CuTe plan reads: nvfp4 QTensors, k_order data, rowmajor or swizzle_32_4_4 scales, K % 64 == 0."""
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, QTensor) or x.fmt.name != "nvfp4" or x.data_layout != "k_order" or (
+                x.layout not in ("rowmajor", "swizzle_32_4_4")):
+            got = (f"{x.fmt.name} with {x.data_layout} data and {x.layout} scales" if isinstance(x, QTensor)
+                   else type(x).__name__)
+            raise ValueError(f"{name}: backend 'cute' takes nvfp4 QTensors with k_order data and rowmajor or "
+                             f"swizzle_32_4_4 scales, got {got}")
+    if a.shape[1] % 64:
+        raise ValueError(f"a: backend 'cute' takes K % 64 == 0 (whole 64-element tcgen05 K steps), got K = {a.shape[1]}")
+
+
+def cute_scaled_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, bias, out: torch.Tensor) -> torch.Tensor:
+    """a @ b.T through `nvfp4_kernel` into `out` (checked by the caller), then the global scales and bias."""
+    check_operands(a, b)
+    device = b.device
+    if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] != 10:
+        where = (f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}" if device.type == "cuda"
+                 and torch.version.hip is None else str(device))
+        raise ValueError(f"backend: 'cute' runs on NVIDIA sm_100 (Blackwell: tcgen05's block-scaled MMA), got {where}")
+    reason = cute_unavailable()
+    if reason is not None:
+        raise RuntimeError(f"backend: 'cute' needs Helion's CuTe backend (pip install 'helion[cute]'): {reason}")
+    acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    nvfp4_kernel()(*arguments(a, b, acc))
+    for g in (a.global_scale, b.global_scale):
+        if g is not None:
+            acc.mul_(g)
+    if bias is not None:
+        acc.add_(bias.to(torch.float32))
+    return out.copy_(acc)

@@ -1,0 +1,165 @@
+"""The CuTe backend's nvfp4 x nvfp4 kernel (`kernels/cute_mm.py`) without a Blackwell GPU.
+
+Helion generates its sm_100 code on this CPU (the target's capability, SM count and CUDA version stood in, as
+Helion's own CuTe tests do). The `block_scaled_mma` plan it emits lists the byte and scale addresses its prepare
+kernel gathers into the tcgen05 workspace; evaluating them over our tensors and multiplying what they select must
+give the fp64 reference. Needs the CuTe DSL (`helion[cute]`, pinned in requirements/ci.txt); no GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from unittest.mock import patch
+
+import pytest
+import torch
+
+import helion
+
+import blockscaled as bs
+from blockscaled.kernels import api, cute_mm
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
+from blockscaled.reference.codecs import decode_e2m1, decode_e4m3
+
+
+@contextlib.contextmanager
+def sm100():
+    """Code generation for an sm_100 GPU with 148 SMs and CUDA 13 on this machine."""
+    with contextlib.ExitStack() as stack:
+        for name, value in (("helion.runtime.kernel.target_device_capability", (10, 0)),
+                            ("helion._compiler.compile_environment.target_device_capability", (10, 0)),
+                            ("helion.runtime.get_num_sm", 148), ("helion._compat._is_hip", False)):
+            stack.enter_context(patch(name, return_value=value))
+        stack.enter_context(patch.object(torch.version, "cuda", "13.0"))
+        yield
+
+
+def generated(a, b, m, n, swizzled=None):
+    """(source, plan) of the kernel bound to a, b and an [m, n] fp32 output, generated for sm_100; `swizzled`
+    overrides both scale-layout flags."""
+    args = cute_mm.arguments(a, b, torch.empty(m, n))
+    if swizzled is not None:
+        args = (*args[:5], swizzled, swizzled)
+    with sm100():
+        bound = cute_mm.nvfp4_kernel()._bind_isolated(args)
+        source = bound.to_code(helion.Config(block_sizes=cute_mm.CUTE_TILE, **cute_mm.CUTE_CONFIG))
+    plans = [ast.literal_eval(node.value) for node in ast.parse(source).body if isinstance(node, ast.Assign)
+             and any(getattr(t, "attr", None) == "_helion_cute_wrapper_plans" for t in node.targets)]
+    assert len(plans) == 1 and len(plans[0]) == 1, "one wrapper plan"
+    return source, plans[0][0]
+
+
+class _Cutlass:
+    """The names the plan's address expressions use, as plain integer arithmetic on torch tensors."""
+
+    Int32 = Int64 = staticmethod(lambda x: x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.int64))
+
+
+def _at(expr: str, rows: int, groups: int) -> torch.Tensor:
+    """An address expression of (row, group) over every row and group: int64 [rows, groups]."""
+    coords = {"row": torch.arange(rows)[:, None], "group": torch.arange(groups)[None, :], "cutlass": _Cutlass}
+    return torch.broadcast_to(eval(expr, coords), (rows, groups))  # the plan's own strings, from Helion
+
+
+def _side(plan, side: str, x, rows: int, groups: int) -> torch.Tensor:
+    """What the prepare kernel gathers for one operand through the plan's addresses, decoded: fp64 [rows, K] of
+    element x block scale."""
+    data = x.data.view(torch.uint8).reshape(-1)
+    assert plan[f"{side}_span"] <= data.numel()
+    scales = decode_e4m3(x.scale.view(torch.uint8).reshape(-1)[_at(plan[f"{side}_scale_address"], rows, groups)])
+    out = torch.empty(rows, groups, 8, 2, dtype=torch.float64)
+    for i, expr in enumerate(plan[f"{side}_byte_addresses"]):
+        byte = data[_at(expr, rows, groups)]
+        out[:, :, i, 0] = decode_e2m1(byte & 15).double()  # even K: the low nibble
+        out[:, :, i, 1] = decode_e2m1(byte >> 4).double()
+    return (out * scales.double()[:, :, None, None]).reshape(rows, groups * 16)
+
+
+def plan_product(plan, a, b) -> torch.Tensor:
+    """The fp64 product the plan's gathered operands make, times both global scales (applied after the kernel)."""
+    m, k = a.shape
+    n = b.shape[0]
+    prod = _side(plan, "lhs", a, m, k // 16) @ _side(plan, "rhs", b, n, k // 16).T
+    return prod * a.global_scale.double() * b.global_scale.double()
+
+
+def _operands(m, n, k, layout, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.logspace(-3, 3, k // 16).repeat_interleave(16)  # scales that matter
+    w = torch.randn(n, k, generator=g)
+    return bs.quantize(x, "nvfp4", layout=layout), bs.quantize(w, "nvfp4", layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["swizzle_32_4_4", "rowmajor"])
+@pytest.mark.parametrize("m,n,k", [(37, 72, 256), (128, 256, 1024), (200, 136, 576)])
+def test_sm100_plan_is_block_scaled_and_computes_the_reference(layout, m, n, k):
+    """For sm_100 Helion takes the native path (one `block_scaled_mma` plan, the device function an empty body: no
+    per-element decode left), with our M, N, K and the tile of CUTE_CONFIG; the plan's gathered operands multiply to
+    the fp64 reference."""
+    a, b = _operands(m, n, k, layout)
+    source, plan = generated(a, b, m, n)
+    assert plan["kind"] == "block_scaled_mma"
+    assert (plan["m"], plan["n"], plan["k"]) == (m, n, k)
+    assert (plan["bn"], plan["bk"], plan["stages"], plan["cluster_m"]) == (256, 256, 4, 2)
+    kernels = [f for f in ast.parse(source).body if isinstance(f, ast.FunctionDef) and any(
+        ast.unparse(d) == "cute.kernel" for d in f.decorator_list)]
+    assert len(kernels) == 1 and all(isinstance(s, ast.Pass) for s in kernels[0].body)
+    assert max_rel_err(plan_product(plan, a, b), ref_scaled_mm(a, b)) < 1e-12
+
+
+def test_the_plan_follows_the_scale_layout():
+    """The emulation can fail: swizzled scales read as rowmajor (the wrong flag) give another product."""
+    a, b = _operands(200, 136, 576, "swizzle_32_4_4")
+    _, plan = generated(a, b, 200, 136, swizzled=False)
+    assert plan["kind"] == "block_scaled_mma"
+    assert max_rel_err(plan_product(plan, a, b), ref_scaled_mm(a, b)) > 1e-2
+
+
+def test_the_fp32_tile_takes_four_stages():
+    """With five stages the fp32 output tile leaves no room (235,520 bytes of shared memory): Helion declines."""
+    a, b = _operands(37, 72, 256, "swizzle_32_4_4")
+    with sm100():
+        bound = cute_mm.nvfp4_kernel()._bind_isolated(cute_mm.arguments(a, b, torch.empty(37, 72)))
+        with pytest.raises(helion.exc.BackendUnsupported, match="block-scaled contraction proof declined"):
+            bound.to_code(helion.Config(block_sizes=cute_mm.CUTE_TILE, **{**cute_mm.CUTE_CONFIG, "cute_scaled_stages": 5}))
+
+
+def test_backend_cute_refuses_what_it_cannot_run():
+    """Other formats and layouts, K % 64 != 0, a config, a device that is not sm_100: each named."""
+    a, b = _operands(4, 8, 256, "swizzle_32_4_4")
+    cases = [((bs.quantize(torch.randn(4, 256), "mxfp8"), bs.quantize(torch.randn(8, 256), "mxfp4")),
+              {}, "a: backend 'cute' takes nvfp4 QTensors"),
+             ((a, b.with_data_layout("mma_m16k16")), {}, "b: backend 'cute' takes nvfp4 QTensors with k_order data"),
+             ((torch.randn(4, 256, dtype=torch.bfloat16), b), {}, "a: backend 'cute' takes nvfp4 QTensors"),
+             (_operands(4, 8, 96, "rowmajor"), {}, "K % 64 == 0"),
+             ((a, b), {"config": {"stages": 4}}, "config: backend 'cute' takes none"),
+             ((a, b), {}, "backend: 'cute' runs on NVIDIA sm_100")]
+    for (x, w), kw, message in cases:
+        with pytest.raises(ValueError, match=message):
+            bs.scaled_mm(x, w, backend="cute", **kw)
+
+
+def test_default_choice_by_capability(monkeypatch):
+    """scaled_mm takes the CuTe backend by itself only with CUTE_DEFAULT_ON_SM100, on sm_100, with the extra."""
+    device = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    for default, capability, reason, expected in ((True, (10, 0), None, True), (False, (10, 0), None, False),
+                                                  (True, (9, 0), None, False), (True, (12, 0), None, False),
+                                                  (True, (10, 0), "no CuTe DSL", False)):
+        monkeypatch.setattr(cute_mm, "CUTE_DEFAULT_ON_SM100", default)
+        monkeypatch.setattr(cute_mm, "cute_unavailable", lambda: reason)
+        assert cute_mm.cute_default(device) is expected, (default, capability, reason)
+    assert "cute" in api.BACKENDS
+
+
+def test_missing_extra_is_named(monkeypatch):
+    """On sm_100 without the CuTe DSL: a RuntimeError naming the extra, before anything launches."""
+    a, b = _operands(4, 8, 256, "swizzle_32_4_4")
+    monkeypatch.setattr(cute_mm, "cute_unavailable", lambda: "the CuTe DSL is not importable")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    fake = torch.device("cuda", 0)
+    monkeypatch.setattr(type(b), "device", property(lambda self: fake))
+    with pytest.raises(RuntimeError, match=r"pip install 'helion\[cute\]'\): the CuTe DSL is not importable"):
+        cute_mm.cute_scaled_mm(a, b, torch.bfloat16, None, torch.empty(4, 8))
