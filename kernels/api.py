@@ -174,7 +174,7 @@ def scaled_mm(
     if backend == "cute":
         if config is not None:
             raise ValueError(f"config: backend 'cute' takes none (its plan is `cute_mm.CUTE_CONFIG`), got {config!r}")
-        return cute_mm.cute_scaled_mm(a, b, out_dtype, bias, out)
+        return cute_mm.cute_scaled_mm(a, b, bias, out)
     if b.data_layout == "mma_m16k16":
         if backend == "dense" or (backend is None and _mma_runs(pair, a, device) and _dense_runs(pair, m, n, device)):
             if pair not in MMA_PAIRS or not _mma_activation(a):

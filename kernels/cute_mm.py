@@ -37,6 +37,9 @@ from blockscaled.qtensor import QTensor
 CUTE_CONFIG = dict(cute_scaled_mma=True, cute_collective_mma=False, cute_scaled_tile_n=256, cute_scaled_tile_k=256,
                    cute_scaled_stages=4, cute_scaled_cluster_m=2, cute_scaled_persistent=True)
 CUTE_TILE = [128, 128, 16]  # the source tiles (M, N, K groups): the native plan sets its own
+# Elsewhere (Hopper: no tcgen05) Helion lowers the same source to per-lane CuTe code: slow, and not a product path;
+# `tests/test_cute_mm_gpu.py` runs it there so the backend's code path executes on a real GPU.
+LANE_CONFIG = dict(block_sizes=[16, 16, 4], num_warps=4)
 
 
 def _scale_index(r, c, cols, swizzled):
@@ -67,10 +70,11 @@ def _nvfp4_body(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale
 
 
 @functools.lru_cache(maxsize=None)
-def nvfp4_kernel() -> helion.Kernel:
-    """The CuTe-backend kernel (made on first use: `helion.kernel(backend="cute")` checks nothing until bound)."""
-    return helion.kernel(_nvfp4_body, backend="cute", static_shapes=True,
-                         config=helion.Config(block_sizes=CUTE_TILE, **CUTE_CONFIG))
+def nvfp4_kernel(native: bool = True) -> helion.Kernel:
+    """The CuTe-backend kernel with the native block-scaled plan (sm_100), or per-lane code (`LANE_CONFIG`); made on
+    first use."""
+    config = helion.Config(block_sizes=CUTE_TILE, **CUTE_CONFIG) if native else helion.Config(**LANE_CONFIG)
+    return helion.kernel(_nvfp4_body, backend="cute", static_shapes=True, config=config)
 
 
 # scaled_mm's default for nvfp4 x nvfp4 on sm_100 where the CuTe extra is installed: off until the kernel has run on
@@ -106,7 +110,8 @@ def arguments(a: QTensor, b: QTensor, acc: torch.Tensor) -> tuple:
 
 
 def check_operands(a, b) -> None:
-    """What the CuTe plan reads: nvfp4 QTensors, k_order data, rowmajor or swizzle_32_4_4 scales, K % 64 == 0."""
+    """What the CuTe plan reads: nvfp4 QTensors, k_order data, rowmajor or swizzle_32_4_4 scales (any K: the plan pads
+    its workspace to whole K tiles)."""
     for name, x in (("a", a), ("b", b)):
         if not isinstance(x, QTensor) or x.fmt.name != "nvfp4" or x.data_layout != "k_order" or (
                 x.layout not in ("rowmajor", "swizzle_32_4_4")):
@@ -114,11 +119,9 @@ def check_operands(a, b) -> None:
                    else type(x).__name__)
             raise ValueError(f"{name}: backend 'cute' takes nvfp4 QTensors with k_order data and rowmajor or "
                              f"swizzle_32_4_4 scales, got {got}")
-    if a.shape[1] % 64:
-        raise ValueError(f"a: backend 'cute' takes K % 64 == 0 (whole 64-element tcgen05 K steps), got K = {a.shape[1]}")
 
 
-def cute_scaled_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, bias, out: torch.Tensor) -> torch.Tensor:
+def cute_scaled_mm(a: QTensor, b: QTensor, bias, out: torch.Tensor) -> torch.Tensor:
     """a @ b.T through `nvfp4_kernel` into `out` (checked by the caller), then the global scales and bias."""
     check_operands(a, b)
     device = b.device
@@ -129,8 +132,13 @@ def cute_scaled_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, bias, out: to
     reason = cute_unavailable()
     if reason is not None:
         raise RuntimeError(f"backend: 'cute' needs Helion's CuTe backend (pip install 'helion[cute]'): {reason}")
+    return run(a, b, bias, out, native=True)
+
+
+def run(a: QTensor, b: QTensor, bias, out: torch.Tensor, native: bool) -> torch.Tensor:
+    """`nvfp4_kernel(native)` into an fp32 tile, then the global scales and bias, into `out`."""
     acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    nvfp4_kernel()(*arguments(a, b, acc))
+    nvfp4_kernel(native)(*arguments(a, b, acc))
     for g in (a.global_scale, b.global_scale):
         if g is not None:
             acc.mul_(g)

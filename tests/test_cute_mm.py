@@ -17,19 +17,21 @@ import torch
 
 import helion
 
-import blockscaled as bs
-from blockscaled.kernels import api, cute_mm
-from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
-from blockscaled.reference.codecs import decode_e2m1, decode_e4m3
+pytest.importorskip("cutlass.cute", reason="the CuTe DSL (helion[cute]) is not installed: requirements/ci.txt pins it")
+
+import blockscaled as bs  # noqa: E402
+from blockscaled.kernels import api, cute_mm  # noqa: E402
+from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
+from blockscaled.reference.codecs import decode_e2m1, decode_e4m3  # noqa: E402
 
 
 @contextlib.contextmanager
-def sm100():
-    """Code generation for an sm_100 GPU with 148 SMs and CUDA 13 on this machine."""
+def target(capability=(10, 0), sms=148):
+    """Code generation for a GPU of `capability` and `sms` SMs, with CUDA 13, on this machine."""
     with contextlib.ExitStack() as stack:
-        for name, value in (("helion.runtime.kernel.target_device_capability", (10, 0)),
-                            ("helion._compiler.compile_environment.target_device_capability", (10, 0)),
-                            ("helion.runtime.get_num_sm", 148), ("helion._compat._is_hip", False)):
+        for name, value in (("helion.runtime.kernel.target_device_capability", capability),
+                            ("helion._compiler.compile_environment.target_device_capability", capability),
+                            ("helion.runtime.get_num_sm", sms), ("helion._compat._is_hip", False)):
             stack.enter_context(patch(name, return_value=value))
         stack.enter_context(patch.object(torch.version, "cuda", "13.0"))
         yield
@@ -41,7 +43,7 @@ def generated(a, b, m, n, swizzled=None):
     args = cute_mm.arguments(a, b, torch.empty(m, n))
     if swizzled is not None:
         args = (*args[:5], swizzled, swizzled)
-    with sm100():
+    with target():
         bound = cute_mm.nvfp4_kernel()._bind_isolated(args)
         source = bound.to_code(helion.Config(block_sizes=cute_mm.CUTE_TILE, **cute_mm.CUTE_CONFIG))
     plans = [ast.literal_eval(node.value) for node in ast.parse(source).body if isinstance(node, ast.Assign)
@@ -92,7 +94,7 @@ def _operands(m, n, k, layout, seed=0):
 
 
 @pytest.mark.parametrize("layout", ["swizzle_32_4_4", "rowmajor"])
-@pytest.mark.parametrize("m,n,k", [(37, 72, 256), (128, 256, 1024), (200, 136, 576)])
+@pytest.mark.parametrize("m,n,k", [(37, 72, 256), (128, 256, 1024), (200, 136, 576), (5, 300, 80)])
 def test_sm100_plan_is_block_scaled_and_computes_the_reference(layout, m, n, k):
     """For sm_100 Helion takes the native path (one `block_scaled_mma` plan, the device function an empty body: no
     per-element decode left), with our M, N, K and the tile of CUTE_CONFIG; the plan's gathered operands multiply to
@@ -119,20 +121,32 @@ def test_the_plan_follows_the_scale_layout():
 def test_the_fp32_tile_takes_four_stages():
     """With five stages the fp32 output tile leaves no room (235,520 bytes of shared memory): Helion declines."""
     a, b = _operands(37, 72, 256, "swizzle_32_4_4")
-    with sm100():
+    with target():
         bound = cute_mm.nvfp4_kernel()._bind_isolated(cute_mm.arguments(a, b, torch.empty(37, 72)))
         with pytest.raises(helion.exc.BackendUnsupported, match="block-scaled contraction proof declined"):
             bound.to_code(helion.Config(block_sizes=cute_mm.CUTE_TILE, **{**cute_mm.CUTE_CONFIG, "cute_scaled_stages": 5}))
 
 
+def test_hopper_takes_lanes_not_the_native_plan():
+    """For sm_90 the native plan is refused naming SM100, and the lane config generates per-element CuTe code (what
+    `tests/test_cute_mm_gpu.py` runs on an H100 / H200)."""
+    a, b = _operands(37, 72, 256, "swizzle_32_4_4")
+    args = cute_mm.arguments(a, b, torch.empty(37, 72))
+    with target((9, 0), 132):
+        bound = cute_mm.nvfp4_kernel()._bind_isolated(args)
+        with pytest.raises(helion.exc.InvalidConfig, match="SM100"):
+            bound.to_code(helion.Config(block_sizes=cute_mm.CUTE_TILE, **cute_mm.CUTE_CONFIG))
+        source = cute_mm.nvfp4_kernel(native=False)._bind_isolated(args).to_code(helion.Config(**cute_mm.LANE_CONFIG))
+    assert "block_scaled_mma" not in source and "cute.arch.load" in source
+
+
 def test_backend_cute_refuses_what_it_cannot_run():
-    """Other formats and layouts, K % 64 != 0, a config, a device that is not sm_100: each named."""
+    """Other formats and layouts, a config, a device that is not sm_100: each named."""
     a, b = _operands(4, 8, 256, "swizzle_32_4_4")
     cases = [((bs.quantize(torch.randn(4, 256), "mxfp8"), bs.quantize(torch.randn(8, 256), "mxfp4")),
               {}, "a: backend 'cute' takes nvfp4 QTensors"),
              ((a, b.with_data_layout("mma_m16k16")), {}, "b: backend 'cute' takes nvfp4 QTensors with k_order data"),
              ((torch.randn(4, 256, dtype=torch.bfloat16), b), {}, "a: backend 'cute' takes nvfp4 QTensors"),
-             (_operands(4, 8, 96, "rowmajor"), {}, "K % 64 == 0"),
              ((a, b), {"config": {"stages": 4}}, "config: backend 'cute' takes none"),
              ((a, b), {}, "backend: 'cute' runs on NVIDIA sm_100")]
     for (x, w), kw, message in cases:
@@ -162,4 +176,4 @@ def test_missing_extra_is_named(monkeypatch):
     fake = torch.device("cuda", 0)
     monkeypatch.setattr(type(b), "device", property(lambda self: fake))
     with pytest.raises(RuntimeError, match=r"pip install 'helion\[cute\]'\): the CuTe DSL is not importable"):
-        cute_mm.cute_scaled_mm(a, b, torch.bfloat16, None, torch.empty(4, 8))
+        cute_mm.cute_scaled_mm(a, b, None, torch.empty(4, 8))
