@@ -110,6 +110,32 @@ def test_sm100_plan_is_block_scaled_and_computes_the_reference(layout, m, n, k):
     assert max_rel_err(plan_product(plan, a, b), ref_scaled_mm(a, b)) < 1e-12
 
 
+def test_sm100a_compiles_without_a_gpu(tmp_path):
+    """The plan's tcgen05 kernel (Helion's `Sm100BlockScaledGemm` with our shape and tile) compiled by the CuTe DSL
+    for sm_100a on this CPU: PTX with the nvfp4 block-scaled MMA (16-element blocks, a CTA pair) and a cubin. (Helion
+    compiles it at the first launch; here it is compiled on its own, with fake tensors.)"""
+    import cutlass
+    import cutlass.cute as cute
+    from cuda.bindings.driver import CUstream
+    from cutlass.cute.runtime import make_fake_compact_tensor
+    from helion._compiler.cute.block_scaled_runtime import Sm100BlockScaledGemm
+
+    a, b = _operands(128, 256, 1024, "swizzle_32_4_4")
+    _, plan = generated(a, b, 128, 256)
+    gemm = Sm100BlockScaledGemm(*(plan[key] for key in ("m", "n", "k", "bn", "bk", "stages", "cluster_m",
+                                                         "persistent", "num_sm")), ())
+    assert gemm.workspace_bytes == plan["workspace_bytes"]
+    workspace = make_fake_compact_tensor(cutlass.Uint8, (gemm.workspace_bytes,), assumed_align=16)
+    out = make_fake_compact_tensor(cutlass.Float32, (128, 256), stride_order=(1, 0), assumed_align=16)
+    cute.compile(gemm, workspace, out, cutlass.Float32(1.0), CUstream(0),
+                 options=f"--gpu-arch sm_100a --keep-ptx --keep-cubin --dump-dir {tmp_path}")
+    (ptx,), (cubin,) = tmp_path.glob("*.ptx"), tmp_path.glob("*.cubin")
+    text = ptx.read_text()
+    assert ".target sm_100a" in text
+    assert text.count("tcgen05.mma.cta_group::2.kind::mxf4nvf4.block_scale.block16") >= 1
+    assert cubin.stat().st_size > 10_000
+
+
 def test_the_plan_follows_the_scale_layout():
     """The emulation can fail: swizzled scales read as rowmajor (the wrong flag) give another product."""
     a, b = _operands(200, 136, 576, "swizzle_32_4_4")
