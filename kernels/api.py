@@ -146,8 +146,8 @@ def scaled_mm(
     (`_mma_options` lists them and refuses any other), else a Helion config. `backend` ("mma",
     "dense", "dequant", "dot_scaled", "dot_scaled_cdna4", "cute") overrides the choice by device and layout; "dense"
     (weights decoded to bf16, then cuBLAS; the default from DENSE_MIN_M rows on) takes a config dict of
-    `dense.PLAN_KEYS`; "cute" (nvfp4 x nvfp4 on sm_100 through Helion's CuTe backend, `kernels/cute_mm.py`; needs
-    `helion[cute]`; not run on a GPU yet) takes no config.
+    `dense.PLAN_KEYS`; "cute" (nvfp4 x nvfp4 on sm_100 through Helion's CuTe backend and its tcgen05 block-scaled plan, bf16 x
+    nvfp4 as per-lane CuTe code, `kernels/cute_mm.py`; needs `helion[cute]`; not run on a GPU yet) takes no config.
     Calls may overlap (threads, streams, CUDA graphs): no call shares mutable memory with
     another that can run at the same time (`kernels/scratch.py`).
 

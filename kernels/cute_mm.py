@@ -1,8 +1,10 @@
-"""nvfp4 x nvfp4 on Helion's CuTe backend: Blackwell's block-scaled MMA (tcgen05 with E4M3 scale factors).
+"""nvfp4 x nvfp4 on Helion's CuTe backend: Blackwell's block-scaled MMA (tcgen05 with E4M3 scale factors); bf16 x
+nvfp4 as Helion's W4A16 example writes it (per-lane code there too: Helion 1.5.0 lowers no W4A16 contraction to MMA).
 
 | operand   | stored as (QTensor)                   | the kernel reads                  | dtype            |
 |-----------|---------------------------------------|-----------------------------------|------------------|
 | a         | data [M, K / 2], k_order              | [M, K / 16, 8] (a view)           | float4_e2m1fn_x2 |
+| a (W4A16) | bf16 [M, K], contiguous               | [M, K / 16, 16] (a view)          | bfloat16         |
 | a scales  | rowmajor or swizzle_32_4_4, [M, K/16] | flat, indexed by `_scale_index`   | float8_e4m3fn    |
 | b (N x K) | data [N, K / 2], k_order              | [K / 16, 8, N] (a permuted view)  | float4_e2m1fn_x2 |
 | b scales  | rowmajor or swizzle_32_4_4, [N, K/16] | flat, indexed by `_scale_index`   | float8_e4m3fn    |
@@ -69,6 +71,30 @@ def _nvfp4_body(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale
     return out
 
 
+def _w4a16_body(a: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, out: torch.Tensor,
+                B_SWIZZLED: hl.constexpr) -> torch.Tensor:
+    m, groups, _ = a.shape
+    n = b.size(2)
+    for row, col in hl.tile([m, n]):
+        acc = hl.zeros([row, col], dtype=torch.float32)
+        for group in hl.tile(groups):
+            right = b_scale[_scale_index(col.index[None, :], group.index[:, None], groups, B_SWIZZLED)].to(torch.float32)
+            for byte in hl.static_range(8):
+                b0, b1 = hl.float4_e2m1fn_x2_to_float32(b[group, byte, col])
+                a0 = a[row, group, byte * 2].to(torch.float32)
+                a1 = a[row, group, byte * 2 + 1].to(torch.float32)
+                acc = acc + ((a0.unsqueeze(2) * b0.unsqueeze(0) + a1.unsqueeze(2) * b1.unsqueeze(0))
+                             * right.unsqueeze(0)).sum(1)
+        out[row, col] = acc
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def w4a16_kernel() -> helion.Kernel:
+    """bf16 x nvfp4 on the CuTe backend: per-lane code on every GPU (`LANE_CONFIG`); made on first use."""
+    return helion.kernel(_w4a16_body, backend="cute", static_shapes=True, config=helion.Config(**LANE_CONFIG))
+
+
 @functools.lru_cache(maxsize=None)
 def nvfp4_kernel(native: bool = True) -> helion.Kernel:
     """The CuTe-backend kernel with the native block-scaled plan (sm_100), or per-lane code (`LANE_CONFIG`); made on
@@ -97,32 +123,38 @@ def cute_unavailable() -> str | None:
     return _cute_backend_requirement_error()
 
 
-def arguments(a: QTensor, b: QTensor, acc: torch.Tensor) -> tuple:
+def arguments(a, b: QTensor, acc: torch.Tensor) -> tuple:
     """The kernel's arguments: views of a and b (see the table above, no copies), the fp32 output, whether each
-    operand's scales are swizzled."""
+    quantized operand's scales are swizzled (`nvfp4_kernel`'s, or with a bf16 `a` `w4a16_kernel`'s)."""
     m, k = a.shape
     n = b.shape[0]
     groups = k // 16
-    a_data = a.data.view(torch.float4_e2m1fn_x2).view(m, groups, 8)
     b_data = b.data.view(torch.float4_e2m1fn_x2).view(n, groups, 8).permute(1, 2, 0)
-    return (a_data, a.scale.reshape(-1), b_data, b.scale.reshape(-1), acc, a.layout == "swizzle_32_4_4",
-            b.layout == "swizzle_32_4_4")
+    b_swizzled = b.layout == "swizzle_32_4_4"
+    if not isinstance(a, QTensor):
+        return a.view(m, groups, 16), b_data, b.scale.reshape(-1), acc, b_swizzled
+    a_data = a.data.view(torch.float4_e2m1fn_x2).view(m, groups, 8)
+    return a_data, a.scale.reshape(-1), b_data, b.scale.reshape(-1), acc, a.layout == "swizzle_32_4_4", b_swizzled
 
 
 def check_operands(a, b) -> None:
-    """What the CuTe plan reads: nvfp4 QTensors, k_order data, rowmajor or swizzle_32_4_4 scales (any K: the plan pads
-    its workspace to whole K tiles)."""
+    """What the CuTe kernels read: b an nvfp4 QTensor with k_order data and rowmajor or swizzle_32_4_4 scales, a the
+    same or a contiguous bf16 tensor (any K: the native plan pads its workspace to whole K tiles)."""
     for name, x in (("a", a), ("b", b)):
+        if name == "a" and isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 and x.is_contiguous():
+            continue
         if not isinstance(x, QTensor) or x.fmt.name != "nvfp4" or x.data_layout != "k_order" or (
                 x.layout not in ("rowmajor", "swizzle_32_4_4")):
             got = (f"{x.fmt.name} with {x.data_layout} data and {x.layout} scales" if isinstance(x, QTensor)
-                   else type(x).__name__)
+                   else f"a {x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__)
+            also = " (a: or a contiguous bf16 tensor)" if name == "a" else ""
             raise ValueError(f"{name}: backend 'cute' takes nvfp4 QTensors with k_order data and rowmajor or "
-                             f"swizzle_32_4_4 scales, got {got}")
+                             f"swizzle_32_4_4 scales{also}, got {got}")
 
 
-def cute_scaled_mm(a: QTensor, b: QTensor, bias, out: torch.Tensor) -> torch.Tensor:
-    """a @ b.T through `nvfp4_kernel` into `out` (checked by the caller), then the global scales and bias."""
+def cute_scaled_mm(a, b: QTensor, bias, out: torch.Tensor) -> torch.Tensor:
+    """a @ b.T through `nvfp4_kernel` (or `w4a16_kernel`) into `out` (checked by the caller), then the global scales
+    and bias."""
     check_operands(a, b)
     device = b.device
     if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] != 10:
@@ -135,11 +167,13 @@ def cute_scaled_mm(a: QTensor, b: QTensor, bias, out: torch.Tensor) -> torch.Ten
     return run(a, b, bias, out, native=True)
 
 
-def run(a: QTensor, b: QTensor, bias, out: torch.Tensor, native: bool) -> torch.Tensor:
-    """`nvfp4_kernel(native)` into an fp32 tile, then the global scales and bias, into `out`."""
+def run(a, b: QTensor, bias, out: torch.Tensor, native: bool) -> torch.Tensor:
+    """`nvfp4_kernel(native)` (or with a bf16 `a` `w4a16_kernel`) into an fp32 tile, then the global scales and bias,
+    into `out`."""
     acc = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    nvfp4_kernel(native)(*arguments(a, b, acc))
-    for g in (a.global_scale, b.global_scale):
+    quantized = isinstance(a, QTensor)
+    (nvfp4_kernel(native) if quantized else w4a16_kernel())(*arguments(a, b, acc))
+    for g in (a.global_scale if quantized else None, b.global_scale):
         if g is not None:
             acc.mul_(g)
     if bias is not None:

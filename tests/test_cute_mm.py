@@ -166,18 +166,36 @@ def test_hopper_takes_lanes_not_the_native_plan():
     assert "block_scaled_mma" not in source and "cute.arch.load" in source
 
 
+def test_w4a16_is_per_lane_code_on_sm100():
+    """bf16 x nvfp4 written as Helion's W4A16 example writes it: for sm_100 Helion 1.5.0 emits per-element CuTe code
+    (loads and FMAs a lane, no tcgen05 and no block-scaled plan), so on Blackwell it is a slow path, opt-in only."""
+    _, b = _operands(64, 256, 1024, "swizzle_32_4_4")
+    x = torch.randn(64, 1024, dtype=torch.bfloat16)
+    with target():
+        source = cute_mm.w4a16_kernel()._bind_isolated(cute_mm.arguments(x, b, torch.empty(64, 256))).to_code(
+            helion.Config(**cute_mm.LANE_CONFIG))
+    assert "tcgen05" not in source and "block_scaled_mma" not in source and "cute.arch.load" in source
+    with pytest.raises(ValueError, match="runs on NVIDIA sm_100"):
+        bs.scaled_mm(x, b, backend="cute")
+
+
 def test_backend_cute_refuses_what_it_cannot_run():
-    """Other formats and layouts, a config, a device that is not sm_100: each named."""
+    """Other formats and layouts, a strided activation, a config, a device that is not sm_100: each named (and
+    `check_operands` on its own, for callers past `scaled_mm`'s checks)."""
     a, b = _operands(4, 8, 256, "swizzle_32_4_4")
     cases = [((bs.quantize(torch.randn(4, 256), "mxfp8"), bs.quantize(torch.randn(8, 256), "mxfp4")),
               {}, "a: backend 'cute' takes nvfp4 QTensors"),
              ((a, b.with_data_layout("mma_m16k16")), {}, "b: backend 'cute' takes nvfp4 QTensors with k_order data"),
-             ((torch.randn(4, 256, dtype=torch.bfloat16), b), {}, "a: backend 'cute' takes nvfp4 QTensors"),
+             ((torch.randn(256, 4, dtype=torch.bfloat16).T, b), {}, "a: expected a contiguous tensor"),
+             ((torch.randn(4, 256, dtype=torch.bfloat16), b), {}, "backend: 'cute' runs on NVIDIA sm_100"),
              ((a, b), {"config": {"stages": 4}}, "config: backend 'cute' takes none"),
              ((a, b), {}, "backend: 'cute' runs on NVIDIA sm_100")]
     for (x, w), kw, message in cases:
         with pytest.raises(ValueError, match=message):
             bs.scaled_mm(x, w, backend="cute", **kw)
+    for x in (torch.randn(4, 256, dtype=torch.float16), torch.randn(256, 4, dtype=torch.bfloat16).T):
+        with pytest.raises(ValueError, match=r"a: backend 'cute' .*\(a: or a contiguous bf16 tensor\), got a"):
+            cute_mm.check_operands(x, b)
 
 
 def test_default_choice_by_capability(monkeypatch):
