@@ -389,18 +389,21 @@ def _mma_runs(pair: str, a, device: torch.device) -> bool:
 # The dense plan (`dense.py`: weights decoded to bf16, then cuBLAS) from DENSE_MIN_M activation rows on. H200, 8192^2,
 # x cuBLAS bf16, mma_m64 / dense (bench/results/h200_bench_m256_8192_dense_mma_n8192_k8192_08d5118_2026-11-28.log):
 # M = 256 0.50-0.59 / 0.26-0.54 (the decode pass costs more than the in-loop decode), M = 512 0.43-0.52 / 0.62-0.66.
-# Below DENSE_MIN_M_SIXTEEN_WARPS, mma_m64_kernel's 16-warp tile instead where it runs (wgmma, N % 256 == 0) in one
-# wave (N / 256 x M / 128 programs, one an SM): 8192^2, M = 512 (128 programs) 16 warps / dense 0.67-0.81 / 0.69-0.76x
-# over the 7 pairs (6 won); M = 768 (192 programs) 0.53-0.66 / 0.79-0.87x; M = 1024 0.79-0.80 / 0.83-0.88x
-# (bench/results/h200_warps16_mid_m_8192_{de6264b,all_pairs_9d7b1c0}_2026-11-29.log).
+# Below DENSE_MIN_M_SIXTEEN_WARPS, mma_m64_kernel's 16-warp tile instead where it runs (wgmma, N % 256 == 0) and its
+# N / 256 x M / 128 programs (one an SM) fill SIXTEEN_WARPS_MIN_WAVE .. 1 wave: 8192^2, M = 512 (128 programs on 132
+# SMs) 16 warps / dense 0.67-0.81 / 0.69-0.76x over the 7 pairs (6 won); M = 768 (192 programs) 0.53-0.66 /
+# 0.79-0.87x; M = 1024 0.79-0.80 / 0.83-0.88x (bench/results/h200_warps16_mid_m_8192_{de6264b,
+# all_pairs_9d7b1c0}_2026-11-29.log). Under 3/4 of a wave is unmeasured (at M = 256, 64 programs ran 0.62-0.71x).
 DENSE_MIN_M = 512
 DENSE_MIN_M_SIXTEEN_WARPS = 1024
+SIXTEEN_WARPS_MIN_WAVE = 0.75
 
 
 def _dense_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
     """Whether `scaled_mm` takes the dense plan by default (on a GPU where the mma kernels run)."""
     sixteen = (plans.MMA_M64_WARPS_16_MIN_M <= m < DENSE_MIN_M_SIXTEEN_WARPS and n % 256 == 0
-               and plans._has_wgmma(device) and n // 256 * -(-m // 128) <= plans._sm_count(device))
+               and plans._has_wgmma(device)
+               and SIXTEEN_WARPS_MIN_WAVE <= n // 256 * -(-m // 128) / plans._sm_count(device) <= 1)
     return m >= DENSE_MIN_M and not sixteen
 
 

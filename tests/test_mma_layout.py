@@ -844,15 +844,18 @@ def test_sixteen_warps_options(monkeypatch):
 
 def test_dense_plan_rows(monkeypatch):
     """The default call's dense plan from DENSE_MIN_M rows, except below DENSE_MIN_M_SIXTEEN_WARPS where the 16-warp
-    tile runs (wgmma, N % 256 == 0) in one wave of programs (N / 256 x M / 128, one an SM; 132 SMs here)."""
+    tile runs (wgmma, N % 256 == 0) with 3/4 to one wave of programs (N / 256 x M / 128, one an SM; 132 SMs here)."""
     from blockscaled.kernels import api
 
     monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     device = torch.device("cuda")
-    assert (api.DENSE_MIN_M, plans.MMA_M64_WARPS_16_MIN_M, api.DENSE_MIN_M_SIXTEEN_WARPS) == (512, 512, 1024)
+    assert (api.DENSE_MIN_M, plans.MMA_M64_WARPS_16_MIN_M, api.DENSE_MIN_M_SIXTEEN_WARPS, api.SIXTEEN_WARPS_MIN_WAVE) == (
+        512, 512, 1024, 0.75)
     for wgmma, m, n, dense in ((True, 511, 8192, False), (True, 512, 8192, False),  # 128 programs
                                (True, 513, 8192, True), (True, 768, 8192, True),  # 160, 192
                                (True, 1023, 4096, False), (True, 1024, 4096, True),  # 128, past the rows
+                               (True, 512, 4096, True), (True, 768, 4096, True),  # 64, 96: under 3/4 of a wave
+                               (True, 896, 4096, False),  # 112 programs
                                (True, 512, 10240, True), (True, 512, 8192 + 128, True), (False, 512, 8192, True),
                                (False, 511, 8192, False)):
         monkeypatch.setattr(plans, "_has_wgmma", lambda device: wgmma)
