@@ -401,10 +401,11 @@ SIXTEEN_WARPS_MIN_WAVE = 0.75
 
 def _dense_runs(pair: str, m: int, n: int, device: torch.device) -> bool:
     """Whether `scaled_mm` takes the dense plan by default (on a GPU where the mma kernels run)."""
-    sixteen = (plans.MMA_M64_WARPS_16_MIN_M <= m < DENSE_MIN_M_SIXTEEN_WARPS and n % 256 == 0
-               and plans._has_wgmma(device)
-               and SIXTEEN_WARPS_MIN_WAVE <= n // 256 * -(-m // 128) / plans._sm_count(device) <= 1)
-    return m >= DENSE_MIN_M and not sixteen
+    if m < DENSE_MIN_M:
+        return False
+    programs = plans._m64_sixteen_warps_programs(m, n)
+    return not (programs and m < DENSE_MIN_M_SIXTEEN_WARPS and plans._has_wgmma(device)
+                and SIXTEEN_WARPS_MIN_WAVE <= programs / plans._sm_count(device) <= 1)
 
 
 def _mma_activation(a) -> bool:

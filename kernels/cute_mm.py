@@ -33,6 +33,8 @@ import helion.language as hl
 
 from blockscaled.qtensor import QTensor
 
+from . import plans
+
 # Helion's native tile (its third seed, `autotuner_heuristics/cute_block_scaled.py`): 128 x 256 x 256, clusters of
 # 2 CTAs along M, persistent, 4 stages (5 with the fp32 output tile: 235,520 bytes of shared memory, over 232,448).
 # Not tuned: nothing here has run on sm_100.
@@ -111,8 +113,11 @@ CUTE_DEFAULT_ON_SM100 = False
 def cute_default(device: torch.device) -> bool:
     """Whether `scaled_mm` takes this backend without being asked: CUTE_DEFAULT_ON_SM100 on an NVIDIA sm_100 GPU with
     Helion's CuTe backend installed."""
-    return (CUTE_DEFAULT_ON_SM100 and device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device)[0] == 10 and cute_unavailable() is None)
+    return CUTE_DEFAULT_ON_SM100 and _sm100(device) and cute_unavailable() is None
+
+
+def _sm100(device: torch.device) -> bool:
+    return plans._ptx_decodes(device) and plans._capability(device)[0] == 10
 
 
 def cute_unavailable() -> str | None:
@@ -157,9 +162,8 @@ def cute_scaled_mm(a, b: QTensor, bias, out: torch.Tensor) -> torch.Tensor:
     and bias."""
     check_operands(a, b)
     device = b.device
-    if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device)[0] != 10:
-        where = (f"sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}" if device.type == "cuda"
-                 and torch.version.hip is None else str(device))
+    if not _sm100(device):
+        where = f"sm_{''.join(map(str, plans._capability(device)))}" if plans._ptx_decodes(device) else str(device)
         raise ValueError(f"backend: 'cute' runs on NVIDIA sm_100 (Blackwell: tcgen05's block-scaled MMA), got {where}")
     reason = cute_unavailable()
     if reason is not None:

@@ -135,6 +135,15 @@ MMA_TILE_128_MAX_M = 128
 MMA_M64_WARPS = 8
 MMA_M64_WARPS_16_MIN_M = 512
 MMA_M64_WARPS_16_PROGRAMS_PER_SM = 1
+
+
+def _m64_sixteen_warps_programs(m: int, n: int) -> int:
+    """mma_m64_kernel's programs (N / 256 x M / 128) where its 16-warp default applies by shape (from
+    MMA_M64_WARPS_16_MIN_M rows, N % 256 == 0), else 0. Where it runs also takes wgmma and the config: `_mma_options`."""
+    weight_rows = 16 * 16
+    if m < MMA_M64_WARPS_16_MIN_M or n % weight_rows:
+        return 0
+    return n // weight_rows * -(-m // (2 * MMA_M64_B_ROWS))
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # Split-K parts sum in thread-block clusters only above this many programs per SM (a cluster's CTAs share one GPC):
@@ -343,7 +352,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if "unroll" in config and (unroll not in (1, 2) or type(unroll) is not int):
         raise ValueError(f"config: unroll must be 1 or 2, got {unroll!r}")
     tile_128 = m > MMA_M64_B_ROWS and wgmma and ahead == 1  # where 128 activation rows per program can run
-    sixteen = (tile_128 and m >= MMA_M64_WARPS_16_MIN_M and n % (16 * 16) == 0
+    sixteen = (tile_128 and _m64_sixteen_warps_programs(m, n) > 0
                and not set(config) & {"warps", "tile_m", "fragment_sums", "cluster"})  # the 16-warp default
     tile_m = config.get("tile_m", 2 * MMA_M64_B_ROWS if tile_128 and (m <= MMA_TILE_128_MAX_M or sixteen)
                         else MMA_M64_B_ROWS)

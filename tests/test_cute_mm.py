@@ -20,7 +20,7 @@ import helion
 pytest.importorskip("cutlass.cute", reason="the CuTe DSL (helion[cute]) is not installed: requirements/ci.txt pins it")
 
 import blockscaled as bs  # noqa: E402
-from blockscaled.kernels import api, cute_mm  # noqa: E402
+from blockscaled.kernels import api, cute_mm, plans  # noqa: E402
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm  # noqa: E402
 from blockscaled.reference.codecs import decode_e2m1, decode_e4m3  # noqa: E402
 
@@ -201,7 +201,7 @@ def test_backend_cute_refuses_what_it_cannot_run():
 def test_default_choice_by_capability(monkeypatch):
     """scaled_mm takes the CuTe backend by itself only with CUTE_DEFAULT_ON_SM100, on sm_100, with the extra."""
     device = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    monkeypatch.setattr(plans, "_capability", lambda d: capability)
     monkeypatch.setattr(torch.version, "hip", None)
     for default, capability, reason, expected in ((True, (10, 0), None, True), (False, (10, 0), None, False),
                                                   (True, (9, 0), None, False), (True, (12, 0), None, False),
@@ -216,7 +216,7 @@ def test_missing_extra_is_named(monkeypatch):
     """On sm_100 without the CuTe DSL: a RuntimeError naming the extra, before anything launches."""
     a, b = _operands(4, 8, 256, "swizzle_32_4_4")
     monkeypatch.setattr(cute_mm, "cute_unavailable", lambda: "the CuTe DSL is not importable")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (10, 0))
+    monkeypatch.setattr(plans, "_capability", lambda d: (10, 0))
     fake = torch.device("cuda", 0)
     monkeypatch.setattr(type(b), "device", property(lambda self: fake))
     with pytest.raises(RuntimeError, match=r"pip install 'helion\[cute\]'\): the CuTe DSL is not importable"):
