@@ -34,6 +34,7 @@ CASES = {
     "sixteen_warps_m256_split": ("nvfp4", "nvfp4", 256, {"warps": 16, "tile_m": 128, "split": 2}),
     "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
     "dense_m512_chunks": ("nvfp4", "nvfp4", 512, "dense"),  # decoded weights: this call's, 4 chunks
+    "default_m512": ("bf16", "nvfp4", 512, None),  # the default plan there: 16 warps on an H100 / H200
 }
 
 
