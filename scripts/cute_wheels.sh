@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Helion's CuTe extra (helion[cute]) for the GPU image (python 3.12, torch with CUDA 13), which lacks it and cannot
-# reach PyPI. Its CUDA 13 libraries are one 84 MiB wheel, over a device call's 64 MiB carry, so it goes in two calls
-# to the same warm machine (ignored paths an earlier call carried stay there):
-#   here:        bash scripts/cute_wheels.sh            -> .cute_a (~55 MiB), .cute_b (~55 MiB), both git-ignored
-#   device 1:    carry [".whl", ".old", ".cute_a"]      (anything, e.g. the usual install line)
-#   device 2:    carry [".cute_b"]; run `bash scripts/cute_install.sh` first, then the CuTe GPU tests
+# reach PyPI. Its CUDA 13 libraries are one 84 MiB wheel; a device call carries 64 MiB with the ~14 MiB work tree, so
+# the set goes in three calls to the same warm machine (ignored paths an earlier call carried stay there):
+#   here:        bash scripts/cute_wheels.sh            -> .cute_a, .cute_b, .cute_c (~37 MiB each), git-ignored
+#   device 1, 2: carry [".cute_a"], then [".cute_b"]    (anything, e.g. the usual install line)
+#   device 3:    carry [".cute_c"]; run `bash scripts/cute_install.sh` first, then the CuTe GPU tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.cute_a/' .git/info/exclude 2>/dev/null || printf '/.cute_a/\n/.cute_b/\n' >> .git/info/exclude
-rm -rf .cute_a .cute_b /tmp/cute_wheels && mkdir -p .cute_a .cute_b /tmp/cute_wheels
+for d in a b c; do grep -qx "/.cute_$d/" .git/info/exclude 2>/dev/null || echo "/.cute_$d/" >> .git/info/exclude; done
+rm -rf .cute_a .cute_b .cute_c /tmp/cute_wheels && mkdir -p .cute_a .cute_b .cute_c /tmp/cute_wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d /tmp/cute_wheels \
@@ -16,7 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   nvidia-cutlass-dsl-libs-cu13==4.7.0 apache-tvm-ffi==0.1.15.post2 cuda-bindings==13.4.4 cuda-core==1.2.2 \
   cuda-pathfinder==1.9.1 cuda-python==13.4.4 nvidia-cuda-nvdisasm==13.5.37
 libs=$(ls /tmp/cute_wheels/nvidia_cutlass_dsl_libs_cu13-*.whl)
-split -b 55m "$libs" ".cute_a/$(basename "$libs").part."
+split -b 37m "$libs" ".cute_a/$(basename "$libs").part."
 mv .cute_a/*.part.ab .cute_b/
-mv $(ls /tmp/cute_wheels/*.whl | grep -v libs_cu13) .cute_b/
-du -sh .cute_a .cute_b
+mv .cute_a/*.part.ac $(ls /tmp/cute_wheels/*.whl | grep -v libs_cu13) .cute_c/
+du -sh .cute_a .cute_b .cute_c

@@ -32,12 +32,14 @@ def test_gpu_key():
     assert tuned.gpu_key("NVIDIA H200") == "nvidia_h200" and tuned.gpu_key("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
 
 
-def test_nearest_takes_the_smallest_tuned_m_at_or_above_and_the_nearest_shape_within_a_factor_2():
+def test_nearest_takes_the_smallest_tuned_m_at_or_above_and_the_nearest_n_of_the_same_k_within_a_factor_2():
     pick = lambda *key: (tuned.nearest(ENTRIES, *key) or {}).get("config", "none")  # noqa: E731
     assert pick("bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8}
     assert pick("bf16xnvfp4", 4, 8192, 8192) == {"max_split": 4}  # M = 16's plan serves 4 rows
     assert pick("bf16xnvfp4", 16, 6144, 8192) == {"max_split": 4}  # 1.33x off in N
-    assert pick("bf16xnvfp4", 16, 4096, 12288) is None  # nearer to 4096 x 14336, whose entry keeps the default
+    assert pick("bf16xnvfp4", 16, 4096, 14336) is None  # tuned: the default plan was fastest
+    assert pick("bf16xnvfp4", 16, 4096, 12288) == "none"  # no entry of this K: the rules, whatever N
+    assert pick("bf16xnvfp4", 16, 8192, 4096) == "none"  # 8192 x 8192's entry is 2x off in K: not carried
     assert pick("bf16xnvfp4", 16, 1024, 8192) == "none"  # 4x off in N at the nearest: no neighbour
     assert pick("bf16xnvfp4", 64, 8192, 8192) == "none"  # nothing tuned at or above M = 64
     assert pick("mxfp4xmxfp4", 1, 8192, 8192) == "none"  # another pair's plans never carry over
@@ -50,11 +52,12 @@ def test_config_for_reads_the_gpus_file(table_dir):
 
 
 def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
-    """A neighbour's split above this shape's K / 64, or a key it refuses: the default plan, never an error."""
+    """An entry (a neighbour's, or a hand-edited one) with a split above this shape's K / 64, or a key refused at its
+    M: the default plan, never an error."""
     (table_dir / "g.json").write_text(json.dumps({"entries": [
-        dict(pair="nvfp4xnvfp4", m=16, n=256, k=256, config={"split": 3}),
-        dict(pair="bf16xmxfp4", m=16, n=256, k=256, config={"wgmma": True}),  # refused at M <= 16
-        dict(pair="bf16xnvfp4", m=16, n=256, k=256, config={"max_split": 2})]}))
+        dict(pair="nvfp4xnvfp4", m=16, n=512, k=128, config={"split": 3}),
+        dict(pair="bf16xmxfp4", m=16, n=256, k=128, config={"wgmma": True}),  # refused at M <= 16
+        dict(pair="bf16xnvfp4", m=16, n=512, k=128, config={"max_split": 2})]}))
     x = torch.randn(16, 128)
     for pair, (fa, fb) in (("nvfp4xnvfp4", ("nvfp4", "nvfp4")), ("bf16xmxfp4", ("bf16", "mxfp4"))):
         a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
