@@ -18,7 +18,8 @@ per-call workspace, then a persistent tcgen05 kernel runs 128 x tile_n x tile_k 
 the kernel: the plan's epilogue takes a Python float (a host read of a device scalar every call), so they multiply
 the fp32 output instead.
 
-Not run on a GPU: we have no Blackwell, and the device image lacks the CuTe DSL. `tests/test_cute_mm.py` generates
+Not run on a GPU: we have no Blackwell, and on the Hopper image's torch 2.11 Helion's CuTe codegen fails
+(`missing_torch_helpers`, docs/CUTE.md). `tests/test_cute_mm.py` generates
 the sm_100 code on a CPU and evaluates the plan's addresses against the fp64 reference.
 """
 
@@ -122,10 +123,32 @@ def _sm100(device: torch.device) -> bool:
 
 def cute_unavailable() -> str | None:
     """Why Helion's CuTe backend cannot run here (None: it can): the optional extra `helion[cute]`
-    (nvidia-cutlass-dsl 4.7.0 for CUDA 13, apache-tvm-ffi) and a torch built with CUDA >= 13."""
+    (nvidia-cutlass-dsl 4.7.0 for CUDA 13, apache-tvm-ffi), a torch built with CUDA >= 13, and a torch whose inductor
+    has the CuTe DSL helpers Helion calls (`missing_torch_helpers`)."""
     from helion._compiler.cute.cutedsl_compat import _cute_backend_requirement_error
 
-    return _cute_backend_requirement_error()
+    reason = _cute_backend_requirement_error()
+    if reason is None and missing_torch_helpers():
+        reason = (f"Helion's CuTe backend calls torch inductor's CuteDSLOpOverrides."
+                  f"{', .'.join(missing_torch_helpers())}, which torch {torch.__version__} lacks (torch 2.13 has them)")
+    return reason
+
+
+@functools.lru_cache(maxsize=None)
+def missing_torch_helpers() -> tuple[str, ...]:
+    """The `CuteDSLOpOverrides` helpers Helion's CuTe backend (its `_compiler/cute` sources) calls and this torch's
+    inductor lacks: torch 2.11 (the GPU image's) lacks `_expected_tensor_val` and `_cast_expr`, and Helion's codegen
+    fails inside them on every kernel here (`bench/results/h200_gpu_tests_cute_torch211_*.log`)."""
+    import re
+    from pathlib import Path
+
+    import helion._compiler.cute as cute_pkg
+    from torch._inductor.codegen.cutedsl.cutedsl_op_overrides import CuteDSLOpOverrides
+
+    called = set()
+    for path in Path(cute_pkg.__file__).parent.glob("*.py"):
+        called.update(re.findall(r"(?<!\w)CuteDSLOpOverrides\.(\w+)", path.read_text()))
+    return tuple(sorted(name for name in called if not hasattr(CuteDSLOpOverrides, name)))
 
 
 def arguments(a, b: QTensor, acc: torch.Tensor) -> tuple:

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Helion's CuTe extra (helion[cute]) for the GPU image (python 3.12, torch with CUDA 13), which lacks it and cannot
 # reach PyPI. Its CUDA 13 libraries are one 84 MiB wheel; a device call carries 64 MiB with the ~14 MiB work tree, so
-# the set goes in three calls to the same warm machine (ignored paths an earlier call carried stay there):
+# the set goes in three calls to the same warm machine, each starting with `bash scripts/cute_install.sh` (it keeps
+# the part carried in ~/cute_parts and installs once all three are there):
 #   here:        bash scripts/cute_wheels.sh            -> .cute_a, .cute_b, .cute_c (~37 MiB each), git-ignored
-#   device 1, 2: carry [".cute_a"], then [".cute_b"]    (anything, e.g. the usual install line)
-#   device 3:    carry [".cute_c"]; run `bash scripts/cute_install.sh` first, then the CuTe GPU tests
+#   device 1, 2: carry [".cute_a"], then [".cute_b"]
+#   device 3:    carry [".cute_c"], then the CuTe GPU tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for d in a b c; do grep -qx "/.cute_$d/" .git/info/exclude 2>/dev/null || echo "/.cute_$d/" >> .git/info/exclude; done

@@ -221,3 +221,26 @@ def test_missing_extra_is_named(monkeypatch):
     monkeypatch.setattr(type(b), "device", property(lambda self: fake))
     with pytest.raises(RuntimeError, match=r"pip install 'helion\[cute\]'\): the CuTe DSL is not importable"):
         cute_mm.cute_scaled_mm(a, b, None, torch.empty(4, 8))
+
+
+def test_a_torch_without_the_helpers_helion_calls_is_named(monkeypatch):
+    """torch 2.11's inductor lacks CuteDSLOpOverrides helpers that Helion 1.5.0's CuTe codegen calls (found on the
+    GPU image: every kernel failed inside codegen): `cute_unavailable` names them and the torch version, so
+    `backend="cute"` refuses with that reason instead of failing inside Helion."""
+    from torch._inductor.codegen.cutedsl.cutedsl_op_overrides import CuteDSLOpOverrides
+
+    import helion._compiler.cute.cutedsl_compat as compat
+
+    monkeypatch.setattr(compat, "_cute_backend_requirement_error", lambda: None)
+    cute_mm.missing_torch_helpers.cache_clear()
+    try:
+        if not cute_mm.missing_torch_helpers():  # torch 2.13 (CI's)
+            assert cute_mm.cute_unavailable() is None
+        monkeypatch.delattr(CuteDSLOpOverrides, "_cast_expr")
+        monkeypatch.delattr(CuteDSLOpOverrides, "_expected_tensor_val")
+        cute_mm.missing_torch_helpers.cache_clear()
+        assert cute_mm.missing_torch_helpers() == ("_cast_expr", "_expected_tensor_val")
+        reason = cute_mm.cute_unavailable()
+        assert "CuteDSLOpOverrides._cast_expr, ._expected_tensor_val" in reason and torch.__version__ in reason
+    finally:
+        cute_mm.missing_torch_helpers.cache_clear()
