@@ -52,6 +52,12 @@ def compile_sm90(folder: Path) -> int:
     rows = torch.randn(2, 8192, dtype=torch.bfloat16)
     assert rows.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
     both(rows, "nvfp4", "quantize_nvfp4_bfloat16", "_own_amax")
+    own, barrier = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs
+    kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = 0, lambda d: 1 << 30  # as at M = 16 on a GPU
+    try:
+        both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_barrier")
+    finally:
+        kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = own, barrier
     hw = kq._hw_e4m3
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
@@ -72,6 +78,40 @@ def _use_config(config) -> str:
     return "[r{}k{}w{}]".format(*config)
 
 
+AMAX_WAYS = {  # nvfp4's device global scale, each way forced: (QUANTIZE_OWN_AMAX_ELEMENTS, _barrier_programs)
+    "own": (1 << 62, lambda d: 0), "barrier": (0, lambda d: 1 << 30), "launched": (0, lambda d: 0)}
+
+
+def amax_ways(shapes) -> list[dict]:
+    """nvfp4 with its global scale computed on the device, at decode rows, each way of `kernels.quantize._global_scale`
+    forced, as `scaled_mm(..., activation_format="nvfp4")` runs it (`quantize_decoded`), by CUDA-graph replay; mxfp4
+    beside it (no global scale). Each way's rows checked equal to the default's."""
+    from blockscaled.kernels import quantize as kq
+
+    rows_out = []
+    nv, mx = bs.get_format("nvfp4"), bs.get_format("mxfp4")
+    for shape in shapes:
+        m, k = (int(v) for v in shape.split("x"))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        want, g_want = kq.quantize_decoded(x, nv, "floor", None)
+        times = {"mxfp4": time_ms(lambda: kq.quantize_decoded(x, mx, "floor", None), True),
+                 "nvfp4 static": time_ms(lambda: kq.quantize_decoded(x, nv, "floor", g_want), True)}
+        saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs
+        try:
+            for way, (own, barrier) in AMAX_WAYS.items():
+                kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = own, barrier
+                got, g = kq.quantize_decoded(x, nv, "floor", None)
+                if not (torch.equal(got, want) and torch.equal(g, g_want)):
+                    raise SystemExit(f"{shape} nvfp4 {way}: rows or global scale differ from the default's")
+                times[f"nvfp4 {way}"] = time_ms(lambda: kq.quantize_decoded(x, nv, "floor", None), True)
+        finally:
+            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = saved
+        print(f"{shape} (decoded rows, CUDA graph): " + ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in times.items()))
+        rows_out += [dict(pair=f"quantize_{n.split()[0]}", M=m, K=k, median_ms=f"{t:.5f}",
+                          provider="decoded_" + (n.split()[1] if " " in n else "floor")) for n, t in times.items()]
+    return rows_out
+
+
 def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
@@ -79,6 +119,8 @@ def main(argv=None) -> int | None:
     p.add_argument("--configs", nargs="+", metavar="ROWS,K,WARPS",
                    help="time these kernel configs (rows x K elements a program, warps) instead of the default one")
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
+    p.add_argument("--amax-ways", nargs="+", metavar="ROWSxK",
+                   help="only time nvfp4's device global scale each way at these (decode) shapes (`amax_ways`)")
     args = p.parse_args(argv)
     if args.compile_sm90:
         from .sass import compile_sm90_command
@@ -89,6 +131,9 @@ def main(argv=None) -> int | None:
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, out_dtype="", provider="blockscaled",
                  tflops="", speedup_vs_bf16="", max_rel_err="")
     rows = []
+    if args.amax_ways:
+        args.shapes = []
+        rows = [dict(stamp, N="", gbps="", frac_of_copy_bw="", **r) for r in amax_ways(args.amax_ways)]
     for shape in args.shapes:
         m, k = (int(v) for v in shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -16,6 +16,8 @@ bit (below 1 by adding 2^23), and nvfp4's three divisions as IEEE `div_rn` (Trit
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 import helion
@@ -24,7 +26,7 @@ import helion.language as hl
 from blockscaled.formats import SCALE_LAYOUTS, BlockFormat
 from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_shape
 
-from . import plans
+from . import plans, scratch
 from .api import _launch_cached, _one
 from .configs import KERNEL_SETTINGS
 from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
@@ -133,6 +135,7 @@ def quantize_kernel(
     scale: torch.Tensor,
     global_scale: torch.Tensor,
     global_out: torch.Tensor,
+    sync: torch.Tensor,
     decoded: torch.Tensor,
     NV: hl.constexpr,
     FP8: hl.constexpr,
@@ -142,6 +145,7 @@ def quantize_kernel(
     BF16_BITS: hl.constexpr,
     FROM_AMAX: hl.constexpr,
     OWN_AMAX: hl.constexpr,
+    SYNC_AMAX: hl.constexpr,
     HW_E4M3: hl.constexpr,
     BLOCK: hl.constexpr,
 ) -> torch.Tensor:
@@ -149,7 +153,9 @@ def quantize_kernel(
     scale buffer, or with DECODED, bf16 `decoded` [rows, K / C, C] = element x block scale (exact in bf16; the nvfp4 global scale
     not applied), what `dequantize.dequantize_kernel` makes of that data and scale. With FROM_AMAX (nvfp4 without
     a given global scale) `global_scale` holds the input's amax, or with OWN_AMAX (small inputs) every program reduces
-    the whole input itself; every program derives the scale from the amax and the first writes it to `global_out`."""
+    the whole input itself, or with SYNC_AMAX (every program resident at once) the programs combine their own amaxes
+    in `sync` (int32 [3], zero on entry and left zero) and wait for each other; every program derives the scale from
+    the amax and the first writes it to `global_out`."""
     rows, chunks, chunk = x.size(0), x.size(1), x.size(2)
     per_chunk = chunk // BLOCK
     groups = chunks * per_chunk
@@ -177,6 +183,19 @@ def quantize_kernel(
                         w = x[whole_r, whole_c, :].to(torch.float32).view(torch.int32)
                     top = torch.maximum(top, torch.amax(torch.amax(w & 0x7FFFFFFF, dim=0), dim=0))
                 gs = torch.full_like(amax, 1.0) * torch.amax(top, dim=0).view(torch.float32)
+            elif SYNC_AMAX:  # a grid barrier: [0] the amax's bits (atomic max), [1] arrivals, [2] departures
+                programs = chunks * ((rows + tile_r.block_size - 1) // tile_r.block_size)
+                hl.atomic_max(sync, [0], torch.amax(torch.amax(amax.view(torch.int32), dim=1), dim=0), sem="relaxed")
+                hl.atomic_add(sync, [1], 1, sem="release")  # after this program's amax (one thread issues both)
+                seen = hl.atomic_add(sync, [1], 0, sem="acquire")
+                while seen < programs:
+                    seen = hl.atomic_add(sync, [1], 0, sem="acquire")
+                top = hl.atomic_add(sync, [0], 0, sem="acquire")
+                if hl.atomic_add(sync, [2], 1, sem="acq_rel") == programs - 1:  # the last to leave: every read done
+                    hl.store(sync, [0], 0)
+                    hl.store(sync, [1], 0)
+                    hl.store(sync, [2], 0)
+                gs = torch.full_like(amax, 1.0) * top.view(torch.float32)
             else:  # the given global scale, or the amax a reduction launched before this kernel left there
                 gs = torch.full_like(amax, 1.0) * global_scale[0]
             if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
@@ -231,20 +250,43 @@ _LAUNCHES: dict[tuple, object] = {}
 QUANTIZE_OWN_AMAX_ELEMENTS = 16384
 
 
-def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> tuple[torch.Tensor, torch.Tensor, bool, bool]:
-    """(the kernel's [1] fp32 global scale input, the global scale [1] after the kernel, FROM_AMAX, OWN_AMAX): given (a
-    number, or a tensor: not read here), or for nvfp4 without one derived by the kernel into a new tensor from the
-    input's amax: one reduction launched here, or for inputs of at most QUANTIZE_OWN_AMAX_ELEMENTS the kernel's own;
-    mx formats: 1, unused."""
+class _Amax(NamedTuple):
+    """How the kernel gets its global scale: `g_in` its [1] fp32 input (read unless OWN_AMAX / SYNC_AMAX), `g` the
+    global scale [1] after the kernel, `sync` the SYNC_AMAX buffer (else `g`, not read), and the constexprs."""
+
+    g_in: torch.Tensor
+    g: torch.Tensor
+    sync: torch.Tensor
+    from_amax: bool = False
+    own: bool = False
+    barrier: bool = False
+
+
+def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
+    """Given (a number, or a tensor: not read here), or for nvfp4 without one derived by the kernel into a new tensor
+    from the input's amax: for inputs of at most QUANTIZE_OWN_AMAX_ELEMENTS every program's own reduction; where every
+    program is resident at once (`_barrier_programs`) each program's own part and a grid barrier; else one reduction
+    launched here. mx formats: 1, unused."""
     if not fmt.global_scale:
-        return _one(x.device), _one(x.device), False, False
+        return _Amax(_one(x.device), _one(x.device), _one(x.device))
     if global_scale is None:
         out = torch.empty(1, dtype=torch.float32, device=x.device)
         if x.numel() <= QUANTIZE_OWN_AMAX_ELEMENTS:
-            return _one(x.device), out, True, True
-        return torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, True, False
+            return _Amax(_one(x.device), out, out, from_amax=True, own=True)
+        rows, k = x.shape
+        if -(-rows // QUANTIZE_ROWS) * (k // _chunk(k, fmt)) <= _barrier_programs(x.device):
+            sync = scratch.get(("quantize_sync", x.device), scratch.ScratchSpec(tickets=3), x.device).tickets
+            return _Amax(_one(x.device), out, sync, from_amax=True, barrier=True)
+        return _Amax(torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, out, from_amax=True)
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
-    return g, g, False, False
+    return _Amax(g, g, g)
+
+
+def _barrier_programs(device: torch.device) -> int:
+    """The most programs SYNC_AMAX's grid barrier waits for: all must be resident at once. One a GPU SM (its programs
+    hold 4 warps; nothing launched after the kernel can take an SM before every program has run, as the kernel
+    triggers no dependent launch); one in the Triton interpreter, which runs programs one after another."""
+    return plans._sm_count(device) if device.type == "cuda" else 1
 
 
 # mxfp8's element codes from the hardware's fp32 -> E4M3 conversion (sm_89+) instead of integer rounding: 672 -> 432
@@ -291,18 +333,17 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     `reference.quantize` makes them: data in k_order, scales stored in `layout` (zero padding included)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
+    amax = _global_scale(x, fmt, global_scale)
     hw = _hw_e4m3(x, fmt)
     data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), g_in, g, g,
-            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False, x.dtype == torch.bfloat16,
-            from_amax, own_amax, hw, fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, from_amax, own_amax, hw),
-            x.device)
-    return data, scale, g.reshape(()) if fmt.global_scale else None
+    args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
+            amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
+            x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, *amax[3:], hw), x.device)
+    return data, scale, amax.g.reshape(()) if fmt.global_scale else None
 
 
 def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, global_scale):
@@ -310,12 +351,12 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     launch: what the mma kernels' bf16-activation plans read (`scaled_mm(..., activation_format=...)`)."""
     rows, k = x.shape
     cols = k // fmt.block_size
-    g_in, g, from_amax, own_amax = _global_scale(x, fmt, global_scale)
+    amax = _global_scale(x, fmt, global_scale)
     hw = _hw_e4m3(x, fmt)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    args = (_blocks(x, fmt), g, g, g_in, g, _chunks(decoded, k, fmt), *_format_flags(fmt),
-            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, from_amax, own_amax,
-            hw, fmt.block_size)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, from_amax, own_amax,
-                        hw), x.device)
-    return decoded, g
+    args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
+            scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,
+            amax.own, amax.barrier, hw, fmt.block_size)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, *amax[3:], hw),
+            x.device)
+    return decoded, amax.g

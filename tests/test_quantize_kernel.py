@@ -55,48 +55,57 @@ def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen):
         _assert_same_codes(q, r)
 
 
-def _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, device):
+def _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, device):
     """nvfp4 without a global scale: the input's amax reduced by every program itself (inputs up to
-    QUANTIZE_OWN_AMAX_ELEMENTS) or by a reduction launched first, the same codes, scales and global scale as the
-    reference's, in `quantize` and in `quantize_decoded` (19 rows: the programs' 8-row reads end past the input); a NaN
-    anywhere makes the global scale NaN."""
+    QUANTIZE_OWN_AMAX_ELEMENTS), by each program over its own part and combined behind a grid barrier (every program
+    resident: on the GPU 3 programs of 8 rows, in the interpreter one program of 32 rows), or by a reduction launched
+    first: the same codes, scales and global scale as the reference's, in `quantize` and in `quantize_decoded` (19
+    rows: the programs' reads end past the input); a NaN anywhere makes the global scale NaN. Three calls each (the
+    barrier's buffer must be left zero for the next)."""
     from blockscaled.kernels import quantize as kq
 
-    monkeypatch.setattr(kq, "QUANTIZE_OWN_AMAX_ELEMENTS", 1 << 30 if own_amax else 0)
+    monkeypatch.setattr(kq, "QUANTIZE_OWN_AMAX_ELEMENTS", 1 << 30 if way == "own_amax" else 0)
+    monkeypatch.setattr(kq, "_barrier_programs", lambda d: (1 << 30) if way == "barrier" else 0)
+    if way == "barrier" and device == "cpu":
+        monkeypatch.setattr(kq, "QUANTIZE_ROWS", 32)
+        monkeypatch.setattr(kq, "_LAUNCHES", {})
     x = _hostile(19, 128, gen)
     x[8, 3], x[9, 1], x[10, 2] = 1.0, 1.0, 1.0  # (the hostile NaN and Infs would decide the amax wherever it is read)
-    x[18, 127] = 1e35  # the amax (above row 3's 1e30 ones) in the last row and column: the reads' 3-row tail
+    x[18, 127] = 1e35  # the amax (above row 3's 1e30 ones) in the last row and column: the reads' tail
     if with_nan:
         x[18, 126] = float("nan")
     for dtype in (torch.float32, torch.bfloat16):
-        xd = x.to(device=device, dtype=dtype)
-        q = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="kernel")
-        r = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="reference")
-        _assert_same_codes(q, r)
-        assert bool(r.global_scale.isnan()) == with_nan
-        rows, g = quantize_decoded(xd, bs.get_format("nvfp4"), "floor", None)
-        torch.testing.assert_close(g.reshape(()), r.global_scale.reshape(()), rtol=0, atol=0, equal_nan=True)
-        if not with_nan:
-            want = (dequantize(r, torch.float64) / r.global_scale.double()).to(torch.bfloat16)
-            assert torch.equal(rows.nan_to_num(), want.nan_to_num())
+        for scale in (1.0, 0.5, 2.0):
+            xd = (x * scale).to(device=device, dtype=dtype)
+            amax = kq._global_scale(xd, bs.get_format("nvfp4"), None)
+            assert (amax.own, amax.barrier) == (way == "own_amax", way == "barrier")
+            q = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="kernel")
+            r = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="reference")
+            _assert_same_codes(q, r)
+            assert bool(r.global_scale.isnan()) == with_nan
+            rows, g = quantize_decoded(xd, bs.get_format("nvfp4"), "floor", None)
+            torch.testing.assert_close(g.reshape(()), r.global_scale.reshape(()), rtol=0, atol=0, equal_nan=True)
+            if not with_nan:
+                want = (dequantize(r, torch.float64) / r.global_scale.double()).to(torch.bfloat16)
+                assert torch.equal(rows.nan_to_num(), want.nan_to_num())
 
 
-BOTH_WAYS = [pytest.mark.parametrize("own_amax", [True, False], ids=["own_amax", "amax_launched_first"]),
+EVERY_WAY = [pytest.mark.parametrize("way", ["own_amax", "barrier", "amax_launched_first"]),
              pytest.mark.parametrize("with_nan", [False, True], ids=["finite", "a_nan"])]
 
 
 @interpreter
-@BOTH_WAYS[0]
-@BOTH_WAYS[1]
-def test_nvfp4_device_global_scale_both_ways_cpu(own_amax, with_nan, gen, monkeypatch):
-    _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, "cpu")
+@EVERY_WAY[0]
+@EVERY_WAY[1]
+def test_nvfp4_device_global_scale_every_way_cpu(way, with_nan, gen, monkeypatch):
+    _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, "cpu")
 
 
 @cuda
-@BOTH_WAYS[0]
-@BOTH_WAYS[1]
-def test_nvfp4_device_global_scale_both_ways_gpu(own_amax, with_nan, gen, monkeypatch):
-    _nvfp4_device_global_scale_both_ways(own_amax, with_nan, gen, monkeypatch, "cuda")
+@EVERY_WAY[0]
+@EVERY_WAY[1]
+def test_nvfp4_device_global_scale_every_way_gpu(way, with_nan, gen, monkeypatch):
+    _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, "cuda")
 
 
 @interpreter
@@ -300,3 +309,43 @@ def test_repeated_calls_new_tensors_gpu(fa, fb, gen):
         _assert_same_codes(a, bs.quantize(x.cpu(), fa))
         y = bs.scaled_mm(x, w, activation_format=fa)
         assert max_rel_err(y, ref_scaled_mm(a, w)) < 8e-3
+
+
+@cuda
+@pytest.mark.parametrize("rows,k", [(16, 8192), (16, 28672), (5, 8192)])
+def test_nvfp4_grid_barrier_at_decode_rows_streams_and_graphs(rows, k):
+    """nvfp4 with its global scale from the device at decode rows, where the programs meet at a grid barrier (32, 112
+    and 16 programs): the reference's codes, scales and global scale eagerly, from two streams that overlap (each
+    stream its own barrier buffer: `scratch.get`), and from a CUDA graph of three calls replayed twice on new inputs."""
+    from blockscaled.kernels import quantize as kq
+
+    assert kq._global_scale(torch.ones(rows, k, device="cuda"), bs.get_format("nvfp4"), None).barrier
+    gen = torch.Generator().manual_seed(rows * k)
+    inputs = [(torch.randn(rows, k, generator=gen) * 4.0 ** (i % 5 - 2)).to(torch.bfloat16) for i in range(6)]
+    refs = [bs.quantize(x, "nvfp4", backend="reference") for x in inputs]
+    gpu = [x.cuda() for x in inputs]
+    for x, r in zip(gpu, refs):
+        _assert_same_codes(bs.quantize(x, "nvfp4", backend="kernel"), r)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for i in range(24):
+        with torch.cuda.stream(streams[i % 2]):
+            outs.append((i % 6, bs.quantize(gpu[i % 6], "nvfp4", backend="kernel")))
+    torch.cuda.synchronize()
+    for i, q in outs:
+        _assert_same_codes(q, refs[i])
+    static = [torch.empty_like(gpu[0]) for _ in range(3)]
+    for s, x in zip(static, gpu):
+        s.copy_(x)
+    for s, x in zip(static, gpu):  # warm-up outside the capture
+        bs.quantize(s, "nvfp4", backend="kernel")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = [bs.quantize(s, "nvfp4", backend="kernel") for s in static]
+    for first in (3, 0):
+        for j, s in enumerate(static):
+            s.copy_(gpu[first + j])
+        graph.replay()
+        torch.cuda.synchronize()
+        for j, q in enumerate(captured):
+            _assert_same_codes(q, refs[first + j])
