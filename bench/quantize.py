@@ -52,12 +52,14 @@ def compile_sm90(folder: Path) -> int:
     rows = torch.randn(2, 8192, dtype=torch.bfloat16)
     assert rows.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
     both(rows, "nvfp4", "quantize_nvfp4_bfloat16", "_own_amax")
-    own, barrier = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs
-    kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = 0, lambda d: 1 << 30  # as at M = 16 on a GPU
+    saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS
     try:
-        both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_barrier")
+        for slots in (False, True):  # as at M = 16 on a GPU
+            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = 0, lambda d: 256, slots
+            both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16",
+                 "_barrier_slots" if slots else "_barrier")
     finally:
-        kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = own, barrier
+        kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = saved
     hw = kq._hw_e4m3
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
@@ -78,8 +80,10 @@ def _use_config(config) -> str:
     return "[r{}k{}w{}]".format(*config)
 
 
-AMAX_WAYS = {  # nvfp4's device global scale, each way forced: (QUANTIZE_OWN_AMAX_ELEMENTS, _barrier_programs)
-    "own": (1 << 62, lambda d: 0), "barrier": (0, lambda d: 1 << 30), "launched": (0, lambda d: 0)}
+AMAX_WAYS = {  # nvfp4's device global scale, each way forced:
+    # (QUANTIZE_OWN_AMAX_ELEMENTS, _barrier_programs, QUANTIZE_BARRIER_SLOTS)
+    "own": (1 << 62, lambda d: 0, False), "barrier": (0, lambda d: 256, False), "slots": (0, lambda d: 256, True),
+    "launched": (0, lambda d: 0, False)}
 
 
 def amax_ways(shapes) -> list[dict]:
@@ -96,16 +100,16 @@ def amax_ways(shapes) -> list[dict]:
         want, g_want = kq.quantize_decoded(x, nv, "floor", None)
         times = {"mxfp4": time_ms(lambda: kq.quantize_decoded(x, mx, "floor", None), True),
                  "nvfp4 static": time_ms(lambda: kq.quantize_decoded(x, nv, "floor", g_want), True)}
-        saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs
+        saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS
         try:
-            for way, (own, barrier) in AMAX_WAYS.items():
-                kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = own, barrier
+            for way, (own, barrier, slots) in AMAX_WAYS.items():
+                kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = own, barrier, slots
                 got, g = kq.quantize_decoded(x, nv, "floor", None)
                 if not (torch.equal(got, want) and torch.equal(g, g_want)):
                     raise SystemExit(f"{shape} nvfp4 {way}: rows or global scale differ from the default's")
                 times[f"nvfp4 {way}"] = time_ms(lambda: kq.quantize_decoded(x, nv, "floor", None), True)
         finally:
-            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs = saved
+            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = saved
         print(f"{shape} (decoded rows, CUDA graph): " + ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in times.items()))
         rows_out += [dict(pair=f"quantize_{n.split()[0]}", M=m, K=k, median_ms=f"{t:.5f}",
                           provider="decoded_" + (n.split()[1] if " " in n else "floor")) for n, t in times.items()]

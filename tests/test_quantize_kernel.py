@@ -58,15 +58,18 @@ def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen):
 def _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, device):
     """nvfp4 without a global scale: the input's amax reduced by every program itself (inputs up to
     QUANTIZE_OWN_AMAX_ELEMENTS), by each program over its own part and combined behind a grid barrier (every program
-    resident: on the GPU 3 programs of 8 rows, in the interpreter one program of 32 rows), or by a reduction launched
+    resident: on the GPU 3 programs of 8 rows, in the interpreter one program of 32 rows; by a count of arrivals or by
+    flagged slots), or by a reduction launched
     first: the same codes, scales and global scale as the reference's, in `quantize` and in `quantize_decoded` (19
     rows: the programs' reads end past the input); a NaN anywhere makes the global scale NaN. Three calls each (the
     barrier's buffer must be left zero for the next)."""
     from blockscaled.kernels import quantize as kq
 
+    barrier = way.startswith("barrier")
     monkeypatch.setattr(kq, "QUANTIZE_OWN_AMAX_ELEMENTS", 1 << 30 if way == "own_amax" else 0)
-    monkeypatch.setattr(kq, "_barrier_programs", lambda d: (1 << 30) if way == "barrier" else 0)
-    if way == "barrier" and device == "cpu":
+    monkeypatch.setattr(kq, "_barrier_programs", lambda d: kq.MAX_BARRIER_PROGRAMS if barrier else 0)
+    monkeypatch.setattr(kq, "QUANTIZE_BARRIER_SLOTS", way == "barrier_slots")
+    if barrier and device == "cpu":
         monkeypatch.setattr(kq, "QUANTIZE_ROWS", 32)
         monkeypatch.setattr(kq, "_LAUNCHES", {})
     x = _hostile(19, 128, gen)
@@ -78,7 +81,7 @@ def _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, device
         for scale in (1.0, 0.5, 2.0):
             xd = (x * scale).to(device=device, dtype=dtype)
             amax = kq._global_scale(xd, bs.get_format("nvfp4"), None)
-            assert (amax.own, amax.barrier) == (way == "own_amax", way == "barrier")
+            assert (amax.own, amax.barrier) == (way == "own_amax", {"barrier": 1, "barrier_slots": 2}.get(way, 0))
             q = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="kernel")
             r = bs.quantize(xd, "nvfp4", layout="swizzle_32_4_4", backend="reference")
             _assert_same_codes(q, r)
@@ -90,7 +93,7 @@ def _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, device
                 assert torch.equal(rows.nan_to_num(), want.nan_to_num())
 
 
-EVERY_WAY = [pytest.mark.parametrize("way", ["own_amax", "barrier", "amax_launched_first"]),
+EVERY_WAY = [pytest.mark.parametrize("way", ["own_amax", "barrier", "barrier_slots", "amax_launched_first"]),
              pytest.mark.parametrize("with_nan", [False, True], ids=["finite", "a_nan"])]
 
 
@@ -312,14 +315,16 @@ def test_repeated_calls_new_tensors_gpu(fa, fb, gen):
 
 
 @cuda
+@pytest.mark.parametrize("slots", [False, True], ids=["count", "slots"])
 @pytest.mark.parametrize("rows,k", [(16, 8192), (16, 28672), (5, 8192)])
-def test_nvfp4_grid_barrier_at_decode_rows_streams_and_graphs(rows, k):
+def test_nvfp4_grid_barrier_at_decode_rows_streams_and_graphs(rows, k, slots, monkeypatch):
     """nvfp4 with its global scale from the device at decode rows, where the programs meet at a grid barrier (32, 112
     and 16 programs): the reference's codes, scales and global scale eagerly, from two streams that overlap (each
     stream its own barrier buffer: `scratch.get`), and from a CUDA graph of three calls replayed twice on new inputs."""
     from blockscaled.kernels import quantize as kq
 
-    assert kq._global_scale(torch.ones(rows, k, device="cuda"), bs.get_format("nvfp4"), None).barrier
+    monkeypatch.setattr(kq, "QUANTIZE_BARRIER_SLOTS", slots)
+    assert kq._global_scale(torch.ones(rows, k, device="cuda"), bs.get_format("nvfp4"), None).barrier == 1 + slots
     gen = torch.Generator().manual_seed(rows * k)
     inputs = [(torch.randn(rows, k, generator=gen) * 4.0 ** (i % 5 - 2)).to(torch.bfloat16) for i in range(6)]
     refs = [bs.quantize(x, "nvfp4", backend="reference") for x in inputs]
