@@ -3,7 +3,8 @@
 The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
 dimensions, "qwen2.5-7b" Qwen2.5-7B's (biased q / k / v projections; `--layers` cuts the depth to save time: every
 layer is alike), "tiny" and "tiny-qwen2" are CI's. Per variant (bf16, then
-each `--formats` entry as WEIGHT or WEIGHT:ACTIVATION):
+each `--formats` entry as WEIGHT, WEIGHT:ACTIVATION, or WEIGHT:nvfp4:static, whose activation scales are calibrated
+on another random prompt first, `blockscaled.nn.calibrate`):
 - prefill: one forward of [batch, prefill] tokens (the last position's logits), ms (median of `--reps`);
 - decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
   said in the `decode_mode` column), tokens/s over the batch;
@@ -64,17 +65,24 @@ def build(name: str, layers: int | None, device, seed: int = 0):
     return config, model
 
 
-def quantized(model, variant: str):
-    """A copy of `model` with its linears (not lm_head) swapped for `variant` = WEIGHT[:ACTIVATION]."""
-    from blockscaled.nn import quantize_model_
+def quantized(model, variant: str, calibration=None):
+    """A copy of `model` with its linears (not lm_head) swapped for `variant` = WEIGHT[:ACTIVATION[:static]]; with
+    ":static", nvfp4 activation scales calibrated (`blockscaled.nn.calibrate`) on one forward of `calibration`."""
+    from blockscaled.nn import calibrate, quantize_model_
 
     weight_format, _, activation_format = variant.partition(":")
+    activation_format, _, mode = activation_format.partition(":")
+    if mode not in ("", "static") or (mode and activation_format != "nvfp4"):
+        raise ValueError(f"--formats: {variant!r}: expected WEIGHT, WEIGHT:ACTIVATION or WEIGHT:nvfp4:static")
     q = copy.deepcopy(model)
     report = quantize_model_(q, weight_format, activation_format=activation_format or None,
                              filter_fn=lambda name, _: not name.endswith("lm_head"))
     skipped = {k: v for k, v in report.items() if v != "quantized" and not k.endswith("lm_head")}
     if skipped:
         raise RuntimeError(f"{variant}: layers not quantized: {skipped}")
+    if mode:
+        with calibrate(q), torch.no_grad():
+            q(calibration, use_cache=False, logits_to_keep=1)
     return q
 
 
@@ -227,8 +235,10 @@ def run(args, on_row=lambda row: None) -> list[dict]:
         keep = min(args.prefill, AGREEMENT_POSITIONS)
         with torch.no_grad():
             ref_logits = base(prompt, use_cache=False, logits_to_keep=keep).logits.float()
+        # the static-scale variants' calibration data: another random prompt of the same shape
+        calibration = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
         for variant in ["bf16", *args.formats]:
-            model = base if variant == "bf16" else quantized(base, variant)
+            model = base if variant == "bf16" else quantized(base, variant, calibration)
             # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each); the reset
             # keeps the variants' graphs from filling Dynamo's recompile limit on the shared forward code (8: the
             # fourth variant ran eagerly without it)
@@ -282,7 +292,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", choices=list(CONFIGS), default="llama3-8b")
     p.add_argument("--layers", type=int, help="keep this many decoder layers (default: the model's)")
     p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8", "nvfp4:nvfp4"],
-                   help="WEIGHT or WEIGHT:ACTIVATION formats")
+                   help="WEIGHT, WEIGHT:ACTIVATION or WEIGHT:nvfp4:static (calibrated activation scales) formats")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     p.add_argument("--prefill", type=int, default=2048)
     p.add_argument("--decode", type=int, default=64, help="greedy steps timed")

@@ -3,6 +3,8 @@
     layer = QuantizedLinear.from_linear(linear, weight_format="nvfp4")                         # W4A16
     layer = QuantizedLinear.from_linear(linear, weight_format="nvfp4", activation_format="nvfp4")  # W4A4
     report = quantize_model_(model, weight_format="mxfp4")   # every eligible nn.Linear, in place
+    with calibrate(model) as scales:                         # static nvfp4 activation scales from data
+        for batch in batches: model(batch)
 
 | input       | nn.Linear's contract: [..., K], any leading dimensions, any strides, bf16 / fp16 / fp32 |
 | output      | [..., N] in the input's dtype                                                        |
@@ -10,6 +12,9 @@
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
 
 import torch
 from torch import nn
@@ -129,3 +134,52 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
             module, weight_format, activation_format=activation_format, **options))
         report[name] = "quantized"
     return report
+
+
+@contextlib.contextmanager
+def calibrate(model: nn.Module):
+    """Static activation scales for the nvfp4-activation layers of `model`, from the inputs they see inside the block.
+
+    Each `QuantizedLinear` with `activation_format="nvfp4"` runs as with a scale from every call's amax while it
+    records the largest |x| it is given (on the device: no host sync per call); on leaving the block it takes
+    `activation_global_scale = amax / (6 * 448)` (1.0 where every input was zero), the scale `reference.quantize`
+    would derive from that amax, so later calls skip the amax pass (`scaled_mm`'s static `activation_global_scale`,
+    as serving checkpoints carry `input_scale`). Inputs past the calibrated amax then saturate at the format's
+    largest code. Yields {layer name: scale}, filled on exit; layers no call reached keep the scale they had and are
+    left out. A NaN or Inf among a layer's inputs is an error naming the layer; so is an exception in the block (every
+    layer then keeps its scale). Run it eagerly, before `torch.compile`."""
+    layers = {name: m for name, m in model.named_modules()
+              if isinstance(m, QuantizedLinear) and m.activation_format == "nvfp4"}
+    saved = {name: m.activation_global_scale for name, m in layers.items()}
+    amax: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(module, args, kwargs):
+            x = args[0] if args else kwargs["x"]
+            a = x.detach().abs().amax().to(torch.float32)
+            amax[name] = a if name not in amax else torch.maximum(amax[name], a)
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name), with_kwargs=True) for name, m in layers.items()]
+    scales: dict[str, float] = {}
+    try:
+        for m in layers.values():
+            m.activation_global_scale = None
+        yield scales
+    except BaseException:
+        for name, m in layers.items():
+            m.activation_global_scale = saved[name]
+        raise
+    finally:
+        for h in handles:
+            h.remove()
+    seen = {name: float(a) for name, a in zip(amax, torch.stack(list(amax.values())).cpu())} if amax else {}
+    bad = [name for name, a in seen.items() if not math.isfinite(a)]
+    for name, m in layers.items():
+        if name not in seen or bad:
+            m.activation_global_scale = saved[name]
+    if bad:
+        raise ValueError(f"calibrate: non-finite activations (NaN or Inf) reached {', '.join(bad)}; no scale was set")
+    for name, a in seen.items():
+        a32 = torch.tensor(a, dtype=torch.float32)
+        layers[name].activation_global_scale = scales[name] = float(torch.where(a32 == 0, 1.0, a32 / 2688.0))

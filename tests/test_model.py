@@ -12,10 +12,10 @@ from bench import model as bench_model  # noqa: E402
 
 
 def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
-    rows = bench_model.run(bench_model.parse_args(["--model", "tiny", "--formats", "mxfp4", "nvfp4:nvfp4", "--batch", "1",
-                                                   "--prefill", "8", "--decode", "2", "--reps", "1", "--device", "cpu",
-                                                   "--no-graphs"]))
-    bf16, mx, w4a4 = rows
+    rows = bench_model.run(bench_model.parse_args(["--model", "tiny", "--formats", "mxfp4", "nvfp4:nvfp4",
+                                                   "nvfp4:nvfp4:static", "--batch", "1", "--prefill", "8", "--decode",
+                                                   "2", "--reps", "1", "--device", "cpu", "--no-graphs"]))
+    bf16, mx, w4a4, static = rows
     assert bf16["variant"] == "bf16" and float(bf16["token_agreement"]) == 1.0 and math.isinf(float(bf16["logits_sqnr_db"]))
     # fp4 weights of a random model: 17.7 dB and 6 of 8 tokens agreed when written; a broken layer gives ~0 dB and
     # chance agreement (1 / 256)
@@ -24,6 +24,24 @@ def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     # each layer's output against torch's fp32 product of the same codes on the same input: bf16 outputs in another
     # summation order (bf16's 2^-9 relative rounding is ~54 dB); a wrong block scale gives under 20
     assert float(mx["kernel_sqnr_db"]) > 40 and float(w4a4["kernel_sqnr_db"]) > 40, (mx, w4a4)
+    # calibrated static activation scales: the check quantizes with the layer's own scale
+    assert static["variant"] == "nvfp4:nvfp4:static" and float(static["kernel_sqnr_db"]) > 40, static
+
+
+def test_static_variants_are_calibrated_and_checked():
+    """WEIGHT:nvfp4:static: every nvfp4-activation layer gets a calibrated scale; other suffixes are refused."""
+    import torch
+
+    from blockscaled.nn import QuantizedLinear
+
+    config, base = bench_model.build("tiny", 1, torch.device("cpu"))
+    prompt = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    q = bench_model.quantized(base, "nvfp4:nvfp4:static", prompt)
+    scales = [m.activation_global_scale for m in q.modules() if isinstance(m, QuantizedLinear)]
+    assert len(scales) == 7 and all(isinstance(s, float) and s > 0 for s in scales), scales
+    for bad in ("nvfp4:mxfp8:static", "nvfp4:nvfp4:dynamic", "nvfp4::static"):
+        with pytest.raises(ValueError, match="WEIGHT:nvfp4:static"):
+            bench_model.quantized(base, bad, prompt)
 
 
 def test_tiny_qwen2_compiled_runs_quantized(tmp_path):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import blockscaled as bs
-from blockscaled.nn import QuantizedLinear, quantize_model_
+from blockscaled.nn import QuantizedLinear, calibrate, quantize_model_
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
 interpreter = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test (the layer on CPU tensors)")
@@ -51,6 +51,64 @@ def test_state_dict_round_trip(gen):
     assert torch.equal(other(x), q(x))
     assert other.weight.fmt.name == "mxfp4" and other.activation_format == "mxfp8" and other.scale_rounding == "rceil"
     assert "weight_format=mxfp4" in repr(other) and "in_features=64, out_features=48" in repr(other)
+
+
+def _calibration_model(gen):
+    """nvfp4 activations on layers 0 and 2, weight-only layer 4, mxfp8 activations on layer 6."""
+    model = nn.Sequential(_linear(64, 32, gen=gen), nn.ReLU(), _linear(32, 32, gen=gen), nn.ReLU(),
+                          _linear(32, 32, gen=gen), nn.ReLU(), _linear(32, 16, gen=gen))
+    quantize_model_(model, "nvfp4", activation_format="nvfp4", filter_fn=lambda name, m: name in ("0", "2"))
+    quantize_model_(model, "nvfp4", filter_fn=lambda name, m: name == "4")
+    quantize_model_(model, "mxfp8", activation_format="mxfp8", filter_fn=lambda name, m: name == "6")
+    return model
+
+
+@interpreter
+def test_calibrate_sets_the_scale_the_largest_input_would_get(gen):
+    """Each nvfp4-activation layer's scale = reference.nvfp4_global_scale of everything it saw; on the batch with the
+    largest |x| the calibrated layer gives exactly the per-call (dynamic) result; other layers untouched."""
+    from blockscaled.reference.quantize import nvfp4_global_scale
+
+    model = _calibration_model(gen)
+    batches = [torch.randn(3, 64, generator=gen) * s for s in (0.5, 7.0, 2.0)]
+    seen = {"0": [], "2": []}
+    hooks = [model[int(n)].register_forward_pre_hook(lambda m, a, n=n: seen[n].append(a[0].detach())) for n in seen]
+    dynamic = [model[:3](b) for b in batches]  # layer 2's output, each batch quantized by its own amax
+    with calibrate(model) as scales:
+        for b in batches:
+            model(b)
+    for h in hooks:
+        h.remove()
+    assert set(scales) == {"0", "2"}
+    for name in ("0", "2"):
+        want = float(nvfp4_global_scale(torch.cat(seen[name][3:])))  # the calibration calls (after the dynamic ones)
+        assert scales[name] == want == model[int(name)].activation_global_scale, name
+    assert model[4].activation_global_scale is None and model[6].activation_global_scale is None
+    assert torch.equal(model[:3](batches[1]), dynamic[1])  # batch 1 (x 7) holds layer 0's amax and layer 2's
+
+
+@interpreter
+def test_calibrate_leaves_scales_on_errors_and_unreached_layers(gen):
+    """A NaN among a layer's inputs: ValueError naming it, no scale set; an exception in the block: scales as they
+    were; a layer no call reached keeps its scale."""
+    model = _calibration_model(gen)
+    model[2].activation_global_scale = 0.25
+    with calibrate(model) as scales:
+        model[0](torch.randn(2, 64, generator=gen))  # layer 2 never called
+    assert set(scales) == {"0"} and model[2].activation_global_scale == 0.25
+    before = {n: model[n].activation_global_scale for n in (0, 2)}
+    x = torch.randn(2, 64, generator=gen)
+    x[1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"calibrate: non-finite activations \(NaN or Inf\) reached 0"):
+        with calibrate(model):
+            model[0](x)
+    assert {n: model[n].activation_global_scale for n in (0, 2)} == before
+    with pytest.raises(RuntimeError, match="stop"):
+        with calibrate(model):
+            model(torch.randn(2, 64, generator=gen))
+            raise RuntimeError("stop")
+    assert {n: model[n].activation_global_scale for n in (0, 2)} == before
+    assert not model[0]._forward_pre_hooks  # hooks removed every time
 
 
 @interpreter
