@@ -34,6 +34,7 @@ from .providers import (  # noqa: E402
     OURS_LAYOUT,
     Unsupported,
     add_llama_argument,
+    model_shapes,
     blockscaled_fn,
     dynamic_fn,
     compile_cell,
@@ -92,6 +93,9 @@ def parse_args(argv=None):
     p.add_argument("--K_range", type=int, nargs=2, metavar=("A", "B"))
     p.add_argument("--K_step", type=int, default=512)
     add_llama_argument(p)
+    p.add_argument("--models", nargs="+", help="every linear shape (N, K) of these models (MODEL_SHAPES: "
+                   "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen2.5-72b, mistral-large, mixtral-8x7b, "
+                   "mixtral-8x22b, deepseek-v3)")
     p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))
     p.add_argument("--no-record", action="store_true", help="do not append to bench/results")
@@ -110,6 +114,8 @@ def shapes(args, on_gpu):
     ms = args.M or ([1, 16, 128] if on_gpu else [1, 33])
     if args.llama:
         nks = LLAMA_SHAPES[args.llama]
+    elif args.models:
+        nks = model_shapes(args.models)
     elif args.K_range:
         nks = [(args.N or 8192, k) for k in range(args.K_range[0], args.K_range[1] + 1, args.K_step)]
     else:

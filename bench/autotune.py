@@ -138,21 +138,31 @@ def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), 
     return entries
 
 
+def cell_shapes(shapes: list[str], models: list[str]) -> list[tuple[int, int]]:
+    """--shapes (NxK) then --models' shapes, each once; 8192 x 8192 when neither is given."""
+    from .providers import model_shapes
+
+    given = [tuple(int(v) for v in s.split("x")) for s in shapes] + model_shapes(models)
+    return list(dict.fromkeys(given)) or [(8192, 8192)]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pairs", nargs="+", choices=list(FORMAT_PAIRS), default=list(FORMAT_PAIRS))
-    p.add_argument("--shapes", nargs="+", default=["8192x8192"], help="NxK weight shapes")
+    p.add_argument("--shapes", nargs="+", default=[], help="NxK weight shapes (default, without --models: 8192x8192)")
+    p.add_argument("--models", nargs="+", default=[], help="every linear shape of these models (bench.providers."
+                   "MODEL_SHAPES: llama3-8b ... deepseek-v3)")
     p.add_argument("-M", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128])
     p.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no new cell starts")
     p.add_argument("--table", type=Path, help="default: kernels/tuned/<gpu>.json")
     p.add_argument("--jobs", type=int, default=1, help="processes compiling the candidates before timing")
     args = p.parse_args(argv)
+    shapes = cell_shapes(args.shapes, args.models)
     if not torch.cuda.is_available():
         raise SystemExit("bench.autotune times kernels: it needs a CUDA GPU")
     from .__main__ import precompile, time_ms
 
     path = args.table or tuned.TABLES / f"{tuned.gpu_key(torch.cuda.get_device_name())}.json"
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes]
     if args.jobs > 1:
         _, done = finished(path)
         work = [(FORMAT_PAIRS[f], m, n, k, "cuda") for f in args.pairs for n, k in shapes for m in args.M

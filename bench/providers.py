@@ -27,6 +27,37 @@ LLAMA_8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 # `--llama [70b | 8b]` of the bench commands
 LLAMA_SHAPES = {"70b": LLAMA_70B, "8b": LLAMA_8B}
 
+# (hidden, intermediate, attention heads, key / value heads, head dim) from each model's published config.json;
+# Mixtral's intermediate is an expert's (its w1 / w3 fused, w2)
+TRANSFORMERS = {
+    "llama3-8b": (4096, 14336, 32, 8, 128), "llama3-70b": (8192, 28672, 64, 8, 128),
+    "llama3-405b": (16384, 53248, 128, 8, 128), "qwen2.5-32b": (5120, 27648, 40, 8, 128),
+    "qwen2.5-72b": (8192, 29568, 64, 8, 128), "mistral-large": (12288, 28672, 96, 8, 128),
+    "mixtral-8x7b": (4096, 14336, 32, 8, 128), "mixtral-8x22b": (6144, 16384, 48, 8, 128),
+}
+
+
+def transformer_shapes(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> list[tuple[int, int]]:
+    """A decoder layer's linears (N, K): fused q / k / v, the attention output, fused gate / up, down."""
+    return [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim), (2 * intermediate, hidden),
+            (hidden, intermediate)]
+
+
+# `--models NAME ...`: every linear shape of these models (#62's list). DeepSeek-V3's dense layers: its MLA
+# projections (q_a, q_b: 128 heads of 128 + 64, kv_a with the 64-wide rope key, kv_b: 128 heads of 128 + 128, o) and the
+# MLP of its first three layers (hidden 7168, intermediate 18432)
+MODEL_SHAPES = {name: transformer_shapes(*cfg) for name, cfg in TRANSFORMERS.items()}
+MODEL_SHAPES["deepseek-v3"] = [(1536, 7168), (24576, 1536), (576, 7168), (32768, 512), (7168, 16384), (36864, 7168),
+                               (7168, 18432)]
+
+
+def model_shapes(names) -> list[tuple[int, int]]:
+    """The (N, K) shapes of `names` (MODEL_SHAPES keys), each once, in order."""
+    unknown = [n for n in names if n not in MODEL_SHAPES]
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown}; known: {', '.join(MODEL_SHAPES)}")
+    return list(dict.fromkeys(shape for n in names for shape in MODEL_SHAPES[n]))
+
 
 def add_llama_argument(parser, extra: str = ""):
     """`--llama` (the Llama-3-70B shapes) or `--llama 8b` (Llama-3-8B's) on a bench command's parser."""

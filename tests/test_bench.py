@@ -720,3 +720,21 @@ def test_mid_m_probe_compiles_a_pipelined_wgmma_loop(capfd):
     assert counts["variant"] == variant
     assert counts["HGMMA"] == 4 and counts["wgmma"] == 4 and counts["tma_copy"] > 2 and counts["spill"] == 0
     assert "0" in counts["wait_pendings"]
+
+
+def test_model_shapes_from_configs():
+    """`--models`: each model's linears from its config (Llama-3's agree with the hand-written lists the records were
+    made on), every shape once, in the bench CLI and bench.autotune; an unknown name is refused with the known ones."""
+    from bench import autotune, providers
+    from bench.__main__ import parse_args, shapes
+
+    assert set(providers.MODEL_SHAPES["llama3-8b"]) == set(providers.LLAMA_8B)
+    assert set(providers.MODEL_SHAPES["llama3-70b"]) == set(providers.LLAMA_70B)
+    assert providers.MODEL_SHAPES["llama3-405b"][0] == (18432, 16384)  # (128 + 2 x 8) heads of 128
+    assert (576, 7168) in providers.MODEL_SHAPES["deepseek-v3"]  # kv_a: 512 latent + 64 rope
+    cells = shapes(parse_args(["-M", "1", "--models", "llama3-8b", "mixtral-8x7b"]), on_gpu=True)
+    assert cells == [(1, n, k) for n, k in providers.MODEL_SHAPES["llama3-8b"]]  # Mixtral's experts: the same shapes
+    assert autotune.cell_shapes(["8192x8192"], ["llama3-70b"]) == [(8192, 8192), (10240, 8192), (57344, 8192),
+                                                                   (8192, 28672)]
+    with pytest.raises(SystemExit, match="unknown \\['llama4'\\]; known: llama3-8b"):
+        providers.model_shapes(["llama4"])
