@@ -23,3 +23,10 @@ for fa, fb in (("nvfp4", "nvfp4"), ("mxfp8", "mxfp4")):
     print(f"{fa} x {fb}: max_rel_err vs fp64 {max_rel_err(y, reference(a, w)):.2e}, "
           f"quantized in the call {max_rel_err(y_dynamic, reference(a, w)):.2e}")
     compare_with_cublas(lambda: bs.scaled_mm(a, w), x.to(torch.bfloat16), weight.to(torch.bfloat16))
+# nvfp4 with a static activation scale (a checkpoint's input scale, or `blockscaled.nn.calibrate` on a model): no amax
+# pass in the call; here the scale this input's own amax gives, so the codes are the dynamic call's
+g = float(x.abs().amax()) / (6 * 448)
+w = bs.quantize_weight(weight, "nvfp4")
+y_static = bs.scaled_mm(x, w, activation_format="nvfp4", activation_global_scale=g, out_dtype=torch.float32)
+print(f"nvfp4 x nvfp4, static activation scale: max_rel_err vs fp64 "
+      f"{max_rel_err(y_static, reference(bs.quantize(x, 'nvfp4', global_scale=g), w)):.2e}")
