@@ -113,19 +113,20 @@ def _e4m3_codes(y, HW_E4M3: bool):
 def _e2m1_codes(y):
     """fp32 -> E2M1 code (int32), nearest, ties to even, saturating at 6; -0 keeps its sign, NaN -> 0.
 
-    From a = 2|y| (exact): below 2 (|y| < 1: codes 0, 1, 2 are 0, 0.5, 1) the code is a rounded to an integer, by
-    adding and taking away 2^23 (fp32 addition rounds to nearest even); from 2 on the code is a's exponent and top
-    mantissa bit after rounding the fp32 bits to one mantissa bit, ties to even, (bits + 0x1FFFFF + bit 22) >> 22,
-    less 254 (1.0 = 0x40000000 in a: code 2), at most 7 (6.0). Against seven midpoint comparisons (each an FSETP, an
-    add and a predicated move on sm_90) the mxfp4 kernel went from 1256 to 888 sm_90 instructions a thread
-    (`bench.quantize --compile-sm90`, bf16 in, 32 elements a thread). The integer below 2 is read from the mantissa of
-    a + 2^23 (no F2I: sm_90 issues 16 conversions a clock per SM against 128 integer or fp32 adds): 832 -> 784."""
-    a = torch.abs(y) * 2.0
-    small = (a + 8388608.0).view(torch.int32) - 0x4B000000  # 2^23 + k has mantissa k
-    bits = a.view(torch.int32)
-    large = torch.clamp(((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - 254, max=7)
+    One fp32 addition rounds |y| (at most 6: E2M1 saturates) to E2M1's spacing in its binade: with 2^e the binade
+    (e = 0, 1, 2; |y| below 1 taken as e = 0, E2M1's subnormal spacing 0.5), |y| + 2^(e + 22) has an ulp of
+    2^(e - 1), so the sum's bits less 2^(e + 22)'s are q = |y| / 2^(e - 1) rounded to nearest even, and the code is
+    q + 2e (q's parity is the code's: ties go to even codes). Against the two-path rounding it replaces (2|y| rounded
+    by adding 2^23 below 1, the bits rounded to one mantissa bit above; each path then selected) 784 -> 744 sm_90
+    instructions a thread for mxfp4, 1176 -> 1128 for nvfp4 (`bench.quantize --compile-sm90`, bf16 in, 32 elements a
+    thread)."""
+    a = torch.minimum(torch.abs(y), torch.full_like(y, 6.0))  # (a NaN's code is set below)
+    binade = torch.clamp(a.view(torch.int32) & 0x7F800000, min=0x3F800000)  # 2^e: 1.0, 2.0 or 4.0
+    magic = binade + (22 << 23)  # 2^(e + 22)
+    q = (a + magic.view(torch.float32)).view(torch.int32) - magic
+    code = q + (binade >> 22) - 254  # (binade >> 22) - 254 = 2e
     sign = (y.view(torch.int32) >> 28) & 0x8
-    return torch.where(y != y, 0, torch.where(a < 2.0, small, large) | sign)
+    return torch.where(y != y, 0, code | sign)
 
 
 @helion.kernel(**KERNEL_SETTINGS)

@@ -130,16 +130,18 @@ def test_decoded_rows_are_the_dequantized_codes_cpu(fmt, rounding, gen):
 
 
 def test_e2m1_rounding_equals_the_reference_on_every_bf16_and_next_to_every_tie():
-    """The quantize kernel's E2M1 rounding (exponent bits after a one-bit round, or 2|y| rounded by 2^23 below 1), run
+    """The quantize kernel's E2M1 rounding (|y| rounded to its binade's spacing by one fp32 addition), run
     as torch on CPU, against `reference.codecs.encode_e2m1` (seven midpoint comparisons): every bf16 bit pattern as
-    fp32 (NaN, +-Inf, subnormals, -0 included), and each midpoint with the fp32 values 4 ulps either side."""
+    fp32 (NaN, +-Inf, subnormals, -0 included), each midpoint with the fp32 values 4 ulps either side, and 2^20
+    normal fp32 values."""
     from blockscaled.kernels.quantize import _e2m1_codes
     from blockscaled.reference.codecs import encode_e2m1
 
     every_bf16 = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)
     mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 1.0, 2.0, 4.0, 0.5])
     near = (mids.view(torch.int32)[:, None] + torch.arange(-4, 5, dtype=torch.int32)[None, :]).view(torch.float32)
-    y = torch.cat([every_bf16, near.flatten(), -near.flatten()])
+    fp32 = torch.randn(1 << 20, generator=torch.Generator().manual_seed(0)) * 4  # full fp32 mantissas (fp32 inputs)
+    y = torch.cat([every_bf16, near.flatten(), -near.flatten(), fp32])
     assert torch.equal(_e2m1_codes(y).to(torch.uint8), encode_e2m1(y))
 
 
