@@ -13,9 +13,10 @@ from bench import model as bench_model  # noqa: E402
 
 def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     rows = bench_model.run(bench_model.parse_args(["--model", "tiny", "--formats", "mxfp4", "nvfp4:nvfp4",
-                                                   "nvfp4:nvfp4:static", "--batch", "1", "--prefill", "8", "--decode",
-                                                   "2", "--reps", "1", "--device", "cpu", "--no-graphs"]))
-    bf16, mx, w4a4, static = rows
+                                                   "nvfp4:nvfp4:static", "mxfp4+lm_head", "--batch", "1", "--prefill",
+                                                   "8", "--decode", "2", "--reps", "1", "--device", "cpu",
+                                                   "--no-graphs"]))
+    bf16, mx, w4a4, static, head = rows
     assert bf16["variant"] == "bf16" and float(bf16["token_agreement"]) == 1.0 and math.isinf(float(bf16["logits_sqnr_db"]))
     # fp4 weights of a random model: 17.7 dB and 6 of 8 tokens agreed when written; a broken layer gives ~0 dB and
     # chance agreement (1 / 256)
@@ -26,10 +27,12 @@ def test_tiny_llama_runs_quantized_and_agrees_with_bf16():
     assert float(mx["kernel_sqnr_db"]) > 40 and float(w4a4["kernel_sqnr_db"]) > 40, (mx, w4a4)
     # calibrated static activation scales: the check quantizes with the layer's own scale
     assert static["variant"] == "nvfp4:nvfp4:static" and float(static["kernel_sqnr_db"]) > 40, static
+    assert head["variant"] == "mxfp4+lm_head" and float(head["kernel_sqnr_db"]) > 40, head
 
 
 def test_static_variants_are_calibrated_and_checked():
-    """WEIGHT:nvfp4:static: every nvfp4-activation layer gets a calibrated scale; other suffixes are refused."""
+    """WEIGHT:nvfp4:static: every nvfp4-activation layer gets a calibrated scale; +lm_head quantizes the lm_head too
+    (else it stays bf16); other suffixes are refused."""
     import torch
 
     from blockscaled.nn import QuantizedLinear
@@ -39,8 +42,10 @@ def test_static_variants_are_calibrated_and_checked():
     q = bench_model.quantized(base, "nvfp4:nvfp4:static", prompt)
     scales = [m.activation_global_scale for m in q.modules() if isinstance(m, QuantizedLinear)]
     assert len(scales) == 7 and all(isinstance(s, float) and s > 0 for s in scales), scales
-    for bad in ("nvfp4:mxfp8:static", "nvfp4:nvfp4:dynamic", "nvfp4::static"):
-        with pytest.raises(ValueError, match="WEIGHT:nvfp4:static"):
+    assert not isinstance(q.lm_head, QuantizedLinear)
+    assert isinstance(bench_model.quantized(base, "mxfp4+lm_head", prompt).lm_head, QuantizedLinear)
+    for bad in ("nvfp4:mxfp8:static", "nvfp4:nvfp4:dynamic", "nvfp4::static", "nvfp4+embed"):
+        with pytest.raises(ValueError, match="WEIGHT:nvfp4:static, each optionally with \\+lm_head"):
             bench_model.quantized(base, bad, prompt)
 
 
