@@ -14,6 +14,7 @@ the extra column frac_of_copy_bw.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import itertools
@@ -52,14 +53,10 @@ def compile_sm90(folder: Path) -> int:
     rows = torch.randn(2, 8192, dtype=torch.bfloat16)
     assert rows.numel() <= kq.QUANTIZE_OWN_AMAX_ELEMENTS
     both(rows, "nvfp4", "quantize_nvfp4_bfloat16", "_own_amax")
-    saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS
-    try:
-        for slots in (False, True):  # as at M = 16 on a GPU
-            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = 0, lambda d: 256, slots
+    for way in ("barrier", "slots"):  # as at M = 16 on a GPU
+        with amax_way(way):
             both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16",
-                 "_barrier_slots" if slots else "_barrier")
-    finally:
-        kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = saved
+                 "_barrier_slots" if way == "slots" else "_barrier")
     hw = kq._hw_e4m3
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
@@ -86,6 +83,19 @@ AMAX_WAYS = {  # nvfp4's device global scale, each way forced:
     "launched": (0, lambda d: 0, False)}
 
 
+@contextlib.contextmanager
+def amax_way(way: str):
+    """`kernels.quantize._global_scale` forced to one of AMAX_WAYS inside the block."""
+    from blockscaled.kernels import quantize as kq
+
+    saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS
+    kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = AMAX_WAYS[way]
+    try:
+        yield
+    finally:
+        kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = saved
+
+
 def amax_ways(shapes) -> list[dict]:
     """nvfp4 with its global scale computed on the device, at decode rows, each way of `kernels.quantize._global_scale`
     forced, as `scaled_mm(..., activation_format="nvfp4")` runs it (`quantize_decoded`), by CUDA-graph replay; mxfp4
@@ -100,16 +110,12 @@ def amax_ways(shapes) -> list[dict]:
         want, g_want = kq.quantize_decoded(x, nv, "floor", None)
         times = {"mxfp4": time_ms(lambda: kq.quantize_decoded(x, mx, "floor", None), True),
                  "nvfp4 static": time_ms(lambda: kq.quantize_decoded(x, nv, "floor", g_want), True)}
-        saved = kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS
-        try:
-            for way, (own, barrier, slots) in AMAX_WAYS.items():
-                kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = own, barrier, slots
+        for way in AMAX_WAYS:
+            with amax_way(way):
                 got, g = kq.quantize_decoded(x, nv, "floor", None)
                 if not (torch.equal(got, want) and torch.equal(g, g_want)):
                     raise SystemExit(f"{shape} nvfp4 {way}: rows or global scale differ from the default's")
                 times[f"nvfp4 {way}"] = time_ms(lambda: kq.quantize_decoded(x, nv, "floor", None), True)
-        finally:
-            kq.QUANTIZE_OWN_AMAX_ELEMENTS, kq._barrier_programs, kq.QUANTIZE_BARRIER_SLOTS = saved
         print(f"{shape} (decoded rows, CUDA graph): " + ", ".join(f"{n} {t * 1e3:.2f} us" for n, t in times.items()))
         rows_out += [dict(pair=f"quantize_{n.split()[0]}", M=m, K=k, median_ms=f"{t:.5f}",
                           provider="decoded_" + (n.split()[1] if " " in n else "floor")) for n, t in times.items()]

@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from blockscaled.reference.quantize import nvfp4_global_scale
+
 from .formats import get_format
 from .ops import linear_call, linear_eager, register_weight
 from .qtensor import QTensor
@@ -166,20 +168,14 @@ def calibrate(model: nn.Module):
         for m in layers.values():
             m.activation_global_scale = None
         yield scales
-    except BaseException:
-        for name, m in layers.items():
-            m.activation_global_scale = saved[name]
-        raise
-    finally:
+    finally:  # every layer's scale as it was (on an exception, a NaN, or for layers no call reached)
         for h in handles:
             h.remove()
+        for name, m in layers.items():
+            m.activation_global_scale = saved[name]
     seen = {name: float(a) for name, a in zip(amax, torch.stack(list(amax.values())).cpu())} if amax else {}
     bad = [name for name, a in seen.items() if not math.isfinite(a)]
-    for name, m in layers.items():
-        if name not in seen or bad:
-            m.activation_global_scale = saved[name]
     if bad:
         raise ValueError(f"calibrate: non-finite activations (NaN or Inf) reached {', '.join(bad)}; no scale was set")
     for name, a in seen.items():
-        a32 = torch.tensor(a, dtype=torch.float32)
-        layers[name].activation_global_scale = scales[name] = float(torch.where(a32 == 0, 1.0, a32 / 2688.0))
+        layers[name].activation_global_scale = scales[name] = float(nvfp4_global_scale(torch.tensor(a)))

@@ -144,6 +144,8 @@ def _m64_sixteen_warps_programs(m: int, n: int) -> int:
     if m < MMA_M64_WARPS_16_MIN_M or n % weight_rows:
         return 0
     return n // weight_rows * -(-m // (2 * MMA_M64_B_ROWS))
+
+
 # Static shared memory for mma_m64_kernel's cluster sums and B windows: 48 KB less room for Triton's own.
 MMA_CLUSTER_SHARED_BYTES = STATIC_SHARED_BYTES - 4096
 # Split-K parts sum in thread-block clusters only above this many programs per SM (a cluster's CTAs share one GPC):

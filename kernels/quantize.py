@@ -189,26 +189,26 @@ def quantize_kernel(
                         w = x[whole_r, whole_c, :].to(torch.float32).view(torch.int32)
                     top = torch.maximum(top, torch.amax(torch.amax(w & 0x7FFFFFFF, dim=0), dim=0))
                 gs = torch.full_like(amax, 1.0) * torch.amax(top, dim=0).view(torch.float32)
-            elif SYNC_AMAX == 2:  # [program] its amax's bits | 0x80000000 (written), [SLOTS] departures (at the end)
-                mine = torch.amax(torch.amax(amax.view(torch.int32), dim=1), dim=0) | -2147483648
-                hl.store(sync, [tile_c.begin * row_tiles + tile_r.begin // tile_r.block_size], mine)
-                slot = hl.arange(SLOTS)
-                seen = hl.atomic_add(sync, [slot], torch.zeros_like(slot), sem="relaxed")  # at L2, never a stale L1 line
-                while torch.sum(((seen >= 0) & (slot < programs)).to(torch.int32)) > 0:
-                    seen = hl.atomic_add(sync, [slot], torch.zeros_like(slot), sem="relaxed")
-                top = torch.amax(torch.where(slot < programs, seen & 0x7FFFFFFF, 0), dim=0)
-                gs = torch.full_like(amax, 1.0) * top.view(torch.float32)
-            elif SYNC_AMAX:  # a grid barrier: [0] the amax's bits (atomic max), [1] arrivals, [2] departures
-                hl.atomic_max(sync, [0], torch.amax(torch.amax(amax.view(torch.int32), dim=1), dim=0), sem="relaxed")
-                hl.atomic_add(sync, [1], 1, sem="release")  # after this program's amax (one thread issues both)
-                seen = hl.atomic_add(sync, [1], 0, sem="acquire")
-                while seen < programs:
+            elif SYNC_AMAX:  # a grid barrier over the programs' own amaxes (their bits)
+                mine = torch.amax(torch.amax(amax.view(torch.int32), dim=1), dim=0)
+                if SYNC_AMAX == 2:  # [program] its amax's bits | 0x80000000 (written), [SLOTS] departures (at the end)
+                    hl.store(sync, [tile_c.begin * row_tiles + tile_r.begin // tile_r.block_size], mine | -2147483648)
+                    slot = hl.arange(SLOTS)
+                    seen = hl.atomic_add(sync, [slot], torch.zeros_like(slot), sem="relaxed")  # at L2, never stale L1
+                    while torch.sum(((seen >= 0) & (slot < programs)).to(torch.int32)) > 0:
+                        seen = hl.atomic_add(sync, [slot], torch.zeros_like(slot), sem="relaxed")
+                    top = torch.amax(torch.where(slot < programs, seen & 0x7FFFFFFF, 0), dim=0)
+                else:  # [0] the amax's bits (atomic max), [1] arrivals, [2] departures
+                    hl.atomic_max(sync, [0], mine, sem="relaxed")
+                    hl.atomic_add(sync, [1], 1, sem="release")  # after this program's amax (one thread issues both)
                     seen = hl.atomic_add(sync, [1], 0, sem="acquire")
-                top = hl.atomic_add(sync, [0], 0, sem="acquire")
-                if hl.atomic_add(sync, [2], 1, sem="acq_rel") == programs - 1:  # the last to leave: every read done
-                    hl.store(sync, [0], 0)
-                    hl.store(sync, [1], 0)
-                    hl.store(sync, [2], 0)
+                    while seen < programs:
+                        seen = hl.atomic_add(sync, [1], 0, sem="acquire")
+                    top = hl.atomic_add(sync, [0], 0, sem="acquire")
+                    if hl.atomic_add(sync, [2], 1, sem="acq_rel") == programs - 1:  # the last to leave: reads done
+                        hl.store(sync, [0], 0)
+                        hl.store(sync, [1], 0)
+                        hl.store(sync, [2], 0)
                 gs = torch.full_like(amax, 1.0) * top.view(torch.float32)
             else:  # the given global scale, or the amax a reduction launched before this kernel left there
                 gs = torch.full_like(amax, 1.0) * global_scale[0]
@@ -279,7 +279,7 @@ class _Amax(NamedTuple):
     from_amax: bool = False
     own: bool = False
     barrier: int = 0  # SYNC_AMAX: 0, or 1 / 2 (see quantize_kernel)
-    slots: int = 1  # SLOTS: a power of two >= the programs (SYNC_AMAX 2)
+    slots: int = 1  # SLOTS: a power of two >= the programs (SYNC_AMAX 2; else 1, unused)
 
 
 def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
@@ -298,8 +298,9 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
         if programs <= _barrier_programs(x.device):
             sync = scratch.get(("quantize_sync", x.device), scratch.ScratchSpec(tickets=MAX_BARRIER_PROGRAMS + 1),
                                x.device).tickets
-            return _Amax(_one(x.device), out, sync, from_amax=True, barrier=2 if QUANTIZE_BARRIER_SLOTS else 1,
-                         slots=1 << (programs - 1).bit_length())
+            if QUANTIZE_BARRIER_SLOTS:
+                return _Amax(_one(x.device), out, sync, from_amax=True, barrier=2, slots=1 << (programs - 1).bit_length())
+            return _Amax(_one(x.device), out, sync, from_amax=True, barrier=1)
         return _Amax(torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, out, from_amax=True)
     g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
     return _Amax(g, g, g)
