@@ -157,27 +157,30 @@ def _time_ms(fn, device, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def profile_prefill(fwd, prompt, path: Path, rows: int = 30) -> None:
-    """One prefill under torch.profiler (after `run`'s timed ones: warm), its kernels by total device time (the top
-    `rows`) written to `path`."""
+def write_profile(fn, device, path: Path, rows: int = 30) -> None:
+    """`fn()` under torch.profiler (warm: after the timed runs), its kernels by total device time (the top `rows`)
+    written to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            fwd(prompt, use_cache=False, logits_to_keep=1)
-            _sync(prompt.device)
+            fn()
+            _sync(device)
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=90)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(table)
 
 
-def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool) -> tuple[torch.Tensor, float, str]:
-    """Greedy `steps` tokens after `prompt` with a static cache: (tokens [batch, steps], tokens/s, mode)."""
+def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool,
+           profile: Path | None = None) -> tuple[torch.Tensor, float, str]:
+    """Greedy `steps` tokens after `prompt` with a static cache: (tokens [batch, steps], tokens/s, mode); with
+    `profile`, 8 more steps under torch.profiler after the timed ones, their kernels by device time written there."""
     from transformers import StaticCache
 
     device = prompt.device
     batch, length = prompt.shape
-    cache = StaticCache(config=config, max_cache_len=length + steps + 4)
+    # transformers 5 places each step at its own count of steps taken (warm-ups included), not at `cache_position`
+    cache = StaticCache(config=config, max_cache_len=length + steps + 4 + (8 if profile is not None else 0))
     with torch.no_grad():
         logits = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(length, device=device),
                        use_cache=True).logits
@@ -214,6 +217,13 @@ def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool) -> tup
             out.append(token)
     _sync(device)
     seconds = time.perf_counter() - start
+    if profile is not None:
+        def steps8():
+            for t in range(8):
+                pos.fill_(length + steps + t)
+                run()
+
+        write_profile(steps8, device, profile)
     return torch.cat(out, dim=1), batch * steps / seconds, mode
 
 
@@ -245,6 +255,7 @@ def run(args, on_row=lambda row: None) -> list[dict]:
         calibration = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
         for variant in ["bf16", *args.formats]:
             model = base if variant == "bf16" else quantized(base, variant, calibration)
+            name = f"{variant.replace(':', '_').replace('+', '_')}_{args.compile}_b{batch}"
             # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each); the reset
             # keeps the variants' graphs from filling Dynamo's recompile limit on the shared forward code (8: the
             # fourth variant ran eagerly without it)
@@ -257,12 +268,14 @@ def run(args, on_row=lambda row: None) -> list[dict]:
                 prefill_ms = _time_ms(lambda: fwd(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
             if args.profile:
-                profile_prefill(fwd, prompt, args.profile / f"prefill_{variant.replace(':', '_')}_{args.compile}_b{batch}.txt")
+                write_profile(lambda: fwd(prompt, use_cache=False, logits_to_keep=1), device,
+                              args.profile / f"prefill_{name}.txt")
             kernel_db = math.inf
             if model is not base:
                 kernel_db = min(kernel_sqnr(model, lambda: model(prompt, use_cache=False, logits_to_keep=1)),
                                 kernel_sqnr(model, lambda: model(prompt[:, -1:], use_cache=False)))
-            _, tps, mode = decode(fwd, config, prompt, args.decode, not args.no_graphs)
+            _, tps, mode = decode(fwd, config, prompt, args.decode, not args.no_graphs,
+                                  args.profile / f"decode8_{name}.txt" if args.profile else None)
             row = dict(stamp, variant=variant, compile=args.compile, batch=batch, prefill=args.prefill,
                        prefill_ms=f"{prefill_ms:.3f}",
                        decode_mode=mode, decode_tokens_per_s=f"{tps:.1f}", token_agreement=f"{same:.4f}",
@@ -309,7 +322,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
                         "attention glue fused, each QuantizedLinear one custom op); none: eager")
-    p.add_argument("--profile", type=Path, help="write each variant's prefill kernels by device time to this folder")
+    p.add_argument("--profile", type=Path, help="write each variant's prefill and 8 decode steps' kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
     return p.parse_args(argv)
