@@ -48,9 +48,26 @@ class QuantizedLinear(nn.Module):
                              f"supported; supported pairs: {pairs}")
         self.out_features, self.in_features = weight.shape
         self.activation_format, self.scale_rounding = activation_format, scale_rounding
-        self.activation_global_scale = activation_global_scale
         self._set_weight(weight)
+        self.activation_global_scale = activation_global_scale
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def activation_global_scale(self) -> float | None:
+        """The static nvfp4 activation scale (None: each call's amax). Kept beside as a float32 [1] buffer on the
+        weight's device, which the calls take: a number would be copied to the device in every call (a host sync, and
+        refused inside a CUDA-graph capture)."""
+        return self._activation_global_scale
+
+    @activation_global_scale.setter
+    def activation_global_scale(self, value: float | None) -> None:
+        if value is not None:
+            value = float(value)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"activation_global_scale: expected a finite number > 0 or None, got {value}")
+        self._activation_global_scale = value
+        self.register_buffer("activation_scale", None if value is None else torch.full(
+            (1,), value, dtype=torch.float32, device=self.weight_data.device), persistent=False)
 
     def _set_weight(self, weight: QTensor) -> None:
         self.weight = weight
@@ -80,8 +97,7 @@ class QuantizedLinear(nn.Module):
         x2 = x2.contiguous()
         # while torch.compile traces, the custom op (one node, its fake implementation); eager, the call itself
         call = linear_call if torch.compiler.is_compiling() else linear_eager
-        y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_global_scale,
-                 x.dtype)
+        y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_scale, x.dtype)
         return y.reshape(*lead, self.out_features)
 
     def get_extra_state(self) -> dict:

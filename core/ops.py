@@ -51,7 +51,7 @@ def _weight(data, scale, global_scale, fmt, layout, data_layout, n, k) -> QTenso
 _LIB = torch.library.Library("blockscaled", "DEF")
 _LIB.define("linear(Tensor x, Tensor data, Tensor scale, Tensor? global_scale, Tensor? bias, str fmt, str layout, "
             "str data_layout, SymInt n, SymInt k, str? activation_format, str scale_rounding, "
-            "float? activation_global_scale, ScalarType out_dtype) -> Tensor")
+            "Tensor? activation_global_scale, ScalarType out_dtype) -> Tensor")
 _LIB.define("quantize(Tensor x, str fmt, str scale_rounding, str layout, Tensor? global_scale) -> "
             "(Tensor, Tensor, Tensor)")
 
@@ -63,10 +63,10 @@ def _no_grad_inputs(op: str, *tensors) -> None:
 
 def linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
            bias: torch.Tensor | None, fmt: str, layout: str, data_layout: str, n: int, k: int,
-           activation_format: str | None, scale_rounding: str, activation_global_scale: float | None,
+           activation_format: str | None, scale_rounding: str, activation_global_scale: torch.Tensor | None,
            out_dtype: torch.dtype) -> torch.Tensor:
     """`linear_eager` with the weight given by its fields."""
-    _no_grad_inputs("linear", x, bias)
+    _no_grad_inputs("linear", x, bias, activation_global_scale)
     return linear_eager(x, _weight(data, scale, global_scale, fmt, layout, data_layout, n, k), bias, activation_format,
                         scale_rounding, activation_global_scale, out_dtype)
 
@@ -95,7 +95,8 @@ def linear_eager(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rou
 
 def linear_call(x: torch.Tensor, w: QTensor, bias, activation_format, scale_rounding, activation_global_scale,
                 out_dtype) -> torch.Tensor:
-    """`torch.ops.blockscaled.linear` on QTensor `w`."""
+    """`torch.ops.blockscaled.linear` on QTensor `w`; a static `activation_global_scale` as a device tensor (a number
+    would be copied to the device in every call, which a CUDA-graph capture refuses)."""
     return torch.ops.blockscaled.linear(x, w.data, w.scale, w.global_scale, bias, w.fmt.name, w.layout, w.data_layout,
                                         w.shape[0], w.shape[1], activation_format, scale_rounding,
                                         activation_global_scale, out_dtype)

@@ -302,7 +302,10 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
                 return _Amax(_one(x.device), out, sync, from_amax=True, barrier=2, slots=1 << (programs - 1).bit_length())
             return _Amax(_one(x.device), out, sync, from_amax=True, barrier=1)
         return _Amax(torch.linalg.vector_norm(x, float("inf"), dtype=torch.float32).reshape(1), out, out, from_amax=True)
-    g = torch.as_tensor(global_scale, dtype=torch.float32, device=x.device).reshape(1)
+    if isinstance(global_scale, torch.Tensor):
+        g = global_scale.to(device=x.device, dtype=torch.float32).reshape(1)
+    else:  # a number: a fill kernel, not a host-to-device copy (a sync, and refused inside a CUDA-graph capture)
+        g = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
     return _Amax(g, g, g)
 
 

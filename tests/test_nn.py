@@ -53,6 +53,42 @@ def test_state_dict_round_trip(gen):
     assert "weight_format=mxfp4" in repr(other) and "in_features=64, out_features=48" in repr(other)
 
 
+@interpreter
+def test_static_scale_is_a_device_buffer_and_survives_round_trips(gen, monkeypatch):
+    """A static activation scale reaches the op as the layer's float32 [1] buffer (no number copied to the device in
+    each call: a host sync, refused inside a CUDA-graph capture), follows `.to()`, a state_dict round trip and a
+    compiled graph, and is checked when set."""
+    q = QuantizedLinear.from_linear(_linear(gen=gen), "nvfp4", activation_format="nvfp4")
+    assert q.activation_scale is None
+    q.activation_global_scale = 0.01
+    assert q.activation_scale.dtype == torch.float32 and q.activation_scale.tolist() == [float(torch.tensor(0.01))]
+    assert "activation_scale" not in q.state_dict()  # the float is in the extra state
+    import blockscaled.nn as bnn
+
+    seen, real = [], bnn.linear_eager
+    monkeypatch.setattr(bnn, "linear_eager", lambda *args: seen.append(args[5]) or real(*args))
+    x = torch.randn(3, 64, generator=gen)
+    y = q(x)
+    monkeypatch.undo()
+    assert seen and seen[0] is q.activation_scale
+    want = ref_scaled_mm(bs.quantize(x, "nvfp4", global_scale=0.01), q.weight).double() + q.bias.double()
+    assert max_rel_err(y, want) < 1e-5
+    buf = io.BytesIO()
+    torch.save(q.state_dict(), buf)
+    buf.seek(0)
+    other = QuantizedLinear.from_linear(_linear(gen=gen), "nvfp4", activation_format="nvfp4")
+    other.load_state_dict(torch.load(buf, weights_only=False))
+    assert other.activation_global_scale == q.activation_global_scale and torch.equal(other(x), y)
+    assert torch.equal(other.to(torch.device("cpu")).activation_scale, q.activation_scale)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(q, fullgraph=True, backend="aot_eager")(x), y)
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="activation_global_scale"):
+            q.activation_global_scale = bad
+    q.activation_global_scale = None
+    assert q.activation_scale is None
+
+
 def _calibration_model(gen):
     """nvfp4 activations on layers 0 and 2, weight-only layer 4, mxfp8 activations on layer 6."""
     model = nn.Sequential(_linear(64, 32, gen=gen), nn.ReLU(), _linear(32, 32, gen=gen), nn.ReLU(),
@@ -150,7 +186,8 @@ def test_custom_ops_pass_opcheck(gen):
                                                          w.data_layout, 24, 64, None, "floor", None, torch.bfloat16), test_utils=checks)
     xf = torch.randn(3, 64, generator=gen)
     torch.library.opcheck(torch.ops.blockscaled.linear, (xf, w.data, w.scale, w.global_scale, None, "nvfp4", w.layout,
-                                                         w.data_layout, 24, 64, "nvfp4", "floor", 0.01, torch.float32), test_utils=checks)
+                                                         w.data_layout, 24, 64, "nvfp4", "floor", torch.tensor([0.01]), torch.float32),
+                          test_utils=checks)
     for fmt, layout in (("nvfp4", "swizzle_32_4_4"), ("mxfp4", "rowmajor")):
         torch.library.opcheck(torch.ops.blockscaled.quantize, (xf, fmt, "floor", layout, None), test_utils=checks)
     # inference only: an input that requires grad is refused by name, not differentiated wrongly

@@ -85,10 +85,16 @@ def test_torch_compile_inductor_matches_eager(weight_format, activation_format, 
         assert max_rel_err(got, want.double()) < BF16_BOUND, f"step {step}"
 
 
-@pytest.mark.parametrize("weight_format,activation_format", [("nvfp4", None), ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4")])
+@pytest.mark.parametrize("weight_format,activation_format",
+                         [("nvfp4", None), ("mxfp4", "mxfp8"), ("nvfp4", "nvfp4"), ("nvfp4", "nvfp4:static")])
 def test_hand_captured_cuda_graph_replays_new_inputs(weight_format, activation_format, gen):
-    """As a serving engine captures decode: warm up on a side stream, capture, copy new inputs in, replay."""
-    model = _model(gen, weight_format, activation_format)
+    """As a serving engine captures decode: warm up on a side stream, capture, copy new inputs in, replay ("static":
+    the nvfp4 activation scales calibrated first, as a checkpoint's input_scale gives them)."""
+    model = _model(gen, weight_format, activation_format.partition(":")[0] if activation_format else None)
+    if activation_format == "nvfp4:static":
+        with calibrate(model), torch.no_grad():
+            model(torch.randn(8, K, generator=gen).to("cuda", torch.bfloat16) * 4)
+        assert all(m.activation_scale is not None for m in model if isinstance(m, QuantizedLinear))
     static_x = torch.randn(8, K, generator=gen).to("cuda", torch.bfloat16)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
