@@ -309,9 +309,9 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
     return _Amax(g, g, g)
 
 
-# The grid barrier by slots (SYNC_AMAX 2) instead of an atomic maximum and a count of arrivals (1, on the critical
-# path: a fence and four round trips to L2 against one). Off until run and timed on a GPU; 1 took 4.5 us at 16 x 8192
-# on an H200 against 2.6 us with a static scale.
+# The grid barrier by slots (SYNC_AMAX 2) instead of an atomic maximum and a count of arrivals (1). Off: H200, decoded
+# rows, count / slots, us: 16 x 8192 4.53 / 4.40, 16 x 28672 4.73 / 5.19, 32 x 8192 4.57 / 4.79 (static scale 2.5-2.7;
+# bench/results/h200_quantize_amax_ways_86ca1e5_2026-11-29.log). Both pass the GPU tests.
 QUANTIZE_BARRIER_SLOTS = False
 MAX_BARRIER_PROGRAMS = 256
 
