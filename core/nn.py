@@ -83,7 +83,33 @@ class QuantizedLinear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
         weight = quantize_weight(linear.weight.detach(), weight_format, data_layout=data_layout, **quantize_options)
-        return cls(weight, linear.bias, activation_format=activation_format, scale_rounding=scale_rounding)
+        layer = cls(weight, linear.bias, activation_format=activation_format, scale_rounding=scale_rounding)
+        layer.follow_device_layout = data_layout is None
+        return layer
+
+    # the codes and scales: a move changes their device, never their dtype
+    _CODE_BUFFERS = ("weight_data", "weight_scale", "weight_global_scale", "activation_scale")
+    # re-arrange the weights for the device a move lands on (`from_linear` without a `data_layout` sets it)
+    follow_device_layout = False
+
+    def _apply(self, fn, recurse=True):
+        """`.to(device)` / `.cuda()` move the codes and scales; dtype casts (`model.to(torch.bfloat16)`, `.half()`)
+        leave them as they are (a cast would turn the fp8 codes and scales into other numbers) and cast the bias, as
+        nn.Linear's. The weight is then rebuilt from the moved buffers, in the device's fastest layout where
+        `follow_device_layout` (a model quantized on the host and moved to the GPU gets the GPU's kernels)."""
+        before = {name: getattr(self, name) for name in self._CODE_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if old is not None and new is not None and new.dtype != old.dtype:
+                setattr(self, name, old.to(new.device))
+        w = self.weight
+        weight = QTensor(self.weight_data, self.weight_scale, w.fmt, w.layout, self.weight_global_scale, tuple(w.shape),
+                         w.data_layout)
+        if all(getattr(weight, f) is getattr(w, f) for f in ("data", "scale", "global_scale")):
+            return self  # nothing moved: keep the weight and its caches
+        self._set_weight(weight.for_device() if self.follow_device_layout else weight)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:

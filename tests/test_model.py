@@ -52,15 +52,17 @@ def test_static_variants_are_calibrated_and_checked():
 def test_tiny_qwen2_compiled_runs_quantized(tmp_path):
     """The second family (Qwen2: biased q / k / v projections) under `--compile` (aot_eager: the CPU machine has no
     C++ compiler for inductor): every linear a custom op in the traced graph, the kernels' check as in eager; with
-    `--profile`, each variant's prefill table."""
+    `--profile`, each variant's prefill and decode tables."""
     import torch
 
     torch._dynamo.reset()
     rows = bench_model.run(bench_model.parse_args([
         "--model", "tiny-qwen2", "--layers", "1", "--formats", "nvfp4", "--batch", "2", "--prefill", "8", "--decode", "2",
         "--reps", "1", "--device", "cpu", "--no-graphs", "--compile", "aot_eager", "--profile", str(tmp_path)]))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["prefill_bf16_aot_eager_b2.txt", "prefill_nvfp4_aot_eager_b2.txt"]
-    assert "Name" in (tmp_path / "prefill_nvfp4_aot_eager_b2.txt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{part}_{variant}_aot_eager_b2.txt" for part in ("decode8", "prefill") for variant in ("bf16", "nvfp4")]
+    for part in ("decode8", "prefill"):
+        assert "Name" in (tmp_path / f"{part}_nvfp4_aot_eager_b2.txt").read_text()
     bf16, q = rows
     assert q["compile"] == "aot_eager" and q["decode_mode"] == "eager" and float(q["decode_tokens_per_s"]) > 0
     assert float(q["kernel_sqnr_db"]) > 40 and float(q["logits_sqnr_db"]) > 10, q

@@ -89,6 +89,39 @@ def test_static_scale_is_a_device_buffer_and_survives_round_trips(gen, monkeypat
     assert q.activation_scale is None
 
 
+@interpreter
+def test_dtype_casts_leave_the_codes_and_moves_rebuild_the_weight(gen):
+    """`model.to(torch.bfloat16)` / `.half()` (what users do to a whole model) cast the bias and leave the codes,
+    scales and static scale as they are, so the state_dict still loads; a move (here `_apply` with copies, as `.to`
+    makes on another device) rebuilds the weight from the moved buffers."""
+    model = nn.Sequential(_linear(gen=gen), nn.ReLU(), _linear(48, 32, gen=gen))
+    quantize_model_(model, "mxfp8", filter_fn=lambda name, m: name == "0")
+    quantize_model_(model, "nvfp4", activation_format="nvfp4", filter_fn=lambda name, m: name == "2")
+    model[2].activation_global_scale = 0.02
+    dtypes = {name: b.dtype for name, b in model.named_buffers()}
+    x = torch.randn(3, 64, generator=gen)
+    want = model(x)
+    model.to(torch.bfloat16)
+    assert {name: b.dtype for name, b in model.named_buffers()} == dtypes
+    assert model[0].bias.dtype == torch.bfloat16
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    model.float()
+    other = nn.Sequential(_linear(gen=gen), nn.ReLU(), _linear(48, 32, gen=gen))
+    quantize_model_(other, "mxfp8", filter_fn=lambda name, m: name == "0")
+    quantize_model_(other, "nvfp4", activation_format="nvfp4", filter_fn=lambda name, m: name == "2")
+    other.load_state_dict(torch.load(buf, weights_only=False))
+    other.float()
+    assert max_rel_err(other(x), want.double()) < 1e-2  # the bias went through bf16
+    old, before = {name: b for name, b in model.named_buffers()}, model(x)
+    model._apply(lambda t: t.clone())
+    for layer, prefix in ((model[0], "0."), (model[2], "2.")):
+        assert layer.weight.data is layer.weight_data is not old[prefix + "weight_data"]
+        assert layer.weight.scale is layer.weight_scale
+    assert torch.equal(model(x), before)
+
+
 def _calibration_model(gen):
     """nvfp4 activations on layers 0 and 2, weight-only layer 4, mxfp8 activations on layer 6."""
     model = nn.Sequential(_linear(64, 32, gen=gen), nn.ReLU(), _linear(32, 32, gen=gen), nn.ReLU(),

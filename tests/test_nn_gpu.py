@@ -114,6 +114,28 @@ def test_hand_captured_cuda_graph_replays_new_inputs(weight_format, activation_f
         assert max_rel_err(static_y, want.double()) < BF16_BOUND, f"replay {step}"
 
 
+def test_quantized_on_the_host_then_moved(gen):
+    """A model quantized on the host (k_order codes) and moved with `.to("cuda")` then `.to(torch.bfloat16)`, as users
+    load and move models: the weights land in the GPU's layout, the codes and scales keep their dtypes, and the
+    product is the fp64 reference of the same codes."""
+    model = nn.Sequential(nn.Linear(K, N), nn.GELU(), nn.Linear(N, 512, bias=False))
+    quantize_model_(model, "nvfp4", activation_format="nvfp4", filter_fn=lambda name, m: name == "0")
+    quantize_model_(model, "mxfp8", filter_fn=lambda name, m: name == "2")
+    assert {m.weight.data_layout for m in model if isinstance(m, QuantizedLinear)} == {"k_order"}
+    model[0].activation_global_scale = 0.01
+    dtypes = {name: b.dtype for name, b in model.named_buffers()}
+    model.to("cuda").to(torch.bfloat16)
+    assert {name: b.dtype for name, b in model.named_buffers()} == dtypes
+    for m in (model[0], model[2]):
+        assert m.weight.data_layout == "mma_m16k16" and m.weight.data.is_cuda
+    assert model[0].activation_scale.is_cuda and model[2].activation_scale is None
+    x = torch.randn(16, K, generator=gen).to("cuda", torch.bfloat16)
+    h = model[0](x)
+    assert max_rel_err(h, _want(model[0], x)) < BF16_BOUND
+    y = model[2](model[1](h))
+    assert max_rel_err(y, _want(model[2], model[1](h))) < BF16_BOUND
+
+
 def test_checkpoint_loaded_onto_the_gpu(gen):
     """A ModelOpt NVFP4 linear (host tensors, as safetensors loads them) loaded with device="cuda": the mma layout,
     the same product as the fp64 reference of the checkpoint's own codes."""
