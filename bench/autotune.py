@@ -41,14 +41,16 @@ BOUND = 4e-3  # bf16 out against fp64: one output rounding (tests/pairs.py); a w
 
 def candidates(m: int) -> list[dict]:
     """The configs tried at M rows (before the shape's own checks)."""
-    # "hoist" (the L2 policies made once): 12 fewer sm_90 instructions a window at M = 1 but one weight load issued
-    # later; 7-8% slower for bf16 x fp4 on an H100 (memory-bound there), while an H200 issues on 2/3 of its cycles
+    # the L2 hints made once ("hoist") or not at all ("evict" off): 12 fewer sm_90 instructions a window at M = 1 and
+    # ~24 an iteration at M = 16 for bf16 activations, but one weight load issued later; hoisting was 7-8% slower for
+    # bf16 x fp4 at M = 1 on an H100 (memory-bound there), while an H200 issues on 2/3 of its cycles in these loops
+    hints = [{"hoist": True}, {"evict": False}]
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
-        return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)]
-                + [{"hoist": True}, {"hoist": True, "k_warps": 16}])
+        return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)] + hints
+                + [{"hoist": True, "k_warps": 16}])
     if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
-                + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + [{"hoist": True}])
+                + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints)
     # above 64 rows, 128 activation rows a program with split-K too: the activation is re-read from L2 once per 128
     # weight rows whatever the tile, the weights once per tile_m rows (M = 256, 8192^2, tile_m 64: ~411 MB a call)
     # and 16 warps (256 weight rows: the activation's re-reads halved too, docs/MID_M.md)

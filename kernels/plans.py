@@ -165,8 +165,9 @@ MMA_PDL_MX_ACT_MAX_WINDOWS = 16
 # Windows of weights each warp asks L2 for before its grid wait, by (fp8 weights, column groups): 4 only for fp8 at
 # 8 < M <= 16 (mxfp8 x mxfp8, 8192^2: 25.1 -> 24.2 us; fp4 weights lost with 3 or 4).
 MMA_PDL_PREFETCH = {(False, 1): 2, (False, 2): 2, (True, 1): 2, (True, 2): 4}
-# config keys that change how a plan launches, not the plan: a config of only these keeps the default plan
-LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch"}
+# config keys that change how a plan launches or hints its loads, not the plan: a config of only these keeps the
+# default plan (the staged B at M = 1 included)
+LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch", "evict", "hoist"}
 
 
 # fp4 / fp8 activations on fp4 weights above M = 16 are decoded to bf16 rows first ("predecode", dequantize.py), then

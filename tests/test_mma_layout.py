@@ -335,6 +335,10 @@ def test_split_fills_the_last_wave(monkeypatch):
     assert [plans._mma_options(None, m, 8192, True).hoist for m in (1, 2, 8, 16)] == [False, True, True, True]
     assert plans._mma_options({"evict": False}, 16, 8192, True).hoist is False
     assert plans._mma_options({"hoist": True}, 1, 8192, False).hoist is True
+    # a config of only hint keys keeps the default plan: B staged by the plan at M = 1 (fp4 / fp8 activations)
+    for hints in ({"hoist": True}, {"evict": False}):
+        assert plans._mma_options(hints, 1, 8192, True).stage_b is None
+    assert plans._mma_options({"k_warps": 8}, 1, 8192, True).stage_b is False
     with pytest.raises(ValueError, match="hoist applies to the eviction hints"):
         plans._mma_options({"evict": False, "hoist": True}, 16, 8192, True)
     with pytest.raises(ValueError, match="hoist must be a bool"):
