@@ -108,7 +108,9 @@ class QuantizedLinear(nn.Module):
                          w.data_layout)
         if all(getattr(weight, f) is getattr(w, f) for f in ("data", "scale", "global_scale")):
             return self  # nothing moved: keep the weight and its caches
-        self._set_weight(weight.for_device() if self.follow_device_layout else weight)
+        # from the meta device (`to_empty`) there are no codes to arrange yet: a state_dict brings them
+        arrange = self.follow_device_layout and w.data.device.type != "meta"
+        self._set_weight(weight.for_device() if arrange else weight)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
