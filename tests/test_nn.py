@@ -102,7 +102,8 @@ def test_dtype_casts_leave_the_codes_and_moves_rebuild_the_weight(gen):
     x = torch.randn(3, 64, generator=gen)
     model.to(torch.bfloat16)
     for name, b in model.named_buffers():  # the same dtype and bits
-        assert b.dtype == codes[name].dtype and torch.equal(b.reshape(-1).view(torch.uint8), codes[name].reshape(-1).view(torch.uint8)), name
+        bits = codes[name].reshape(-1).view(torch.uint8)
+        assert b.dtype == codes[name].dtype and torch.equal(b.reshape(-1).view(torch.uint8), bits), name
     assert model[0].bias.dtype == torch.bfloat16
     buf = io.BytesIO()
     torch.save(model.state_dict(), buf)
