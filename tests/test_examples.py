@@ -12,7 +12,8 @@ import torch
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["mma_decode", "dense_plan", "quantized_activations", "portable_dequant", "dot_scaled_codegen"])
+@pytest.mark.parametrize("name", ["mma_decode", "dense_plan", "quantized_activations", "portable_dequant", "dot_scaled_codegen",
+                                  "model_drop_in"])
 def test_example_runs(name):
     env = dict(os.environ)
     if not torch.cuda.is_available():

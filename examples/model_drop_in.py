@@ -1,0 +1,55 @@
+"""A transformers Llama with its linears swapped for nvfp4 weights (`blockscaled.nn.quantize_model_`), as a user drops
+the layers into a model: quantized on the host, moved to the device, every layer checked against the fp64 reference
+of its own codes, greedy tokens beside the unquantized model's, a state_dict round trip. Random weights, nothing
+downloaded (`python -m bench.model` times the same at Llama-3-8B's size).
+
+    python examples/model_drop_in.py
+"""
+
+import copy
+import io
+
+import torch
+import transformers
+from _common import DEVICE
+
+from blockscaled.nn import QuantizedLinear, quantize_model_
+from blockscaled.reference import max_rel_err, scaled_mm as reference
+
+big = DEVICE == "cuda"
+config = transformers.LlamaConfig(hidden_size=1024 if big else 64, intermediate_size=2816 if big else 128,
+                                  num_hidden_layers=2, num_attention_heads=8 if big else 4, num_key_value_heads=2,
+                                  vocab_size=2048 if big else 256)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(config).eval()  # fp32, on the host
+quantized = copy.deepcopy(model)
+report = quantize_model_(quantized, "nvfp4", filter_fn=lambda name, m: name != "lm_head")  # the lm_head stays, as
+print({name: why for name, why in report.items() if why != "quantized"})                    # serving engines keep it
+model.to(DEVICE), quantized.to(DEVICE)  # the layers follow the move, into the device's weight layout
+
+errs = []  # each layer's output on the input it saw, against fp64 of the same codes (the activation in bf16)
+hooks = [m.register_forward_hook(lambda m, i, y: errs.append(max_rel_err(
+    y.reshape(-1, m.out_features), reference(i[0].reshape(-1, m.in_features).to(torch.bfloat16), m.weight))))
+    for m in quantized.modules() if isinstance(m, QuantizedLinear)]
+prompt = torch.randint(0, config.vocab_size, (1, 12), device=DEVICE)
+with torch.no_grad():
+    logits = quantized(prompt).logits
+for h in hooks:
+    h.remove()
+print(f"{len(errs)} quantized layers ({next(m for m in quantized.modules() if isinstance(m, QuantizedLinear))}): "
+      f"max_rel_err vs fp64 {max(errs):.2e}")
+
+with torch.no_grad():
+    ours = quantized.generate(prompt, max_new_tokens=6, do_sample=False)[0, 12:].tolist()
+    theirs = model.generate(prompt, max_new_tokens=6, do_sample=False)[0, 12:].tolist()
+print(f"greedy tokens, nvfp4 {ours}, fp32 {theirs} (random weights: agreement says little)")
+
+buffer = io.BytesIO()
+torch.save(quantized.state_dict(), buffer)
+buffer.seek(0)
+again = copy.deepcopy(model)
+quantize_model_(again, "nvfp4", filter_fn=lambda name, m: name != "lm_head")
+again.load_state_dict(torch.load(buffer, weights_only=False))
+with torch.no_grad():
+    assert torch.equal(again(prompt).logits, logits), "state_dict round trip"
+print("state_dict round trip: the same logits")
