@@ -35,7 +35,18 @@ CASES = {
     "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
     "dense_m512_chunks": ("nvfp4", "nvfp4", 512, "dense"),  # decoded weights: this call's, 4 chunks
     "default_m512": ("bf16", "nvfp4", 512, None),  # the default plan there: 16 warps on an H100 / H200
+    # bf16 activations quantized in the call: nvfp4's global scale by the quantize kernel's grid barrier (its sync
+    # buffer per stream / capture), then the decoded rows' pre-pass
+    "quantize_in_the_call_m16": ("bf16:nvfp4", "nvfp4", 16, None),
 }
+
+
+class _InTheCall:
+    """A bf16 activation that `scaled_mm` quantizes in the call (`activation_format`); `codes`, the same quantization
+    as `bs.quantize` gives it, for the reference."""
+
+    def __init__(self, x, fmt):
+        self.x, self.fmt, self.codes = x, fmt, bs.quantize(x, fmt)
 
 
 def _operands(fa, fb, m, seeds):
@@ -46,7 +57,10 @@ def _operands(fa, fb, m, seeds):
     for seed in seeds:
         g = torch.Generator(device="cuda").manual_seed(seed)
         x = torch.randn(m, K, device="cuda", generator=g) * (1 + seed % 7)
-        acts.append(x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa))
+        if ":" in fa:
+            acts.append(_InTheCall(x.to(torch.bfloat16), fa.partition(":")[2]))
+        else:
+            acts.append(x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa))
     return acts, b
 
 
@@ -60,6 +74,9 @@ def _call(case):
     if config == "dense":
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dense",
                                             config={"chunk_rows": N // 4})), b, acts
+    if isinstance(acts[0], _InTheCall):
+        return (lambda a, out: bs.scaled_mm(a.x, b, activation_format=a.fmt, out_dtype=torch.float32, out=out,
+                                            config=config)), b, acts
     return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=config)), b, acts
 
 
@@ -68,7 +85,7 @@ def _poisoned(m):
 
 
 def _check(outs, a, b, who):
-    ref = ref_scaled_mm(a, b)
+    ref = ref_scaled_mm(a.codes if isinstance(a, _InTheCall) else a, b)
     errs = [max_rel_err(o, ref) for o in outs]
     wrong = [i for i, e in enumerate(errs) if not e <= BOUND]
     assert not wrong, f"{who}: {len(wrong)} of {len(outs)} results wrong (max_rel_err up to {max(errs):.3g})"
@@ -126,7 +143,8 @@ def test_one_thread_alternating_streams(case):
 
 @pytest.mark.parametrize("kept_sets", [True, False], ids=["kept_sets", "fresh_sets"])
 @pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
-@pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks"])
+@pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks",
+                                  "quantize_in_the_call_m16"])
 def test_two_graphs_replayed_side_by_side(case, same_capture_stream, kept_sets, monkeypatch):
     """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
     time on two streams, twice; then each graph replayed alone after the other's inputs changed. `fresh_sets`: no
