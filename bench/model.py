@@ -79,11 +79,13 @@ def quantized(model, variant: str, calibration=None):
     if mode not in ("", "static") or (mode and activation_format != "nvfp4") or (plus and extra != "lm_head"):
         raise ValueError(f"--formats: {variant!r}: expected WEIGHT, WEIGHT:ACTIVATION or WEIGHT:nvfp4:static, each "
                          f"optionally with +lm_head")
-    head = bool(plus)
+    def wanted(name):
+        return bool(plus) or not name.endswith("lm_head")
+
     q = copy.deepcopy(model)
     report = quantize_model_(q, weight_format, activation_format=activation_format or None,
-                             filter_fn=lambda name, _: head or not name.endswith("lm_head"))
-    skipped = {k: v for k, v in report.items() if v != "quantized" and (head or not k.endswith("lm_head"))}
+                             filter_fn=lambda name, _: wanted(name))
+    skipped = {k: v for k, v in report.items() if v != "quantized" and wanted(k)}
     if skipped:
         raise RuntimeError(f"{variant}: layers not quantized: {skipped}")
     if mode:

@@ -69,6 +69,11 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("activation_scale", None if value is None else torch.full(
             (1,), value, dtype=torch.float32, device=self.weight_data.device), persistent=False)
 
+    def _weight_from_buffers(self, fmt, layout: str, shape, data_layout: str) -> QTensor:
+        """The QTensor the code buffers hold (after a state_dict load or a move replaced them)."""
+        return QTensor(self.weight_data, self.weight_scale, fmt, layout, self.weight_global_scale, tuple(shape),
+                       data_layout)
+
     def _set_weight(self, weight: QTensor) -> None:
         self.weight = weight
         register_weight(weight)
@@ -104,8 +109,7 @@ class QuantizedLinear(nn.Module):
             if old is not None and new is not None and new.dtype != old.dtype:
                 setattr(self, name, old.to(new.device))
         w = self.weight
-        weight = QTensor(self.weight_data, self.weight_scale, w.fmt, w.layout, self.weight_global_scale, tuple(w.shape),
-                         w.data_layout)
+        weight = self._weight_from_buffers(w.fmt, w.layout, w.shape, w.data_layout)
         if all(getattr(weight, f) is getattr(w, f) for f in ("data", "scale", "global_scale")):
             return self  # nothing moved: keep the weight and its caches
         # from the meta device (`to_empty`) there are no codes to arrange yet: a state_dict brings them
@@ -125,7 +129,8 @@ class QuantizedLinear(nn.Module):
         x2 = x2.contiguous()
         # while torch.compile traces, the custom op (one node, its fake implementation); eager, the call itself
         call = linear_call if torch.compiler.is_compiling() else linear_eager
-        y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_scale, x.dtype)
+        y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_scale,
+                 x.dtype)
         return y.reshape(*lead, self.out_features)
 
     def get_extra_state(self) -> dict:
@@ -135,8 +140,8 @@ class QuantizedLinear(nn.Module):
                     activation_global_scale=self.activation_global_scale)
 
     def set_extra_state(self, state: dict) -> None:
-        weight = QTensor(self.weight_data, self.weight_scale, get_format(state["fmt"]), state["layout"],
-                         self.weight_global_scale, tuple(state["shape"]), state["data_layout"])
+        weight = self._weight_from_buffers(get_format(state["fmt"]), state["layout"], state["shape"],
+                                           state["data_layout"])
         self.activation_format, self.scale_rounding = state["activation_format"], state["scale_rounding"]
         self.activation_global_scale = state["activation_global_scale"]
         self.out_features, self.in_features = weight.shape
