@@ -50,6 +50,13 @@ buffer.seek(0)
 again = copy.deepcopy(model)
 quantize_model_(again, "nvfp4", filter_fn=lambda name, m: name != "lm_head")
 again.load_state_dict(torch.load(buffer, weights_only=False))
+saved, loaded = quantized.state_dict(), again.state_dict()
+assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved), "state_dict round trip"
 with torch.no_grad():
-    assert torch.equal(again(prompt).logits, logits), "state_dict round trip"
-print("state_dict round trip: the same logits")
+    rerun, reloaded = quantized(prompt).logits, again(prompt).logits
+# Split-K parts add into fp32 with atomics, in whatever order they arrive: the same layer's output may differ in its
+# last bits from one call to the next (README, "Reproducibility"), so the reloaded model is held to that, not to bits.
+err = max_rel_err(reloaded, logits)
+assert err <= 1e-5, f"state_dict round trip: logits max_rel_err {err:.2e}"
+print(f"state_dict round trip: the same codes and scales, logits max_rel_err {err:.2e} "
+      f"(the same model twice: {'bit-identical' if torch.equal(rerun, logits) else 'not bit-identical'})")

@@ -62,7 +62,7 @@ def run_one(test_id: str, start: float, deadline: float) -> tuple[str, str, floa
     if time.time() - start > deadline:
         return test_id, "NOTRUN", 0.0, ""
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", test_id],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:logging", "-rs", test_id],
                        capture_output=True, text=True)
     return test_id, classify(r.returncode, r.stdout), time.time() - t0, output_tail(r)
 

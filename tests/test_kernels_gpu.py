@@ -488,10 +488,11 @@ def test_mma_m64_sixteen_warps(pair, m, gen):
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 17, 64, 65])
-def test_mma_layout_elsewhere(pair, m, gen):
-    """"mma_m16k16" weights at N % 64 != 0 and, past M = 16, at N % 128 != 0 take the k_order copy."""
+def test_mma_layout_at_ragged_n(pair, m, gen):
+    """"mma_m16k16" weights at N % 64 != 0 and, past M = 16, at N % 128 != 0 (the layout pads N) take the mma kernels,
+    not the k_order copy, and write only the N columns asked for."""
     run_and_check(pair, m, 1000 - 8 if m == 1 else 1024 + 64, 2048, "cuda", gen, data_layout="mma_m16k16")
-    assert backend_used(pair, m) != "mma"
+    assert backend_used(pair, m) == "mma"
 
 
 
