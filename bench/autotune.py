@@ -12,9 +12,9 @@ config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm`
   (`bench.__main__.precompile`: Triton's on-disk cache), so the timing process only loads them.
 - Times: bf16 out, CUDA-graph replay (`bench.__main__.time_ms`) over as many copies of the weights as move twice
   the L2 (`bench.__main__.cold_copies`), so each call reads HBM as in a model. A config is kept only where it beats
-  the default by more than `KEEP_MARGIN` (else the entry holds None: the default stays). Tables written before
-  2026-11-29 were timed on L2-warm weights (entries without "cold").
-- Resumable: cells already in the table are skipped and the table is written after every cell, so a run cut at the
+  the default by more than `KEEP_MARGIN` (else the entry holds None: the default stays). Entries written before
+  2026-11-29 were timed on L2-warm weights (no "cold"): a run tunes their cells again and replaces them.
+- Resumable: cells already in the table (timed cold) are skipped and the table is written after every cell, so a run cut at the
   device's time limit keeps what it finished; `--deadline` stops starting new cells after that many seconds.
 """
 
@@ -139,10 +139,15 @@ def compile_cell(pair: tuple[str, str], m: int, n: int, k: int, device="cuda") -
     torch.cuda.synchronize()
 
 
+def cell_key(e: dict) -> tuple:
+    return e["pair"], e["m"], e["n"], e["k"]
+
+
 def finished(path: Path) -> tuple[list[dict], set[tuple]]:
-    """The table's entries at `path` (none if absent) and their cells (pair name, M, N, K)."""
+    """The table's entries at `path` (none if absent) and the cells (pair name, M, N, K) of those timed on cold
+    weights: an entry timed L2-warm (before 2026-11-29, no "cold") is tuned again and replaced."""
     entries = json.loads(path.read_text())["entries"] if path.exists() else []
-    return entries, {(e["pair"], e["m"], e["n"], e["k"]) for e in entries}
+    return entries, {cell_key(e) for e in entries if e.get("cold")}
 
 
 def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), device="cuda", log=print,
@@ -158,7 +163,8 @@ def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), 
                 if time.time() - start > deadline:
                     log(f"deadline: {api.SUPPORTED_PAIRS[pair]} M={m} {n}x{k} and later cells not started")
                     return entries
-                entries.append(tune_cell(pair, m, n, k, measure, device, log, call))
+                entry = tune_cell(pair, m, n, k, measure, device, log, call)
+                entries = [e for e in entries if cell_key(e) != cell_key(entry)] + [entry]
                 entries.sort(key=lambda e: (e["pair"], e["n"], e["k"], e["m"]))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps({"entries": entries}, indent=1) + "\n")

@@ -117,6 +117,14 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
                  call=call)
     assert len(timed) == 6 and any("not started" in line for line in log)
     assert [e["m"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
+    warm = json.loads(path.read_text())  # an entry timed L2-warm (no "cold"): tuned again, replaced, not doubled
+    del warm["entries"][0]["cold"]
+    warm["entries"][0]["config"] = {"max_split": 2}
+    path.write_text(json.dumps(warm))
+    autotune.run([("bf16", "nvfp4")], [(128, 128)], [1, 2], path, measure, device="cpu", log=log.append, call=call)
+    assert len(timed) == 9
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["m"], e["config"], e["cold"]) for e in entries] == [(1, {"split": 2}, True), (2, {"split": 2}, True)]
 
 
 def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
