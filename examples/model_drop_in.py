@@ -62,11 +62,16 @@ def same(x, y) -> bool:
 
 
 assert same(quantized.state_dict(), again.state_dict()), "state_dict round trip"
+# Split-K parts add into fp32 with atomics in whatever order they arrive (the README's "Reproducibility"): a layer's
+# output may differ in its last bits from one call to the next, and where that flips the rounding of the next layer's
+# bf16 input, the difference grows through the model. So each reloaded layer is held to its original on one input.
 with torch.no_grad():
+    errs = []
+    for name, layer in quantized.named_modules():
+        if isinstance(layer, QuantizedLinear):
+            x = torch.randn(12, layer.in_features, device=DEVICE)  # fp32 out: no output rounding to flip
+            errs.append(max_rel_err(again.get_submodule(name)(x), layer(x)))
     rerun, reloaded = quantized(prompt).logits, again(prompt).logits
-# Split-K parts add into fp32 with atomics, in whatever order they arrive: the same layer's output may differ in its
-# last bits from one call to the next (the README's "Reproducibility"), so the reloaded model is held to that, not to bits.
-err = max_rel_err(reloaded, logits)
-assert err <= 1e-5, f"state_dict round trip: logits max_rel_err {err:.2e}"
-print(f"state_dict round trip: the same codes and scales, logits max_rel_err {err:.2e} "
-      f"(the same model twice: {'bit-identical' if torch.equal(rerun, logits) else 'not bit-identical'})")
+assert max(errs) <= 1e-5, f"state_dict round trip: a reloaded layer's max_rel_err {max(errs):.2e}"
+print(f"state_dict round trip: the same codes and scales, each layer's output within {max(errs):.1e}; logits "
+      f"max_rel_err reloaded {max_rel_err(reloaded, logits):.1e}, the same model twice {max_rel_err(rerun, logits):.1e}")
