@@ -57,12 +57,17 @@ def compile_sm90(folder: Path) -> int:
         with amax_way(way):
             both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16",
                  "_barrier_slots" if way == "slots" else "_barrier")
-    hw = kq._hw_e4m3
+    hw, blocks = kq._hw_e4m3, kq.QUANTIZE_BLOCKS
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
         both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
+        kq.QUANTIZE_BLOCKS = True  # each block in one thread (nvfp4: the amax from a reduction launched first)
+        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+            x = torch.randn(64, 8192, dtype=torch.bfloat16)
+            compile_launch(lambda: kq.quantize(x, bs.get_format(fmt), "floor", "swizzle_32_4_4", None), kq, folder,
+                           f"quantize_{fmt}_bfloat16_codes_blocks")
     finally:
-        kq._hw_e4m3 = hw
+        kq._hw_e4m3, kq.QUANTIZE_BLOCKS = hw, blocks
     return 0
 
 
@@ -75,6 +80,16 @@ def _use_config(config) -> str:
     kq.QUANTIZE_ROWS, kq.QUANTIZE_K, kq.QUANTIZE_WARPS = config
     kq._LAUNCHES.clear()
     return "[r{}k{}w{}]".format(*config)
+
+
+def _use_kernel(kind) -> str:
+    """Set `QUANTIZE_BLOCKS` for the next calls ("chunks": off, "blocks": on; None: as it is); its label."""
+    from blockscaled.kernels import quantize as kq
+
+    if kind is None:
+        return ""
+    kq.QUANTIZE_BLOCKS = kind == "blocks"
+    return f"[{kind}]"
 
 
 AMAX_WAYS = {  # nvfp4's device global scale, each way forced:
@@ -126,6 +141,9 @@ def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--kernels", nargs="+", choices=["chunks", "blocks"],
+                   help="time these codes-and-scales kernels (`quantize_kernel`, `quantize_blocks_kernel`) instead "
+                        "of the one `QUANTIZE_BLOCKS` picks")
     p.add_argument("--configs", nargs="+", metavar="ROWS,K,WARPS",
                    help="time these kernel configs (rows x K elements a program, warps) instead of the default one")
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
@@ -151,8 +169,8 @@ def main(argv=None) -> int | None:
         copy_ms = time_ms(lambda: copy_dst.copy_(x), False)
         copy_bw = 2 * x.numel() * 2 / copy_ms / 1e6
         print(f"{shape}: device-to-device copy {copy_ms * 1e3:.1f} us, {copy_bw:.0f} GB/s (read + write)")
-        for (fmt, rounding, static), config in itertools.product(CASES, configs):
-            label_config = _use_config(config)
+        for (fmt, rounding, static), config, kind in itertools.product(CASES, configs, args.kernels or [None]):
+            label_config = _use_config(config) + _use_kernel(kind)
             g = {"global_scale": bs.quantize(x, fmt).global_scale} if static else {}
             g_cpu = {k: v.cpu() for k, v in g.items()}
             if (fmt, rounding, static) not in refs:  # one reference per case, whatever the configs

@@ -184,15 +184,17 @@ def compile_launch(run, module, folder: Path, name: str) -> dict:
         run()
     (kernel, args, cfg), = seen
     counts = compile_sm90(kernel.bind(args).to_triton_code(cfg), kernel, args, cfg, folder, name)
-    print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled")
+    print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled, "
+          f"{counts['smem']} B shared, {len(instructions((folder / f'{name}.sass').read_text()))} instructions")
     return counts
 
 
 def compiled_counts(kernel, folder: Path, name: str) -> dict:
     """The K-loop counts (`loop_counts`), registers, spills and shared memory of a Triton kernel compiled for sm_90,
-    its .ptx, .cubin and .sass written into `folder` as `name`.*."""
+    its .ttgir, .ptx, .cubin and .sass written into `folder` as `name`.*."""
     import triton
 
+    (folder / f"{name}.ttgir").write_text(kernel.asm["ttgir"])  # layouts and their conversions
     (folder / f"{name}.ptx").write_text(kernel.asm["ptx"])
     (folder / f"{name}.cubin").write_bytes(kernel.asm["cubin"])
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"

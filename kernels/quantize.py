@@ -79,6 +79,17 @@ def _e8m0_scale(amax, FP8: bool, RCEIL: bool):
     return code, multiplier
 
 
+def _nvfp4_scale(amax, gs, inv_g):
+    """(E4M3 code, the multiplier its elements are scaled by) per block from amax >= 0 (NaN: code 0x7F, multiplier
+    NaN) and the global scale `gs` with `inv_g` = 1 / gs: s = amax / 6 / gs, clamped to E4M3's normal range, its
+    code, and (1 / gs) / the code's value, each division rounded as torch rounds it."""
+    s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), gs)
+    s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
+    code = _e4m3_bits(s)
+    s_value = _f32(((code & 0x7F) << 20) + (120 << 23))  # the code's value (normal: s >= 2^-6)
+    return code, torch.where(code == 0x7F, float("nan"), _div_rn(inv_g, s_value))
+
+
 def _e4m3_bits(y):
     """fp32 -> E4M3 byte (int32), round to nearest even, saturating at 448 (Inf too); NaN -> 0x7F, sign dropped.
 
@@ -216,12 +227,7 @@ def quantize_kernel(
                 gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
                 first = (tile_r.index[:, None] == 0) & (blocks[None, :] == 0)
                 hl.store(global_out, [tile_r.index[:, None] * 0 + blocks[None, :] * 0], gs, extra_mask=first)
-            s = _div_rn(_div_rn(amax, torch.full_like(amax, 6.0)), gs)
-            s = torch.where(s != s, s, torch.clamp(s, 0.015625, 448.0))
-            code = _e4m3_bits(s)
-            s_value = _f32(((code & 0x7F) << 20) + (120 << 23))  # the code's value (normal: s >= 2^-6)
-            inv_g = _div_rn(torch.full_like(amax, 1.0), gs)
-            multiplier = torch.where(code == 0x7F, float("nan"), _div_rn(inv_g, s_value))
+            code, multiplier = _nvfp4_scale(amax, gs, _div_rn(torch.full_like(amax, 1.0), gs))
         else:
             code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
         scaled = v * multiplier[:, :, None]
@@ -253,11 +259,99 @@ def quantize_kernel(
     return data
 
 
+def _block_parts(x, tile_r, tile_b, PARTS: int, BF16_BITS: bool) -> list:
+    """A tile's blocks as PARTS fp32 [rows, blocks, 8] tensors, one load each (x: [rows, blocks, PARTS, 8])."""
+    if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
+        return [(x[tile_r, tile_b, p, :].to(torch.int32) << 16).view(torch.float32) for p in range(PARTS)]
+    return [x[tile_r, tile_b, p, :].to(torch.float32) for p in range(PARTS)]
+
+
+def _block_amax(parts: list):
+    """Each block's largest magnitude by its bits, in its thread (NaN above Inf: a block with a NaN gets a NaN amax)."""
+    top = torch.amax(parts[0].view(torch.int32) & 0x7FFFFFFF, dim=-1)
+    for part in parts[1:]:
+        top = torch.maximum(top, torch.amax(part.view(torch.int32) & 0x7FFFFFFF, dim=-1))
+    return top.view(torch.float32)
+
+
+def _store_block_codes(data, tile_r, tile_b, parts: list, multiplier, FP8: bool, HW_E4M3: bool) -> None:
+    """The elements (each part times `multiplier`, [rows, blocks, 1]) as codes into `data`: fp8 [rows, blocks, PARTS,
+    8] uint8, one store a part; fp4 [rows, blocks, PARTS / 2] int64, 8 codes summed into an int32 in the thread (code
+    j at bits 4j) and two of them an int64."""
+    if FP8:
+        for p, part in enumerate(parts):
+            data[tile_r, tile_b, p, :] = _e4m3_codes(part * multiplier, HW_E4M3).to(torch.uint8)
+        return
+    shifts = hl.arange(8) * 4
+    words = [torch.sum(_e2m1_codes(part * multiplier) << shifts[None, None, :], dim=-1) for part in parts]
+    for w in range(len(words) // 2):
+        data[tile_r, tile_b, w] = (words[2 * w].to(torch.int64) & 0xFFFFFFFF) | (words[2 * w + 1].to(torch.int64) << 32)
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def quantize_blocks_kernel(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    global_scale: torch.Tensor,
+    global_out: torch.Tensor,
+    NV: hl.constexpr,
+    FP8: hl.constexpr,
+    RCEIL: hl.constexpr,
+    LAYOUT: hl.constexpr,
+    BF16_BITS: hl.constexpr,
+    FROM_AMAX: hl.constexpr,
+    HW_E4M3: hl.constexpr,
+    PARTS: hl.constexpr,
+) -> torch.Tensor:
+    """`quantize_kernel`'s codes and scales (not its decoded rows, nor its own or barrier amax) with every block in one
+    thread: x [rows, blocks, PARTS, 8] is read as PARTS loads of [rows, blocks, 8] (8 contiguous elements a thread
+    each, a warp's lanes over consecutive blocks), so each block's amax, scale and packing stay in its thread: no
+    shuffle, no layout conversion through shared memory, and the per-block arithmetic once per block, not once per 8
+    elements. data: fp4 [rows, blocks, PARTS // 2] int64 (each int64 16 codes, code j in bits 4j..4j+3), fp8 [rows,
+    blocks, PARTS, 8] uint8."""
+    rows, blocks = x.size(0), x.size(1)
+    for tile_r, tile_b in hl.tile([rows, blocks]):
+        parts = _block_parts(x, tile_r, tile_b, PARTS, BF16_BITS)
+        amax = _block_amax(parts)
+        if NV:  # the global scale and its reciprocal once a program (a scalar), not once a block
+            g = global_scale[0]
+            if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
+                g = torch.where(g == 0, 1.0, _div_rn(g, torch.full_like(g, 2688.0)))
+                first = (tile_r.index[:, None] == 0) & (tile_b.index[None, :] == 0)
+                hl.store(global_out, [tile_r.index[:, None] * 0 + tile_b.index[None, :] * 0],
+                         torch.full_like(amax, 1.0) * g, extra_mask=first)
+            inv_g = _div_rn(torch.full_like(g, 1.0), g)
+            code, multiplier = _nvfp4_scale(amax, torch.full_like(amax, 1.0) * g, torch.full_like(amax, 1.0) * inv_g)
+        else:
+            code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
+        _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
+        r = tile_r.index[:, None]
+        c = tile_b.index[None, :]
+        hl.store(scale, [scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, blocks)], code.to(torch.uint8),
+                 extra_mask=(r < rows) & (c < blocks))
+    return data
+
+
 def quantize_config(fmt: BlockFormat) -> helion.Config:
     """QUANTIZE_ROWS rows x one chunk (`_chunk`: up to QUANTIZE_K elements) a program, QUANTIZE_WARPS warps
     (`bench.quantize --configs` times others)."""
     return helion.Config(block_sizes=[QUANTIZE_ROWS], num_warps=QUANTIZE_WARPS, num_stages=1)
 
+
+def quantize_blocks_config(fmt: BlockFormat, blocks: int) -> helion.Config:
+    """`quantize_blocks_kernel`: QUANTIZE_ROWS rows x QUANTIZE_K elements of a row (fewer where K is shorter) a
+    program, QUANTIZE_WARPS warps."""
+    per_row = min(max(1, QUANTIZE_K // fmt.block_size), 1 << (blocks - 1).bit_length())
+    return helion.Config(block_sizes=[QUANTIZE_ROWS, per_row], num_warps=QUANTIZE_WARPS, num_stages=1)
+
+
+# Codes and scales from `quantize_blocks_kernel` (each block in one thread) instead of `quantize_kernel` (a block over
+# 2-4 lanes) where no grid barrier or own amax is needed. sm_90 (`bench.quantize --compile-sm90`), bf16 in, 32
+# elements a thread: instructions mxfp4 744 -> 624, nvfp4 1120 -> 920, mxfp8 432 -> 376, no shared memory for fp4
+# and mx, and mxfp4's 4 loads issued together (ptxas had sunk each next to its use: 4 round trips a program). Off
+# until timed on a GPU: `python -m bench.quantize --kernels chunks blocks`.
+QUANTIZE_BLOCKS = False
 
 _LAUNCHES: dict[tuple, object] = {}
 
@@ -374,6 +468,17 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
+    if QUANTIZE_BLOCKS and not amax.own and not amax.barrier:
+        parts = fmt.block_size // 8
+        xb = x.contiguous().view(rows, cols, parts, 8)
+        codes = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"
+                 else data.view(torch.int64).view(rows, cols, parts // 2))
+        args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, codes, scale.view(torch.uint8).view(-1),
+                amax.g_in, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout],
+                x.dtype == torch.bfloat16, amax.from_amax, hw, parts)
+        key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, amax.from_amax, hw)
+        _launch_cached(_LAUNCHES, key, quantize_blocks_kernel, args, lambda: quantize_blocks_config(fmt, cols), x.device)
+        return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
             x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size, amax.slots)

@@ -38,11 +38,21 @@ def _assert_same_codes(q, r):
                                    equal_nan=True)
 
 
+@pytest.fixture(params=["chunks", "blocks"])
+def kernel_kind(request, monkeypatch):
+    """Both codes-and-scales kernels: `quantize_kernel` (a block over 2-4 lanes) and `quantize_blocks_kernel` (a block
+    in one thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax."""
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", request.param == "blocks")
+    return request.param
+
+
 @interpreter
 @pytest.mark.parametrize("fmt,rounding,layout,gs", [
     ("nvfp4", "floor", "swizzle_32_4_4", None), ("nvfp4", "floor", "cdna4_32", 0.02), ("mxfp4", "floor", "rowmajor", None),
     ("mxfp4", "rceil", "swizzle_32_4_4", None), ("mxfp8", "floor", "cdna4_16", None), ("mxfp8", "rceil", "rowmajor", None)])
-def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen):
+def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen, kernel_kind):
     """19 rows (not a whole tile, not a whole swizzle group), fp32, bf16 and fp16 in: every code and scale byte the
     reference's. (Every layout with every format on the GPU.)"""
     x = _hostile(19, 128, gen)
@@ -102,6 +112,26 @@ EVERY_WAY = [pytest.mark.parametrize("way", ["own_amax", "barrier", "barrier_slo
 @EVERY_WAY[1]
 def test_nvfp4_device_global_scale_every_way_cpu(way, with_nan, gen, monkeypatch):
     _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, "cpu")
+
+
+@pytest.mark.parametrize("with_nan", [False, True], ids=["finite", "a_nan"])
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreter), pytest.param("cuda", marks=cuda)])
+def test_nvfp4_amax_launched_first_by_the_blocks_kernel(with_nan, device, gen, monkeypatch):
+    """`quantize_blocks_kernel` with nvfp4's global scale from the amax a reduction left (FROM_AMAX): the same codes,
+    scales and global scale as the reference's, the first program writing the scale."""
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", True)
+    launched = []
+    real = kq._launch_cached
+
+    def spy(cache, key, kernel, args, config, device):
+        launched.append(kernel)
+        return real(cache, key, kernel, args, config, device)
+
+    monkeypatch.setattr(kq, "_launch_cached", spy)
+    _nvfp4_device_global_scale_every_way("amax_launched_first", with_nan, gen, monkeypatch, device)
+    assert kq.quantize_blocks_kernel in launched
 
 
 @cuda
@@ -210,7 +240,7 @@ def test_scaled_mm_activation_format_cpu(gen):
 @pytest.mark.parametrize("fmt,rounding", CASES)
 @pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen):
+def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen, kernel_kind):
     """At size, odd rows, NaN included (nvfp4 too: its device global scale turns NaN, as the reference's)."""
     x = _hostile(1000, 4096, gen).to(dtype)
     q = bs.quantize(x.cuda(), fmt, scale_rounding=rounding, layout=layout)
@@ -222,7 +252,7 @@ def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen)
 @pytest.mark.parametrize("hw", [True, False], ids=["hardware", "integer"])
 @pytest.mark.parametrize("rounding", ["floor", "rceil"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, monkeypatch):
+def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, monkeypatch, kernel_kind):
     """mxfp8 both ways on the GPU: with `QUANTIZE_HW_E4M3` (the default; the hardware's cvt.rn.satfinite.e4m3x2, two
     elements an instruction, byte order and NaN's code made by the kernel) and with the integer rounding the
     interpreter runs: codes, scales and decoded rows the reference's on the hostile rows, and every bf16 pattern once
