@@ -342,7 +342,7 @@ def quantize_config(fmt: BlockFormat) -> helion.Config:
 def quantize_blocks_config(fmt: BlockFormat, blocks: int) -> helion.Config:
     """`quantize_blocks_kernel`: QUANTIZE_ROWS rows x QUANTIZE_K elements of a row (fewer where K is shorter) a
     program, QUANTIZE_WARPS warps."""
-    per_row = min(max(1, QUANTIZE_K // fmt.block_size), 1 << (blocks - 1).bit_length())
+    per_row = min(QUANTIZE_K // fmt.block_size, 1 << (blocks - 1).bit_length())
     return helion.Config(block_sizes=[QUANTIZE_ROWS, per_row], num_warps=QUANTIZE_WARPS, num_stages=1)
 
 
@@ -468,7 +468,7 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    if QUANTIZE_BLOCKS and not amax.own and not amax.barrier:
+    if QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1:  # (one block a row: a size-1 dim in Helion)
         parts = fmt.block_size // 8
         xb = x.contiguous().view(rows, cols, parts, 8)
         codes = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"

@@ -65,6 +65,19 @@ def test_kernel_codes_equal_the_reference_cpu(fmt, rounding, layout, gs, gen, ke
         _assert_same_codes(q, r)
 
 
+@interpreter
+@pytest.mark.parametrize("rows,k", [(5, 96), (9, 160), (1, 32), (1, 64), (2, 3968)])
+def test_kernel_codes_at_odd_shapes_cpu(rows, k, gen, kernel_kind):
+    """Rows under a tile, blocks a row not a power of two, one block a row (the blocks kernel leaves it to the other):
+    every code and scale byte the reference's, each format, both scale layouts."""
+    x = (torch.randn(rows, k, generator=gen) * 4).to(torch.bfloat16)
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        for layout in ("rowmajor", "swizzle_32_4_4"):
+            gs = 0.02 if fmt == "nvfp4" else None
+            q = bs.quantize(x, fmt, layout=layout, global_scale=gs, backend="kernel")
+            _assert_same_codes(q, bs.quantize(x, fmt, layout=layout, global_scale=gs, backend="reference"))
+
+
 def _nvfp4_device_global_scale_every_way(way, with_nan, gen, monkeypatch, device):
     """nvfp4 without a global scale: the input's amax reduced by every program itself (inputs up to
     QUANTIZE_OWN_AMAX_ELEMENTS), by each program over its own part and combined behind a grid barrier (every program
