@@ -26,6 +26,8 @@ import torch
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 import blockscaled as bs  # noqa: E402
+from blockscaled.kernels.quantize import quantize_decoded  # noqa: E402
+from blockscaled.reference import dequantize  # noqa: E402
 
 from .__main__ import COLUMNS, RESULTS, git_commit, result_name, time_ms
 
@@ -63,9 +65,7 @@ def compile_sm90(folder: Path) -> int:
         both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
         kq.QUANTIZE_BLOCKS = True  # each block in one thread (nvfp4: the amax from a reduction launched first)
         for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-            x = torch.randn(64, 8192, dtype=torch.bfloat16)
-            compile_launch(lambda: kq.quantize(x, bs.get_format(fmt), "floor", "swizzle_32_4_4", None), kq, folder,
-                           f"quantize_{fmt}_bfloat16_codes_blocks")
+            both(torch.randn(64, 8192, dtype=torch.bfloat16), fmt, f"quantize_{fmt}_bfloat16", "_blocks")
     finally:
         kq._hw_e4m3, kq.QUANTIZE_BLOCKS = hw, blocks
     return 0
@@ -144,6 +144,9 @@ def main(argv=None) -> int | None:
     p.add_argument("--kernels", nargs="+", choices=["chunks", "blocks"],
                    help="time these codes-and-scales kernels (`quantize_kernel`, `quantize_blocks_kernel`) instead "
                         "of the one `QUANTIZE_BLOCKS` picks")
+    p.add_argument("--decoded", action="store_true",
+                   help="time the decoded rows (`quantize_decoded`, what `scaled_mm(..., activation_format=...)` "
+                        "runs on the mma kernels: bf16 written) instead of codes and scales")
     p.add_argument("--configs", nargs="+", metavar="ROWS,K,WARPS",
                    help="time these kernel configs (rows x K elements a program, warps) instead of the default one")
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
@@ -181,8 +184,20 @@ def main(argv=None) -> int | None:
             if ref is not None and not (torch.equal(q.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8))
                                         and torch.equal(q.scale.view(torch.uint8).cpu(), ref.scale.view(torch.uint8))):
                 raise SystemExit(f"{fmt} {rounding}: the kernel's codes differ from the reference's")
-            ms = time_ms(lambda: bs.quantize(x, fmt, scale_rounding=rounding, **g), False)
-            nbytes = x.numel() * 2 + q.data.numel() * q.data.element_size() + q.scale.numel()
+            if args.decoded:  # the rows checked against the reference's codes, dequantized, over the global scale
+                gs = g.get("global_scale")
+                rows_out, _ = quantize_decoded(x, bs.get_format(fmt), rounding, gs)
+                if ref is not None:
+                    want = dequantize(ref, torch.float64)
+                    want = (want / ref.global_scale.double() if ref.global_scale is not None else want).to(torch.bfloat16)
+                    if not torch.equal(rows_out.cpu().nan_to_num(), want.nan_to_num()):
+                        raise SystemExit(f"{fmt} {rounding}: the decoded rows differ from the reference's")
+                ms = time_ms(lambda: quantize_decoded(x, bs.get_format(fmt), rounding, gs), False)
+                nbytes = x.numel() * 4
+                label_config += "[decoded]"
+            else:
+                ms = time_ms(lambda: bs.quantize(x, fmt, scale_rounding=rounding, **g), False)
+                nbytes = x.numel() * 2 + q.data.numel() * q.data.element_size() + q.scale.numel()
             gbps = nbytes / ms / 1e6
             label = (f"{fmt} {rounding}" + (" static global scale" if static else " device global scale" if fmt == "nvfp4" else "")
                      + label_config)

@@ -295,17 +295,19 @@ def quantize_blocks_kernel(
     scale: torch.Tensor,
     global_scale: torch.Tensor,
     global_out: torch.Tensor,
+    decoded: torch.Tensor,
     NV: hl.constexpr,
     FP8: hl.constexpr,
     RCEIL: hl.constexpr,
     LAYOUT: hl.constexpr,
+    DECODED: hl.constexpr,
     BF16_BITS: hl.constexpr,
     FROM_AMAX: hl.constexpr,
     HW_E4M3: hl.constexpr,
     PARTS: hl.constexpr,
 ) -> torch.Tensor:
-    """`quantize_kernel`'s codes and scales (not its decoded rows, nor its own or barrier amax) with every block in one
-    thread: x [rows, blocks, PARTS, 8] is read as PARTS loads of [rows, blocks, 8] (8 contiguous elements a thread
+    """`quantize_kernel`'s codes and scales, or with DECODED its bf16 rows (`decoded` [rows, blocks, PARTS, 8]), where
+    it needs no amax of its own or grid barrier, with every block in one thread: x [rows, blocks, PARTS, 8] is read as PARTS loads of [rows, blocks, 8] (8 contiguous elements a thread
     each, a warp's lanes over consecutive blocks), so each block's amax, scale and packing stay in its thread: no
     shuffle, no layout conversion through shared memory, and the per-block arithmetic once per block, not once per 8
     elements. data: fp4 [rows, blocks, PARTS // 2] int64 (each int64 16 codes, code j in bits 4j..4j+3), fp8 [rows,
@@ -325,11 +327,18 @@ def quantize_blocks_kernel(
             code, multiplier = _nvfp4_scale(amax, torch.full_like(amax, 1.0) * g, torch.full_like(amax, 1.0) * inv_g)
         else:
             code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
-        _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
-        r = tile_r.index[:, None]
-        c = tile_b.index[None, :]
-        hl.store(scale, [scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, blocks)], code.to(torch.uint8),
-                 extra_mask=(r < rows) & (c < blocks))
+        if DECODED:
+            scale_value = e4m3_to_float32(code) if NV else e8m0_to_float32(code)
+            for p in hl.static_range(PARTS):
+                scaled = parts[p] * multiplier[:, :, None]
+                values = e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3)) if FP8 else e2m1_to_float32(_e2m1_codes(scaled))
+                decoded[tile_r, tile_b, p, :] = (values * scale_value[:, :, None]).to(torch.bfloat16)
+        else:
+            _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
+            r = tile_r.index[:, None]
+            c = tile_b.index[None, :]
+            hl.store(scale, [scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, blocks)], code.to(torch.uint8),
+                     extra_mask=(r < rows) & (c < blocks))
     return data
 
 
@@ -346,11 +355,12 @@ def quantize_blocks_config(fmt: BlockFormat, blocks: int) -> helion.Config:
     return helion.Config(block_sizes=[QUANTIZE_ROWS, per_row], num_warps=QUANTIZE_WARPS, num_stages=1)
 
 
-# Codes and scales from `quantize_blocks_kernel` (each block in one thread) instead of `quantize_kernel` (a block over
-# 2-4 lanes) where no grid barrier or own amax is needed. sm_90 (`bench.quantize --compile-sm90`), bf16 in, 32
-# elements a thread: instructions mxfp4 744 -> 624, nvfp4 1120 -> 920, mxfp8 432 -> 376, no shared memory for fp4
-# and mx, and mxfp4's 4 loads issued together (ptxas had sunk each next to its use: 4 round trips a program). Off
-# until timed on a GPU: `python -m bench.quantize --kernels chunks blocks`.
+# Codes and scales, and decoded rows, from `quantize_blocks_kernel` (each block in one thread) instead of
+# `quantize_kernel` (a block over 2-4 lanes) where no grid barrier or own amax is needed. sm_90 (`bench.quantize
+# --compile-sm90`), bf16 in, 32 elements a thread, codes / decoded rows: instructions mxfp4 744 / 912 -> 624 / 840,
+# nvfp4 1120 / 1320 -> 920 / 1136, mxfp8 432 / 792 -> 376 / 728; no shared memory for the mx formats; every load at
+# the start (ptxas had sunk mxfp4's and the decoded rows' loads each next to its use: up to 4 round trips a program).
+# Off until timed on a GPU: `python -m bench.quantize --kernels chunks blocks`.
 QUANTIZE_BLOCKS = False
 
 _LAUNCHES: dict[tuple, object] = {}
@@ -453,6 +463,27 @@ def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
+def _blocks_kernel_runs(amax: _Amax, cols: int) -> bool:
+    """Whether `quantize_blocks_kernel` runs the call: QUANTIZE_BLOCKS, no own amax or grid barrier, and more than one
+    block a row (one is a size-1 dim, which Helion's generated code fails on)."""
+    return QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1
+
+
+def _launch_blocks(x, fmt: BlockFormat, data, scale, amax: _Amax, decoded, scale_rounding: str, layout: str,
+                   hw: bool) -> None:
+    """`quantize_blocks_kernel` on x [rows, K]: codes into `data` and `scale`, or with `decoded` a bf16 tensor its
+    rows (then `data` and `scale` are placeholders)."""
+    rows, k = x.shape
+    cols, parts = k // fmt.block_size, fmt.block_size // 8
+    xb = x.contiguous().view(rows, cols, parts, 8)
+    rows_out = decoded.dtype == torch.bfloat16
+    args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, data, scale, amax.g_in, amax.g, decoded,
+            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16,
+            amax.from_amax, hw, parts)
+    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw)
+    _launch_cached(_LAUNCHES, key, quantize_blocks_kernel, args, lambda: quantize_blocks_config(fmt, cols), x.device)
+
+
 def _launch(args: tuple, fmt: BlockFormat, key: tuple, device: torch.device) -> None:
     _launch_cached(_LAUNCHES, key, quantize_kernel, args, lambda: quantize_config(fmt), device)
 
@@ -468,16 +499,11 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    if QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1:  # (one block a row: a size-1 dim in Helion)
+    if _blocks_kernel_runs(amax, cols):
         parts = fmt.block_size // 8
-        xb = x.contiguous().view(rows, cols, parts, 8)
         codes = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"
                  else data.view(torch.int64).view(rows, cols, parts // 2))
-        args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, codes, scale.view(torch.uint8).view(-1),
-                amax.g_in, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout],
-                x.dtype == torch.bfloat16, amax.from_amax, hw, parts)
-        key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, amax.from_amax, hw)
-        _launch_cached(_LAUNCHES, key, quantize_blocks_kernel, args, lambda: quantize_blocks_config(fmt, cols), x.device)
+        _launch_blocks(x, fmt, codes, scale.view(torch.uint8).view(-1), amax, amax.g, scale_rounding, layout, hw)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
@@ -494,6 +520,10 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     amax = _global_scale(x, fmt, global_scale)
     hw = _hw_e4m3(x, fmt)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
+    if _blocks_kernel_runs(amax, cols):
+        _launch_blocks(x, fmt, amax.g, amax.g, amax, decoded.view(rows, cols, fmt.block_size // 8, 8), scale_rounding,
+                       "rowmajor", hw)
+        return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,
             amax.own, amax.barrier, hw, fmt.block_size, amax.slots)

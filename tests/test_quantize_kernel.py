@@ -40,8 +40,8 @@ def _assert_same_codes(q, r):
 
 @pytest.fixture(params=["chunks", "blocks"])
 def kernel_kind(request, monkeypatch):
-    """Both codes-and-scales kernels: `quantize_kernel` (a block over 2-4 lanes) and `quantize_blocks_kernel` (a block
-    in one thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax."""
+    """Both quantize kernels: `quantize_kernel` (a block over 2-4 lanes) and `quantize_blocks_kernel` (a block in one
+    thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax."""
     from blockscaled.kernels import quantize as kq
 
     monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", request.param == "blocks")
@@ -156,7 +156,7 @@ def test_nvfp4_device_global_scale_every_way_gpu(way, with_nan, gen, monkeypatch
 
 @interpreter
 @pytest.mark.parametrize("fmt,rounding", CASES)
-def test_decoded_rows_are_the_dequantized_codes_cpu(fmt, rounding, gen):
+def test_decoded_rows_are_the_dequantized_codes_cpu(fmt, rounding, gen, kernel_kind):
     """`quantize_decoded` (the fused pre-pass of `activation_format`) = dequantize(reference quantize) / global scale,
     in bf16, value for value (+-0 compare equal: the kernel's negation is 0 - x)."""
     x = _hostile(13, 64, gen).to(torch.float16)
@@ -287,7 +287,7 @@ def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, 
 
 @cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_decoded_rows_gpu(fmt, gen):
+def test_decoded_rows_gpu(fmt, gen, kernel_kind):
     x = _hostile(77, 2048, gen).to(torch.bfloat16)
     r = bs.quantize(x, fmt, global_scale=0.01 if fmt == "nvfp4" else None)
     want = dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0)
@@ -303,7 +303,7 @@ DYNAMIC_PAIRS = [("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("m
 @cuda
 @pytest.mark.parametrize("fa,fb", DYNAMIC_PAIRS)
 @pytest.mark.parametrize("m", [1, 16, 64, 300])
-def test_scaled_mm_activation_format_gpu(fa, fb, m, gen):
+def test_scaled_mm_activation_format_gpu(fa, fb, m, gen, kernel_kind):
     """The fused path (quantize kernel writing decoded rows, the bf16-activation plan) against quantize-then-GEMM:
     the fp64 reference of the same codes, and where both run the same plan (predecode: fp4 / fp8 activations on fp4
     weights above M = 16) bit for bit."""
