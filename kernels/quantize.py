@@ -140,6 +140,28 @@ def _e2m1_codes(y):
     return torch.where(y != y, 0, code | sign)
 
 
+def _as_float32(t, BF16_BITS: bool):
+    """Loaded input as fp32: bf16 as its int16 bits, widened by a shift (exact for subnormals, which the interpreter's
+    cast flushes), other dtypes by a cast."""
+    return (t.to(torch.int32) << 16).view(torch.float32) if BF16_BITS else t.to(torch.float32)
+
+
+def _global_from_amax(amax):
+    """nvfp4's global scale from the input's amax: amax / (6 * 448), 1 for an all-zero input
+    (`reference.nvfp4_global_scale`)."""
+    return torch.where(amax == 0, 1.0, _div_rn(amax, torch.full_like(amax, 2688.0)))
+
+
+def _scale_value(code, NV: bool):
+    """The block scales' values (fp32) from their codes: E4M3 (nvfp4) or E8M0."""
+    return e4m3_to_float32(code) if NV else e8m0_to_float32(code)
+
+
+def _element_values(scaled, FP8: bool, HW_E4M3: bool):
+    """The values (fp32) of the element codes that `scaled` (elements over their block's scale) rounds to."""
+    return e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3)) if FP8 else e2m1_to_float32(_e2m1_codes(scaled))
+
+
 @helion.kernel(**KERNEL_SETTINGS)
 def quantize_kernel(
     x: torch.Tensor,
@@ -179,11 +201,7 @@ def quantize_kernel(
     for tile_c, tile_r in hl.tile([chunks, rows], block_size=[1, None]):
         row_tiles = (rows + tile_r.block_size - 1) // tile_r.block_size
         programs = chunks * row_tiles
-        if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
-            v = (x[tile_r, tile_c, :].to(torch.int32) << 16).view(torch.float32)
-        else:
-            v = x[tile_r, tile_c, :].to(torch.float32)
-        v = v.reshape(tile_r.block_size, tile_c.block_size * per_chunk, BLOCK)
+        v = _as_float32(x[tile_r, tile_c, :], BF16_BITS).reshape(tile_r.block_size, tile_c.block_size * per_chunk, BLOCK)
         # each block's index in the row (tile_c is one chunk: config)
         blocks = (tile_c.index[:, None] * per_chunk + hl.arange(per_chunk)[None, :]).reshape(tile_c.block_size * per_chunk)
         # the largest magnitude by its bits, one integer reduction: non-negative floats order as their bits, and a
@@ -223,8 +241,8 @@ def quantize_kernel(
                 gs = torch.full_like(amax, 1.0) * top.view(torch.float32)
             else:  # the given global scale, or the amax a reduction launched before this kernel left there
                 gs = torch.full_like(amax, 1.0) * global_scale[0]
-            if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
-                gs = torch.where(gs == 0, 1.0, _div_rn(gs, torch.full_like(amax, 2688.0)))
+            if FROM_AMAX:
+                gs = _global_from_amax(gs)
                 first = (tile_r.index[:, None] == 0) & (blocks[None, :] == 0)
                 hl.store(global_out, [tile_r.index[:, None] * 0 + blocks[None, :] * 0], gs, extra_mask=first)
             code, multiplier = _nvfp4_scale(amax, gs, _div_rn(torch.full_like(amax, 1.0), gs))
@@ -232,15 +250,8 @@ def quantize_kernel(
             code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
         scaled = v * multiplier[:, :, None]
         if DECODED:
-            if NV:
-                scale_value = e4m3_to_float32(code)
-            else:
-                scale_value = e8m0_to_float32(code)
-            if FP8:
-                values = e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3))
-            else:
-                values = e2m1_to_float32(_e2m1_codes(scaled))
-            decoded[tile_r, tile_c, :] = (values * scale_value[:, :, None]).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.bfloat16)
+            values = _element_values(scaled, FP8, HW_E4M3) * _scale_value(code, NV)[:, :, None]
+            decoded[tile_r, tile_c, :] = values.reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.bfloat16)
         elif FP8:
             data[tile_r, tile_c, :] = _e4m3_codes(scaled, HW_E4M3).reshape(tile_r.block_size, tile_c.block_size, chunk).to(torch.uint8)
         else:
@@ -261,9 +272,7 @@ def quantize_kernel(
 
 def _block_parts(x, tile_r, tile_b, PARTS: int, BF16_BITS: bool) -> list:
     """A tile's blocks as PARTS fp32 [rows, blocks, 8] tensors, one load each (x: [rows, blocks, PARTS, 8])."""
-    if BF16_BITS:  # bf16 as its int16 bits, widened by a shift: exact for subnormals, which the interpreter's cast flushes
-        return [(x[tile_r, tile_b, p, :].to(torch.int32) << 16).view(torch.float32) for p in range(PARTS)]
-    return [x[tile_r, tile_b, p, :].to(torch.float32) for p in range(PARTS)]
+    return [_as_float32(x[tile_r, tile_b, p, :], BF16_BITS) for p in range(PARTS)]
 
 
 def _block_amax(parts: list):
@@ -318,8 +327,8 @@ def quantize_blocks_kernel(
         amax = _block_amax(parts)
         if NV:  # the global scale and its reciprocal once a program (a scalar), not once a block
             g = global_scale[0]
-            if FROM_AMAX:  # amax / (6 * 448), 1 for an all-zero input (`reference.nvfp4_global_scale`)
-                g = torch.where(g == 0, 1.0, _div_rn(g, torch.full_like(g, 2688.0)))
+            if FROM_AMAX:
+                g = _global_from_amax(g)
                 first = (tile_r.index[:, None] == 0) & (tile_b.index[None, :] == 0)
                 hl.store(global_out, [tile_r.index[:, None] * 0 + tile_b.index[None, :] * 0],
                          torch.full_like(amax, 1.0) * g, extra_mask=first)
@@ -328,11 +337,10 @@ def quantize_blocks_kernel(
         else:
             code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
         if DECODED:
-            scale_value = e4m3_to_float32(code) if NV else e8m0_to_float32(code)
+            scale_value = _scale_value(code, NV)[:, :, None]
             for p in hl.static_range(PARTS):
-                scaled = parts[p] * multiplier[:, :, None]
-                values = e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3)) if FP8 else e2m1_to_float32(_e2m1_codes(scaled))
-                decoded[tile_r, tile_b, p, :] = (values * scale_value[:, :, None]).to(torch.bfloat16)
+                values = _element_values(parts[p] * multiplier[:, :, None], FP8, HW_E4M3) * scale_value
+                decoded[tile_r, tile_b, p, :] = values.to(torch.bfloat16)
         else:
             _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
             r = tile_r.index[:, None]
@@ -469,14 +477,20 @@ def _blocks_kernel_runs(amax: _Amax, cols: int) -> bool:
     return QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1
 
 
-def _launch_blocks(x, fmt: BlockFormat, data, scale, amax: _Amax, decoded, scale_rounding: str, layout: str,
-                   hw: bool) -> None:
-    """`quantize_blocks_kernel` on x [rows, K]: codes into `data` and `scale`, or with `decoded` a bf16 tensor its
-    rows (then `data` and `scale` are placeholders)."""
+def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bool, data=None, scale=None,
+                   layout: str = "rowmajor", decoded=None) -> None:
+    """`quantize_blocks_kernel` on x [rows, K]: the codes into `data` (k_order) and `scale` (`layout`), or the rows
+    into `decoded` (bf16 [rows, K])."""
     rows, k = x.shape
     cols, parts = k // fmt.block_size, fmt.block_size // 8
     xb = x.contiguous().view(rows, cols, parts, 8)
-    rows_out = decoded.dtype == torch.bfloat16
+    rows_out = decoded is not None
+    if rows_out:  # the codes' arguments unread: the global scale stands in for them
+        data, scale, decoded = amax.g, amax.g, decoded.view(rows, cols, parts, 8)
+    else:
+        data = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"
+                else data.view(torch.int64).view(rows, cols, parts // 2))
+        scale, decoded = scale.view(torch.uint8).view(-1), amax.g
     args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, data, scale, amax.g_in, amax.g, decoded,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16,
             amax.from_amax, hw, parts)
@@ -500,10 +514,7 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
     if _blocks_kernel_runs(amax, cols):
-        parts = fmt.block_size // 8
-        codes = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"
-                 else data.view(torch.int64).view(rows, cols, parts // 2))
-        _launch_blocks(x, fmt, codes, scale.view(torch.uint8).view(-1), amax, amax.g, scale_rounding, layout, hw)
+        _launch_blocks(x, fmt, amax, scale_rounding, hw, data=data, scale=scale, layout=layout)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
@@ -521,8 +532,7 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     hw = _hw_e4m3(x, fmt)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
     if _blocks_kernel_runs(amax, cols):
-        _launch_blocks(x, fmt, amax.g, amax.g, amax, decoded.view(rows, cols, fmt.block_size // 8, 8), scale_rounding,
-                       "rowmajor", hw)
+        _launch_blocks(x, fmt, amax, scale_rounding, hw, decoded=decoded)
         return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,
