@@ -63,7 +63,8 @@ def compile_sm90(folder: Path) -> int:
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     try:
         both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
-        kq.QUANTIZE_BLOCKS = True  # each block in one thread (nvfp4: the amax from a reduction launched first)
+        # each block in one thread (nvfp4: the amax from a reduction launched first)
+        kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"})
         for fmt in ("nvfp4", "mxfp4", "mxfp8"):
             both(torch.randn(64, 8192, dtype=torch.bfloat16), fmt, f"quantize_{fmt}_bfloat16", "_blocks")
     finally:
@@ -83,12 +84,13 @@ def _use_config(config) -> str:
 
 
 def _use_kernel(kind) -> str:
-    """Set `QUANTIZE_BLOCKS` for the next calls ("chunks": off, "blocks": on; None: as it is); its label."""
+    """Set `QUANTIZE_BLOCKS` for the next calls ("chunks": no format, "blocks": every format; None: as it is); its
+    label."""
     from blockscaled.kernels import quantize as kq
 
     if kind is None:
         return ""
-    kq.QUANTIZE_BLOCKS = kind == "blocks"
+    kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"}) if kind == "blocks" else frozenset()
     return f"[{kind}]"
 
 

@@ -363,13 +363,12 @@ def quantize_blocks_config(fmt: BlockFormat, blocks: int) -> helion.Config:
     return helion.Config(block_sizes=[QUANTIZE_ROWS, per_row], num_warps=QUANTIZE_WARPS, num_stages=1)
 
 
-# Codes and scales, and decoded rows, from `quantize_blocks_kernel` (each block in one thread) instead of
-# `quantize_kernel` (a block over 2-4 lanes) where no grid barrier or own amax is needed. sm_90 (`bench.quantize
-# --compile-sm90`), bf16 in, 32 elements a thread, codes / decoded rows: instructions mxfp4 744 / 912 -> 624 / 840,
-# nvfp4 1120 / 1320 -> 920 / 1136, mxfp8 432 / 792 -> 376 / 728; no shared memory for the mx formats; every load at
-# the start (ptxas had sunk mxfp4's and the decoded rows' loads each next to its use: up to 4 round trips a program).
-# Off until timed on a GPU: `python -m bench.quantize --kernels chunks blocks`.
-QUANTIZE_BLOCKS = False
+# The formats whose codes and scales, and decoded rows, come from `quantize_blocks_kernel` (each block in one thread)
+# instead of `quantize_kernel` (a block over 2-4 lanes) where no grid barrier or own amax is needed. H200, 16384 x
+# 8192 bf16, fraction of a device-to-device copy's bandwidth, chunks -> blocks (`bench.quantize --kernels chunks
+# blocks`): nvfp4 static scale 0.51 -> 0.59, mxfp4 floor / rceil 0.59 / 0.55 -> 0.61 / 0.60; mxfp8 0.97 -> 0.87
+# (mxfp8's lanes already hold whole 16-byte loads of one block; one thread a block halves its loads in flight).
+QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4"})
 
 _LAUNCHES: dict[tuple, object] = {}
 
@@ -471,10 +470,10 @@ def _blocks(x: torch.Tensor, fmt: BlockFormat) -> torch.Tensor:
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
-def _blocks_kernel_runs(amax: _Amax, cols: int) -> bool:
-    """Whether `quantize_blocks_kernel` runs the call: QUANTIZE_BLOCKS, no own amax or grid barrier, and more than one
-    block a row (one is a size-1 dim, which Helion's generated code fails on)."""
-    return QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1
+def _blocks_kernel_runs(fmt: BlockFormat, amax: _Amax, cols: int) -> bool:
+    """Whether `quantize_blocks_kernel` runs the call: `fmt` in QUANTIZE_BLOCKS, no own amax or grid barrier, and more
+    than one block a row (one is a size-1 dim, which Helion's generated code fails on)."""
+    return fmt.name in QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1
 
 
 def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bool, data=None, scale=None,
@@ -513,7 +512,7 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    if _blocks_kernel_runs(amax, cols):
+    if _blocks_kernel_runs(fmt, amax, cols):
         _launch_blocks(x, fmt, amax, scale_rounding, hw, data=data, scale=scale, layout=layout)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
@@ -531,7 +530,7 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     amax = _global_scale(x, fmt, global_scale)
     hw = _hw_e4m3(x, fmt)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    if _blocks_kernel_runs(amax, cols):
+    if _blocks_kernel_runs(fmt, amax, cols):
         _launch_blocks(x, fmt, amax, scale_rounding, hw, decoded=decoded)
         return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),

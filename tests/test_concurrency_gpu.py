@@ -38,6 +38,9 @@ CASES = {
     # bf16 activations quantized in the call: nvfp4's global scale by the quantize kernel's grid barrier (its sync
     # buffer per stream / capture), then the decoded rows' pre-pass
     "quantize_in_the_call_m16": ("bf16:nvfp4", "nvfp4", 16, None),
+    # ... by `quantize_blocks_kernel` (no grid barrier): mxfp4, and nvfp4 with a static global scale
+    "quantize_in_the_call_blocks_m64": ("bf16:mxfp4", "mxfp4", 64, None),
+    "quantize_in_the_call_static_m16": ("bf16:nvfp4:static", "nvfp4", 16, None),
 }
 
 
@@ -45,8 +48,10 @@ class _InTheCall:
     """A bf16 activation that `scaled_mm` quantizes in the call (`activation_format`); `codes`, the same quantization
     as `bs.quantize` gives it, for the reference."""
 
-    def __init__(self, x, fmt):
-        self.x, self.fmt, self.codes = x, fmt, bs.quantize(x, fmt)
+    def __init__(self, x, fmt, static):
+        # a static scale other than the amax's (448 * 6 / amax) so that a kernel deriving its own cannot match
+        self.g = (x.float().abs().amax() / 1000).reshape(1) if static else None
+        self.x, self.fmt, self.codes = x, fmt, bs.quantize(x, fmt, global_scale=self.g)
 
 
 def _operands(fa, fb, m, seeds):
@@ -58,7 +63,8 @@ def _operands(fa, fb, m, seeds):
         g = torch.Generator(device="cuda").manual_seed(seed)
         x = torch.randn(m, K, device="cuda", generator=g) * (1 + seed % 7)
         if ":" in fa:
-            acts.append(_InTheCall(x.to(torch.bfloat16), fa.partition(":")[2]))
+            _, fmt, static = fa.split(":") + [""] * (fa.count(":") == 1)
+            acts.append(_InTheCall(x.to(torch.bfloat16), fmt, static == "static"))
         else:
             acts.append(x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa))
     return acts, b
@@ -75,8 +81,8 @@ def _call(case):
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dense",
                                             config={"chunk_rows": N // 4})), b, acts
     if isinstance(acts[0], _InTheCall):
-        return (lambda a, out: bs.scaled_mm(a.x, b, activation_format=a.fmt, out_dtype=torch.float32, out=out,
-                                            config=config)), b, acts
+        return (lambda a, out: bs.scaled_mm(a.x, b, activation_format=a.fmt, activation_global_scale=a.g,
+                                            out_dtype=torch.float32, out=out, config=config)), b, acts
     return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, config=config)), b, acts
 
 
@@ -144,7 +150,7 @@ def test_one_thread_alternating_streams(case):
 @pytest.mark.parametrize("kept_sets", [True, False], ids=["kept_sets", "fresh_sets"])
 @pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
 @pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks",
-                                  "quantize_in_the_call_m16"])
+                                  "quantize_in_the_call_m16", "quantize_in_the_call_blocks_m64"])
 def test_two_graphs_replayed_side_by_side(case, same_capture_stream, kept_sets, monkeypatch):
     """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
     time on two streams, twice; then each graph replayed alone after the other's inputs changed. `fresh_sets`: no

@@ -9,6 +9,7 @@ from blockscaled.kernels.quantize import quantize_decoded
 from blockscaled.reference import dequantize, max_rel_err, scaled_mm as ref_scaled_mm
 
 CASES = [("nvfp4", "floor"), ("mxfp4", "floor"), ("mxfp4", "rceil"), ("mxfp8", "floor"), ("mxfp8", "rceil")]
+ALL_FORMATS = frozenset({"nvfp4", "mxfp4", "mxfp8"})
 cuda = pytest.mark.gpu
 # the kernel on CPU tensors runs through the Triton interpreter, which a machine with a GPU does not set
 interpreter = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU interpreter test; the GPU runs the *_gpu ones")
@@ -44,7 +45,7 @@ def kernel_kind(request, monkeypatch):
     thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax."""
     from blockscaled.kernels import quantize as kq
 
-    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", request.param == "blocks")
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", ALL_FORMATS if request.param == "blocks" else frozenset())
     return request.param
 
 
@@ -134,7 +135,7 @@ def test_nvfp4_amax_launched_first_by_the_blocks_kernel(with_nan, device, gen, m
     scales and global scale as the reference's, the first program writing the scale."""
     from blockscaled.kernels import quantize as kq
 
-    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", True)
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", ALL_FORMATS)
     launched = []
     real = kq._launch_cached
 
