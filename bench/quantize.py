@@ -49,6 +49,17 @@ def compile_sm90(folder: Path) -> int:
         compile_launch(lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None), kq, folder, f"{stem}_codes{suffix}")
         compile_launch(lambda: kq.quantize_decoded(x, f, "floor", None), kq, folder, f"{stem}_decoded{suffix}")
 
+    hw, blocks, pdl = kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl
+    kq.QUANTIZE_BLOCKS = frozenset()  # quantize_kernel up to the "_blocks" variants
+    try:
+        _compile_variants(kq, both)
+    finally:
+        kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl = hw, blocks, pdl
+    return 0
+
+
+def _compile_variants(kq, both) -> None:
+    """`compile_sm90`'s variants, each through `both`; the module's switches set here are restored by the caller."""
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         for dtype in (torch.bfloat16, torch.float32):
             both(torch.randn(64, 1024, dtype=dtype), fmt, f"quantize_{fmt}_{str(dtype)[6:]}")
@@ -59,17 +70,16 @@ def compile_sm90(folder: Path) -> int:
         with amax_way(way):
             both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16",
                  "_barrier_slots" if way == "slots" else "_barrier")
-    hw, blocks = kq._hw_e4m3, kq.QUANTIZE_BLOCKS
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
-    try:
-        both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
-        # each block in one thread (nvfp4: the amax from a reduction launched first)
-        kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"})
-        for fmt in ("nvfp4", "mxfp4", "mxfp8"):
-            both(torch.randn(64, 8192, dtype=torch.bfloat16), fmt, f"quantize_{fmt}_bfloat16", "_blocks")
-    finally:
-        kq._hw_e4m3, kq.QUANTIZE_BLOCKS = hw, blocks
-    return 0
+    both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
+    # each block in one thread (nvfp4: the amax from a reduction launched first)
+    kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"})
+    for fmt in ("nvfp4", "mxfp4", "mxfp8"):
+        both(torch.randn(64, 8192, dtype=torch.bfloat16), fmt, f"quantize_{fmt}_bfloat16", "_blocks")
+    kq._pdl = lambda x: True  # as on an sm_90+ GPU: the dependents' launch after the amax
+    both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp4", "quantize_mxfp4_bfloat16", "_blocks_pdl")
+    with amax_way("barrier"):
+        both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_barrier_pdl")
 
 
 def _use_config(config) -> str:

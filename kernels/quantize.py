@@ -29,7 +29,7 @@ from blockscaled.layouts import padded_scale_shape, scale_offset, stored_scale_s
 from . import plans, scratch
 from .api import _launch_cached, _one
 from .configs import KERNEL_SETTINGS
-from .decode import LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
+from .decode import LAUNCH_DEPENDENTS_PTX, LAYOUT_CODES, e2m1_to_float32, e4m3_to_float32, e8m0_to_float32
 
 # 8 rows x 512 elements a program: a 2-8 KB read, whole 128-byte lines per row (H200 timing: bench/quantize.py)
 QUANTIZE_ROWS = 8
@@ -162,6 +162,16 @@ def _element_values(scaled, FP8: bool, HW_E4M3: bool):
     return e4m3_to_float32(_e4m3_codes(scaled, HW_E4M3)) if FP8 else e2m1_to_float32(_e2m1_codes(scaled))
 
 
+def _dependents_may_launch(value, PDL: bool):
+    """`value` after `griddepcontrol.launch_dependents` (`decode.LAUNCH_DEPENDENTS_PTX`; with PDL, sm_90+): once every
+    program has passed it, the kernel after this one in the stream, if launched with PDL (the mma kernels reading the
+    rows), starts its CTAs and their weight prefetch; its `griddepcontrol.wait` still waits for this whole kernel and
+    its writes. Called on the blocks' amax: after the loads, before the stores."""
+    if not PDL:
+        return value
+    return hl.inline_asm_elementwise(LAUNCH_DEPENDENTS_PTX, "=r,r", [value], dtype=torch.float32, is_pure=False, pack=1)
+
+
 @helion.kernel(**KERNEL_SETTINGS)
 def quantize_kernel(
     x: torch.Tensor,
@@ -183,6 +193,7 @@ def quantize_kernel(
     HW_E4M3: hl.constexpr,
     BLOCK: hl.constexpr,
     SLOTS: hl.constexpr,
+    PDL: hl.constexpr,
 ) -> torch.Tensor:
     """x [rows, K / C, C] (chunks of C = a power of two of blocks) -> data [rows, K / C, C (/ 2 packed)] and the flat
     scale buffer, or with DECODED, bf16 `decoded` [rows, K / C, C] = element x block scale (exact in bf16; the nvfp4 global scale
@@ -207,7 +218,7 @@ def quantize_kernel(
         # the largest magnitude by its bits, one integer reduction: non-negative floats order as their bits, and a
         # NaN's are above Inf's, so a block with a NaN gets a NaN amax as the reference's does (Triton's float max
         # drops NaN)
-        amax = torch.amax(v.view(torch.int32) & 0x7FFFFFFF, dim=-1).view(torch.float32)
+        amax = _dependents_may_launch(torch.amax(v.view(torch.int32) & 0x7FFFFFFF, dim=-1).view(torch.float32), PDL)
         if NV:
             if OWN_AMAX:  # the whole input's amax by its bits, as above, 8 rows x one chunk at a time
                 top = hl.zeros([chunk], dtype=torch.int32)
@@ -314,6 +325,7 @@ def quantize_blocks_kernel(
     FROM_AMAX: hl.constexpr,
     HW_E4M3: hl.constexpr,
     PARTS: hl.constexpr,
+    PDL: hl.constexpr,
 ) -> torch.Tensor:
     """`quantize_kernel`'s codes and scales, or with DECODED its bf16 rows (`decoded` [rows, blocks, PARTS, 8]), where
     it needs no amax of its own or grid barrier, with every block in one thread: x [rows, blocks, PARTS, 8] is read as PARTS loads of [rows, blocks, 8] (8 contiguous elements a thread
@@ -324,7 +336,7 @@ def quantize_blocks_kernel(
     rows, blocks = x.size(0), x.size(1)
     for tile_r, tile_b in hl.tile([rows, blocks]):
         parts = _block_parts(x, tile_r, tile_b, PARTS, BF16_BITS)
-        amax = _block_amax(parts)
+        amax = _dependents_may_launch(_block_amax(parts), PDL)
         if NV:  # the global scale and its reciprocal once a program (a scalar), not once a block
             g = global_scale[0]
             if FROM_AMAX:
@@ -441,6 +453,17 @@ def _barrier_programs(device: torch.device) -> int:
 QUANTIZE_HW_E4M3 = True
 
 
+# Each program lets the next kernel launch once it has its blocks' amax (`_dependents_may_launch`): the mma kernel
+# after it, launched with PDL, then overlaps its launch and weight prefetch with the quantize kernel's rest.
+QUANTIZE_PDL = True
+
+
+def _pdl(x: torch.Tensor) -> bool:
+    """The kernels' PDL: let the next kernel launch early (`_dependents_may_launch`) on an sm_90+ GPU with
+    QUANTIZE_PDL (never in the interpreter)."""
+    return QUANTIZE_PDL and x.is_cuda and plans._capability(x.device) >= (9, 0)
+
+
 def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
     """The kernel's HW_E4M3: E4M3 elements on an sm_89+ GPU with QUANTIZE_HW_E4M3 (never in the interpreter)."""
     return QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and x.is_cuda and plans._capability(x.device) >= (8, 9)
@@ -492,8 +515,9 @@ def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bo
         scale, decoded = scale.view(torch.uint8).view(-1), amax.g
     args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, data, scale, amax.g_in, amax.g, decoded,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16,
-            amax.from_amax, hw, parts)
-    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw)
+            amax.from_amax, hw, parts, _pdl(x))
+    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw,
+           _pdl(x))
     _launch_cached(_LAUNCHES, key, quantize_blocks_kernel, args, lambda: quantize_blocks_config(fmt, cols), x.device)
 
 
@@ -517,8 +541,9 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
-            x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size, amax.slots)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, *amax[3:], hw), x.device)
+            x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size, amax.slots, _pdl(x))
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, *amax[3:], hw, _pdl(x)),
+            x.device)
     return data, scale, amax.g.reshape(()) if fmt.global_scale else None
 
 
@@ -535,7 +560,7 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
         return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,
-            amax.own, amax.barrier, hw, fmt.block_size, amax.slots)
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, *amax[3:], hw),
-            x.device)
+            amax.own, amax.barrier, hw, fmt.block_size, amax.slots, _pdl(x))
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, *amax[3:], hw,
+                        _pdl(x)), x.device)
     return decoded, amax.g

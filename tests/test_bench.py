@@ -208,15 +208,18 @@ def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):
     --compile-sm90`): a branch Helion emits that the GPU cannot compile fails here, not on the machine. 12 variants
     (3 formats x bf16 / fp32 in x codes / decoded rows), nvfp4's two with the amax reduced in every program, its four
     with the grid barrier (two kinds), mxfp8's two with the hardware's E4M3 conversion (one F2FP per two elements),
-    and `quantize_blocks_kernel` for each format (codes and decoded rows)."""
+    `quantize_blocks_kernel` for each format (codes and decoded rows), and both kernels with the dependents' early
+    launch (PDL)."""
     from bench import quantize as bench_quantize
 
     assert bench_quantize.main(["--compile-sm90", str(tmp_path)]) == 0
     lines = [ln for ln in capfd.readouterr().out.splitlines() if "compiled for sm_90" in ln]
-    assert len(lines) == 26 and all(" 0 spilled," in ln for ln in lines), lines
+    assert len(lines) == 30 and all(" 0 spilled," in ln for ln in lines), lines
     for variant in ("_own_amax ", "_barrier ", "_barrier_slots ", "_hw_e4m3 "):
         assert sum(variant in ln for ln in lines) == 2, (variant, lines)
     assert sum("_blocks " in ln for ln in lines) == 6, lines
+    for ptx in tmp_path.glob("*.ptx"):  # the early launch where asked for, and only there
+        assert ("griddepcontrol.launch_dependents" in ptx.read_text()) == ptx.stem.endswith("_pdl"), ptx.name
     for fmt in ("mxfp4", "mxfp8"):  # each block in one thread: no shuffle, no exchange through shared memory
         blocks = (tmp_path / f"quantize_{fmt}_bfloat16_codes_blocks.sass").read_text()
         assert "SHFL" not in blocks and "BAR.SYNC" not in blocks and "STS" not in blocks, fmt
