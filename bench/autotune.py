@@ -16,6 +16,18 @@ config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm`
   2026-11-29 were timed on L2-warm weights (no "cold"): a run tunes their cells again and replaces them.
 - Resumable: cells already in the table (timed cold) are skipped and the table is written after every cell, so a run cut at the
   device's time limit keeps what it finished; `--deadline` stops starting new cells after that many seconds.
+
+The quantize kernels' Helion configs, by Helion's own autotuner (block sizes, warps, stages, indexing, ...):
+
+    python -m bench.autotune --quantize nvfp4 mxfp4 mxfp8 --rows 16 2048 --shapes 8192x8192 [--budget 60]
+
+- Each (format, codes or decoded rows, rows, K) is the launch `blockscaled.quantize` (codes, rowmajor scales) or
+  `scaled_mm(..., activation_format=...)` (decoded rows) makes for a bf16 [rows, K] input, captured, then
+  `kernel.autotune(args)` at Helion's "quick" effort within `--budget` seconds, Helion's accuracy check on.
+- The config found must write every output (codes, scales, rows, nvfp4's global scale; each poisoned first) bit for
+  bit as the default config does, and beat it by `KEEP_MARGIN` (CUDA-graph replay), else the entry holds None.
+- nvfp4's grid-barrier variant (decode rows without a static global scale) is not tuned: its programs must all be
+  resident at once.
 """
 
 from __future__ import annotations
@@ -166,8 +178,136 @@ def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), 
                 entry = tune_cell(pair, m, n, k, measure, device, log, call)
                 entries = [e for e in entries if cell_key(e) != cell_key(entry)] + [entry]
                 entries.sort(key=lambda e: (e["pair"], e["n"], e["k"], e["m"]))
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({"entries": entries}, indent=1) + "\n")
+                write_table(path, "entries", entries)
+    return entries
+
+
+def write_table(path: Path, section: str, entries: list[dict]) -> None:
+    """`entries` as the table's `section` ("entries": the mma plans, "quantize"), the other section kept."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[section] = entries
+    data.setdefault("entries", [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    tuned.clear_caches()
+
+
+QUANTIZE_OUTPUTS = ("data", "scale", "global_out", "decoded")  # the quantize kernels' parameters they write
+
+
+def quantize_launch(fmt: str, rows: int, k: int, decoded: bool, device="cuda"):
+    """(kernel, args, default config) of the quantize launch for a bf16 [rows, k] input (random, seeded), as
+    `blockscaled.quantize` (codes) or `scaled_mm(..., activation_format=fmt)` (decoded rows) makes it; captured, not
+    run. None for nvfp4's grid-barrier variant."""
+    from blockscaled.kernels import quantize as kq
+
+    gen = torch.Generator(device=device).manual_seed(rows * 131 + k)
+    x = (torch.randn(rows, k, device=device, generator=gen) * 3).to(torch.bfloat16)
+    f = bs.get_format(fmt)
+    if kq._global_scale(x, f, None).barrier:
+        return None
+    seen = []
+    real = kq._launch_cached
+    kq._launch_cached = lambda cache, key, kernel, args, config, dev: seen.append((kernel, args, config()))
+    try:
+        if decoded:
+            kq.quantize_decoded(x, f, "floor", None)
+        else:
+            kq.quantize(x, f, "floor", "rowmajor", None)
+    finally:
+        kq._launch_cached = real
+    return seen[-1]
+
+
+def written(kernel, args) -> list[int]:
+    """Indices of the arguments `kernel` writes (QUANTIZE_OUTPUTS), once each, leaving out placeholders that are the
+    input or the given global scale."""
+    import inspect
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    inputs = {args[names.index("x")].data_ptr(), args[names.index("global_scale")].data_ptr()}
+    out, seen = [], set()
+    for i, name in enumerate(names):
+        if name in QUANTIZE_OUTPUTS and args[i].data_ptr() not in inputs | seen:
+            out.append(i)
+            seen.add(args[i].data_ptr())
+    return out
+
+
+def outputs_of(launch, args, outs: list[int]) -> list[torch.Tensor]:
+    """What `launch(*args)` writes into `args[outs]`, each poisoned (every byte 0xFF: NaN codes and scales) before."""
+    for i in outs:
+        args[i].view(torch.uint8).fill_(255)
+    launch(*args)
+    if args[outs[0]].is_cuda:
+        torch.cuda.synchronize()
+    return [args[i].clone() for i in outs]
+
+
+def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: int, device="cuda",
+                  log=print) -> dict | None:
+    """One quantize entry: Helion's autotuner on the captured launch, the config found checked bit for bit against
+    the default's outputs and timed against it by `measure(fn) -> ms`. None where the launch is not tuned."""
+    from blockscaled.kernels.api import _compile
+
+    captured = quantize_launch(fmt, rows, k, decoded, device)
+    what = f"quantize {fmt} {'decoded rows' if decoded else 'codes'} {rows}x{k}"
+    if captured is None:
+        log(f"{what}: the grid barrier's variant: not tuned")
+        return None
+    kernel, args, default = captured
+    bound = kernel.bind(args)
+    knobs = dict(autotune_effort="quick", autotune_budget_seconds=budget, autotune_progress_bar=False)
+    saved = {name: getattr(bound.settings, name) for name in knobs}
+    for name, value in knobs.items():
+        setattr(bound.settings, name, value)
+    try:
+        best = bound.autotune(args, force=True)
+    finally:
+        for name, value in saved.items():
+            setattr(bound.settings, name, value)
+    outs = written(kernel, args)
+    launches = {"default": _compile(kernel, args, default, torch.device(device)),
+                "tuned": _compile(kernel, args, best, torch.device(device))}
+    want, got = (outputs_of(launches[name], args, outs) for name in ("default", "tuned"))
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, got))
+    times = {name: measure(lambda f=launch: f(*args)) * 1e3 for name, launch in launches.items()}
+    keep = same and times["tuned"] < times["default"] * (1 - KEEP_MARGIN)
+    entry = dict(kernel=kernel.name, format=fmt, decoded=decoded, dtype="bfloat16", rows=rows, k=k,
+                 config=dict(best.config) if keep else None, us=round(times["tuned" if keep else "default"], 2),
+                 default_us=round(times["default"], 2))
+    log(f"{what}: default {times['default']:.2f} us, Helion's {times['tuned']:.2f} us"
+        f"{'' if same else ' (outputs differ: refused)'} -> {entry['config']}")
+    return entry
+
+
+def quantize_key(e: dict) -> tuple:
+    return e["kernel"], e["format"], e["decoded"], e["dtype"], e["rows"], e["k"]
+
+
+def run_quantize(formats, outputs, rows_list, ks, path: Path, measure, budget: int, deadline: float = float("inf"),
+                 device="cuda", log=print) -> list[dict]:
+    """Tune every (format, output, rows, K) whose launch is not yet in the table's quantize section, writing it after
+    each; returns the section."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    entries = data.get("quantize", [])
+    done = {(e["format"], e["decoded"], e["rows"], e["k"]) for e in entries}
+    start = time.time()
+    for fmt in formats:
+        for decoded in outputs:
+            for k in ks:
+                for rows in rows_list:
+                    if (fmt, decoded, rows, k) in done:
+                        continue
+                    if time.time() - start > deadline:
+                        log(f"deadline: quantize {fmt} {rows}x{k} and later launches not started")
+                        return entries
+                    entry = tune_quantize(fmt, rows, k, decoded, measure, budget, device, log)
+                    if entry is None:
+                        continue
+                    entries = [e for e in entries if quantize_key(e) != quantize_key(entry)] + [entry]
+                    entries.sort(key=quantize_key)
+                    write_table(path, "quantize", entries)
     return entries
 
 
@@ -189,6 +329,11 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no new cell starts")
     p.add_argument("--table", type=Path, help="default: kernels/tuned/<gpu>.json")
     p.add_argument("--jobs", type=int, default=1, help="processes compiling the candidates before timing")
+    p.add_argument("--quantize", nargs="+", choices=["nvfp4", "mxfp4", "mxfp8"],
+                   help="instead of mma plans: these formats' quantize kernels, by Helion's autotuner (K from --shapes)")
+    p.add_argument("--outputs", nargs="+", choices=["decoded", "codes"], default=["decoded", "codes"])
+    p.add_argument("--rows", nargs="+", type=int, default=[16, 2048], help="with --quantize: input rows")
+    p.add_argument("--budget", type=int, default=60, help="with --quantize: seconds of Helion's search a launch")
     args = p.parse_args(argv)
     shapes = cell_shapes(args.shapes, args.models)
     if not torch.cuda.is_available():
@@ -196,6 +341,12 @@ def main(argv=None) -> int:
     from .__main__ import precompile, time_ms
 
     path = args.table or tuned.TABLES / f"{tuned.gpu_key(torch.cuda.get_device_name())}.json"
+    if args.quantize:
+        ks = list(dict.fromkeys(k for _, k in shapes))
+        entries = run_quantize(args.quantize, [o == "decoded" for o in args.outputs], args.rows, ks, path,
+                               lambda fn: time_ms(fn, True), args.budget, args.deadline)
+        print(f"{len(entries)} quantize entries in {path}")
+        return 0
     if args.jobs > 1:
         _, done = finished(path)
         work = [(FORMAT_PAIRS[f], m, n, k, "cuda") for f in args.pairs for n, k in shapes for m in args.M

@@ -1,10 +1,14 @@
-"""Tuned plans of the mma kernels, as data: `kernels/tuned/<gpu>.json`, written by `python -m bench.autotune`.
+"""Tuned plans of the mma kernels and Helion configs of the quantize kernels, as data: `kernels/tuned/<gpu>.json`,
+written by `python -m bench.autotune` (`--quantize`: Helion's autotuner).
 
 | field      | meaning                                                                                  |
 |------------|------------------------------------------------------------------------------------------|
 | file name  | the GPU model: `gpu_key(torch.cuda.get_device_name())`, e.g. `nvidia_h200.json`          |
 | entries    | [{"pair", "m", "n", "k", "config", "us", "default_us"}]: `config` the fastest `scaled_mm`|
 |            | config of the candidates timed (None: the default plan was fastest); times in us         |
+| quantize   | [{"kernel", "format", "decoded", "dtype", "rows", "k", "config", "us", "default_us"}]:    |
+|            | `config` the Helion config (`helion.Config` fields) Helion's autotuner found for that    |
+|            | kernel and input, None where it did not beat the module's default by the keep margin     |
 
 Lookup (`config_for`), once per (GPU, pair, M, N, K):
 - entries of the same GPU model and pair, at the smallest tuned M >= M (a plan tuned for M rows serves fewer);
@@ -13,6 +17,10 @@ Lookup (`config_for`), once per (GPU, pair, M, N, K):
   against the rules' 1.91x on an H200);
 - none of these: None, and the default plan (`plans._mma_options`'s rules). A config the shape refuses (say a split
   above K / 64) also falls back to the default, in `api._mma_launch`.
+Quantize configs (`quantize_config_for`): the entry of the same kernel, format, output (codes or decoded rows),
+input dtype and K, at the smallest tuned row count >= the call's (else the largest tuned); none: the module's
+default config. Never for nvfp4's grid-barrier variant (its programs must all be resident: a config of more
+programs could wait forever).
 Nothing tunes at call time.
 """
 
@@ -34,9 +42,38 @@ def gpu_key(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def table(gpu: str) -> tuple[dict, ...]:
+def _file(gpu: str) -> dict:
     path = TABLES / f"{gpu}.json"
-    return tuple(json.loads(path.read_text())["entries"]) if path.exists() else ()
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def table(gpu: str) -> tuple[dict, ...]:
+    """The mma plans' entries of the GPU's table."""
+    return tuple(_file(gpu).get("entries", ()))
+
+
+def quantize_table(gpu: str) -> tuple[dict, ...]:
+    """The quantize kernels' entries of the GPU's table."""
+    return tuple(_file(gpu).get("quantize", ()))
+
+
+def clear_caches() -> None:
+    """Forget the tables read (after `TABLES` changes or a table is written)."""
+    _file.cache_clear()
+    config_for.cache_clear()
+    quantize_config_for.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def quantize_config_for(gpu: str, kernel: str, fmt: str, decoded: bool, dtype: str, rows: int, k: int) -> dict | None:
+    """The tuned Helion config of a quantize kernel's call (see the module's docstring), or None for the default."""
+    same = [e for e in quantize_table(gpu) if (e["kernel"], e["format"], e["decoded"], e["dtype"], e["k"])
+            == (kernel, fmt, decoded, dtype, k)]
+    if not same:
+        return None
+    above = [e for e in same if e["rows"] >= rows]
+    entry = min(above, key=lambda e: e["rows"]) if above else max(same, key=lambda e: e["rows"])
+    return dict(entry["config"]) if entry["config"] else None
 
 
 def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:

@@ -21,11 +21,11 @@ ENTRIES = [
 @pytest.fixture
 def table_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(tuned, "TABLES", tmp_path)
-    for cache in (tuned.table, tuned.config_for, api._tuned_options_of):
-        cache.cache_clear()
+    for clear in (tuned.clear_caches, api._tuned_options_of.cache_clear, api._tuned_gpu.cache_clear):
+        clear()
     yield tmp_path
-    for cache in (tuned.table, tuned.config_for, api._tuned_options_of):
-        cache.cache_clear()
+    for clear in (tuned.clear_caches, api._tuned_options_of.cache_clear, api._tuned_gpu.cache_clear):
+        clear()
 
 
 def test_gpu_key():
@@ -151,3 +151,95 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
             b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
             plans.mma_options_for(e["config"], a, b, e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
+
+
+QUANTIZE_ENTRIES = [
+    dict(kernel="quantize_blocks_kernel", format="mxfp4", decoded=True, dtype="bfloat16", rows=16, k=8192,
+         config={"block_sizes": [1, 64], "num_warps": 2}),
+    dict(kernel="quantize_blocks_kernel", format="mxfp4", decoded=True, dtype="bfloat16", rows=2048, k=8192,
+         config={"block_sizes": [16, 32], "num_warps": 8}),
+    dict(kernel="quantize_blocks_kernel", format="mxfp4", decoded=False, dtype="bfloat16", rows=2048, k=8192,
+         config=None),
+]
+
+
+def test_quantize_config_for_takes_the_smallest_tuned_rows_at_or_above_of_the_same_k(table_dir):
+    (table_dir / "g.json").write_text(json.dumps({"entries": ENTRIES, "quantize": QUANTIZE_ENTRIES}))
+    pick = lambda *key: tuned.quantize_config_for("g", "quantize_blocks_kernel", "mxfp4", *key)  # noqa: E731
+    assert pick(True, "bfloat16", 1, 8192) == {"block_sizes": [1, 64], "num_warps": 2}
+    assert pick(True, "bfloat16", 17, 8192) == {"block_sizes": [16, 32], "num_warps": 8}
+    assert pick(True, "bfloat16", 8192, 8192) == {"block_sizes": [16, 32], "num_warps": 8}  # above all: the largest
+    assert pick(False, "bfloat16", 2048, 8192) is None  # tuned: the default was fastest
+    assert pick(True, "bfloat16", 16, 4096) is None  # another K: the default
+    assert pick(True, "float32", 16, 8192) is None  # another input dtype
+    assert tuned.quantize_config_for("g", "quantize_blocks_kernel", "nvfp4", True, "bfloat16", 16, 8192) is None
+    assert tuned.config_for("g", "bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8}  # the mma section beside it
+
+
+def test_quantize_autotune_checks_times_and_writes_beside_the_mma_plans(table_dir, monkeypatch):
+    """`bench.autotune --quantize`'s loop on the interpreter, Helion's search stood in for (it needs a GPU): the
+    captured launch is the call's own, the config returned is checked bit for bit against the default's outputs and
+    timed; a config whose outputs differ is refused; the mma section of the same file is kept."""
+    import helion
+
+    from bench import autotune
+    from blockscaled.kernels import api as kapi
+    from helion.runtime.kernel import BoundKernel
+
+    path = table_dir / "g.json"
+    path.write_text(json.dumps({"entries": ENTRIES}))
+    found = helion.Config(block_sizes=[2, 4], num_warps=4, num_stages=1)
+    searched = []
+    monkeypatch.setattr(BoundKernel, "autotune", lambda self, args, force=True: searched.append(self.kernel.name) or found)
+    timed = []
+
+    def measure(fn):
+        fn()
+        timed.append(fn)
+        return 0.004 if len(timed) % 2 == 0 else 0.005  # the tuned launch (timed second) 20% faster
+
+    log = []
+    entries = autotune.run_quantize(["mxfp4"], [True], [8], [256], path, measure, budget=1, device="cpu",
+                                    log=log.append)
+    (e,) = entries
+    assert searched == ["quantize_blocks_kernel"] and len(timed) == 2
+    assert e["config"]["block_sizes"] == [2, 4] and (e["us"], e["default_us"]) == (4.0, 5.0), log
+    data = json.loads(path.read_text())
+    assert data["quantize"] == entries and data["entries"] == ENTRIES
+    assert autotune.run_quantize(["mxfp4"], [True], [8], [256], path, measure, 1, device="cpu") == entries
+    assert len(timed) == 2  # resumed: already in the table
+
+    real = kapi._compile
+
+    def wrong_when_tuned(kernel, args, cfg, device, *rest):
+        launch = real(kernel, args, cfg, device, *rest)
+        if cfg is not found:
+            return launch
+        return lambda *a: (launch(*a), a[5].view(torch.uint8).view(-1)[:1].fill_(0))  # decoded rows: one byte off
+
+    monkeypatch.setattr(kapi, "_compile", wrong_when_tuned)
+    (e,) = autotune.run_quantize(["mxfp4"], [True], [8], [512], path, measure, 1, device="cpu", log=log.append)[1:]
+    assert e["config"] is None and any("outputs differ" in line for line in log), log
+
+
+def test_a_tuned_quantize_config_reaches_the_launch(table_dir, monkeypatch):
+    """The table's config for a quantize launch is the one compiled (interpreter, the GPU's key stood in for), and the
+    decoded rows stay the reference's; another shape keeps the default config."""
+    from blockscaled.kernels import api as kapi
+    from blockscaled.kernels import quantize as kq
+    from blockscaled.reference import dequantize
+
+    entry = dict(QUANTIZE_ENTRIES[0], rows=4, k=512, config={"block_sizes": [2, 4], "num_warps": 4, "num_stages": 1})
+    (table_dir / "g.json").write_text(json.dumps({"entries": [], "quantize": [entry]}))
+    monkeypatch.setattr(kq, "_tuned_gpu", lambda device: "g")
+    monkeypatch.setattr(kq, "_LAUNCHES", {})
+    used = []
+    real = kapi._compile
+    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, device, *rest: used.append(dict(cfg.config))
+                        or real(kernel, args, cfg, device, *rest))
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
+    assert used == [entry["config"]]
+    assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
+    kq.quantize_decoded(x[:, :256].contiguous(), bs.get_format("mxfp4"), "floor", None)
+    assert used[1]["block_sizes"] != [2, 4]  # K = 256: no entry, the default
