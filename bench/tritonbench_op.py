@@ -1,8 +1,10 @@
 """TritonBench operator `blockscaled_gemm` (loaded by bench/tritonbench.py as
 `tritonbench.operators.blockscaled_gemm`, the module path TritonBench reads the name from).
 
-Providers: `cublas_bf16` (baseline: F.linear on the dequantized operands in bf16) and
-`blockscaled` (this project). Extra args: --pair {nvfp4xnvfp4, ..., all}, -M, --n, --k,
+Providers: `cublas_bf16` (baseline: F.linear on the dequantized operands in bf16), `blockscaled`
+(this project, activations quantized before the timing), `blockscaled_dynamic` (the bf16 activation
+quantized in every timed call, as a W4A4 / W8A8 model runs), `blockscaled_k_order` and
+`blockscaled_dense` (yardsticks). Extra args: --pair {nvfp4xnvfp4, ..., all}, -M, --n, --k,
 --llama. Accuracy uses TritonBench's assert_close with --rtol/--atol; the runner sets
 rtol 1.6e-2 / atol 1e-2 when not given: both outputs round an fp32 sum to bf16 once, so
 they may differ by one bf16 ulp (2^-7 relative) and a little summation order.
@@ -49,7 +51,8 @@ class Operator(BenchmarkOperator):
         nks = LLAMA_SHAPES[self.opts.llama] if self.opts.llama else [(self.opts.n, self.opts.k)]
         for i, (pair_name, (n, k), m) in enumerate((p, nk, m) for p in pairs for nk in nks for m in self.opts.M):
             gen = torch.Generator(device=self.device).manual_seed(i)
-            x = torch.randn(m, k, device=self.device, generator=gen)
+            # bf16 values: `blockscaled_dynamic` quantizes x in bf16 to the codes the other providers quantize
+            x = torch.randn(m, k, device=self.device, generator=gen).to(torch.bfloat16).float()
             w = torch.randn(n, k, device=self.device, generator=gen)
             yield pair_name, x, w
 
@@ -91,6 +94,19 @@ class Operator(BenchmarkOperator):
         return lambda: bs.scaled_mm(a, b, out=out)
 
     @register_benchmark()
+    def blockscaled_dynamic(self, pair_name, x, w):
+        """The bf16 activation quantized in every call (`scaled_mm(..., activation_format=...)`), weights for the
+        device: the same codes as `blockscaled`'s activation, so the same result; bf16-activation pairs run as
+        `blockscaled`."""
+        fa = PAIRS[pair_name][0]
+        _, b = self._operands(pair_name, x, w)
+        b = ours_weights("blockscaled", b)
+        xb = x.to(torch.bfloat16)
+        out = torch.empty(x.shape[0], w.shape[0], dtype=torch.bfloat16, device=w.device)
+        fmt = None if fa == "bf16" else fa
+        return lambda: bs.scaled_mm(xb, b, activation_format=fmt, out=out)
+
+    @register_benchmark()
     def blockscaled_k_order(self, pair_name, x, w):
         """k_order weights: the portable kernels (CPU interpreter, other GPUs), as a yardstick."""
         a, b = self._operands(pair_name, x, w)
@@ -120,7 +136,9 @@ class Operator(BenchmarkOperator):
         benchmark callable, named by its `_name`."""
         provider = getattr(fn, "_name", fn)
         pair_name, m, n, k = self.get_x_val(example_inputs)
-        if provider in OURS_LAYOUT:
+        if provider == "blockscaled_dynamic":  # the activation read in bf16
+            nbytes = 2 * m * k + operand_bytes(PAIRS[pair_name][1], n, k)
+        elif provider in OURS_LAYOUT:
             nbytes = operand_bytes(PAIRS[pair_name][0], m, k) + operand_bytes(PAIRS[pair_name][1], n, k)
         else:
             nbytes = 2 * (m * k + n * k)

@@ -539,8 +539,8 @@ def fake_tritonbench(monkeypatch):
 
 def test_operator_module_registers_and_runs(fake_tritonbench):
     module = tb_runner.load_operator_module()
-    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_k_order": False,
-                                "blockscaled_dense": False}
+    assert fake_tritonbench == {"cublas_bf16": True, "blockscaled": False, "blockscaled_dynamic": False,
+                                "blockscaled_k_order": False, "blockscaled_dense": False}
     args = types.SimpleNamespace(device="cpu")
     op = module.Operator(args, ["--pair", "mxfp8xmxfp4", "-M", "3", "--n", "32", "--k", "64"])
     inputs = list(op.get_input_iter())
@@ -548,12 +548,16 @@ def test_operator_module_registers_and_runs(fake_tritonbench):
     got, base = op.blockscaled(*inputs[0])(), op.cublas_bf16(*inputs[0])()
     torch.testing.assert_close(got.float(), base.float(), rtol=1.6e-2, atol=1e-2)
     torch.testing.assert_close(op.blockscaled_k_order(*inputs[0])().float(), got.float(), rtol=0, atol=0)
+    # the activation quantized in the call: the same codes, so the same result bit for bit
+    torch.testing.assert_close(op.blockscaled_dynamic(*inputs[0])().float(), got.float(), rtol=0, atol=0)
     torch.testing.assert_close(op.blockscaled_dense(*inputs[0])().float(), base.float(), rtol=1.6e-2, atol=1e-2)
     assert op.flops("blockscaled", inputs[0], None) == 2 * 3 * 32 * 64
     metrics = types.SimpleNamespace(latency=1.0)  # ms
     fn = op.blockscaled(*inputs[0])
     fn._name = "blockscaled"  # how TritonBench names the callable it passes to metrics
     assert op.gbps(fn, inputs[0], metrics) == pytest.approx((3 * 64 * 8.25 / 8 + 32 * 64 * 4.25 / 8 + 2 * 3 * 32) / 1e6)
+    fn._name = "blockscaled_dynamic"  # the activation read in bf16
+    assert op.gbps(fn, inputs[0], metrics) == pytest.approx((3 * 64 * 2 + 32 * 64 * 4.25 / 8 + 2 * 3 * 32) / 1e6)
 
 
 def test_operator_takes_the_llama_shapes(fake_tritonbench, monkeypatch):
@@ -582,6 +586,8 @@ def test_operator_baseline_keeps_nvfp4_accuracy(fake_tritonbench):
     op = module.Operator(types.SimpleNamespace(device="cpu"), ["--pair", "nvfp4xnvfp4", "-M", "5", "--n", "24", "--k", "64"])
     inputs = next(op.get_input_iter())
     torch.testing.assert_close(op.blockscaled(*inputs)().float(), op.cublas_bf16(*inputs)().float(), rtol=1.6e-2, atol=1e-2)
+    # nvfp4's global scale computed in the call from the bf16 activation: the same codes and scale as the quantized one
+    torch.testing.assert_close(op.blockscaled_dynamic(*inputs)().float(), op.blockscaled(*inputs)().float(), rtol=0, atol=0)
 
 
 def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
