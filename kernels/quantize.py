@@ -1,4 +1,8 @@
-"""Quantization on the GPU: nvfp4, mxfp4 and mxfp8 in one Helion kernel, bit-exact with `reference.quantize`.
+"""Quantization on the GPU: nvfp4, mxfp4 and mxfp8 in two Helion kernels, bit-exact with `reference.quantize`:
+`quantize_kernel` (a block over 2-4 lanes; nvfp4's own-amax and grid-barrier variants, mxfp8) and
+`quantize_blocks_kernel` (a block in one thread; nvfp4 and mxfp4 elsewhere, `QUANTIZE_BLOCKS`). Configs: the module's
+defaults, or the GPU's table (`kernels/tuned/<gpu>.json`, `python -m bench.autotune --quantize`). On sm_90+ each
+program lets the next kernel launch early (`QUANTIZE_PDL`): the mma kernels launched with PDL overlap it.
 
 | operand        | shape                          | dtype                        | notes                                    |
 |----------------|--------------------------------|------------------------------|------------------------------------------|
