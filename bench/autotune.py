@@ -19,7 +19,7 @@ config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm`
 
 The quantize kernels' Helion configs, by Helion's own autotuner (block sizes, warps, stages, indexing, ...):
 
-    python -m bench.autotune --quantize nvfp4 mxfp4 mxfp8 --rows 16 2048 --shapes 8192x8192 [--budget 60]
+    python -m bench.autotune --quantize nvfp4 mxfp4 mxfp8 --rows 1 16 2048 --shapes 8192x8192 [--budget 60]
 
 - Each (format, codes or decoded rows, rows, K) is the launch `blockscaled.quantize` (codes, rowmajor scales) or
   `scaled_mm(..., activation_format=...)` (decoded rows) makes for a bf16 [rows, K] input, captured, then
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     p.add_argument("--quantize", nargs="+", choices=["nvfp4", "mxfp4", "mxfp8"],
                    help="instead of mma plans: these formats' quantize kernels, by Helion's autotuner (K from --shapes)")
     p.add_argument("--outputs", nargs="+", choices=["decoded", "codes"], default=["decoded", "codes"])
-    p.add_argument("--rows", nargs="+", type=int, default=[16, 2048], help="with --quantize: input rows")
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 16, 2048], help="with --quantize: input rows")
     p.add_argument("--budget", type=int, default=60, help="with --quantize: seconds of Helion's search a launch")
     args = p.parse_args(argv)
     shapes = cell_shapes(args.shapes, args.models)
