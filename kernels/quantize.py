@@ -20,6 +20,7 @@ bit (below 1 by adding 2^23), and nvfp4's three divisions as IEEE `div_rn` (Trit
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -524,22 +525,35 @@ def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bo
             amax.from_amax, hw, parts, _pdl(x))
     key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw,
            _pdl(x))
-    _launch_cached(_LAUNCHES, key, quantize_blocks_kernel, args,
-                   lambda: _tuned(quantize_blocks_kernel, fmt, rows_out, x, quantize_blocks_config(fmt, cols)), x.device)
+    _launch_tuned(key, quantize_blocks_kernel, args, fmt, rows_out, x, quantize_blocks_config(fmt, cols))
 
 
 def _launch(args: tuple, fmt: BlockFormat, key: tuple, x: torch.Tensor, amax: _Amax, decoded: bool) -> None:
-    config = quantize_config(fmt)
-    _launch_cached(_LAUNCHES, key, quantize_kernel, args,
-                   lambda: config if amax.barrier else _tuned(quantize_kernel, fmt, decoded, x, config), x.device)
+    if amax.barrier:  # every program resident: never a tuned config (more programs could wait forever)
+        _launch_cached(_LAUNCHES, key, quantize_kernel, args, lambda: quantize_config(fmt), x.device)
+    else:
+        _launch_tuned(key, quantize_kernel, args, fmt, decoded, x, quantize_config(fmt))
 
 
-def _tuned(kernel, fmt: BlockFormat, decoded: bool, x: torch.Tensor, default: helion.Config) -> helion.Config:
-    """The GPU's tuned Helion config of `kernel` for this input (`tuned.quantize_config_for`: `python -m
-    bench.autotune --quantize`), else `default`."""
-    gpu = _tuned_gpu(x.device)
-    found = gpu and tuned.quantize_config_for(gpu, kernel.name, fmt.name, decoded, str(x.dtype)[6:], *x.shape)
-    return helion.Config.from_dict(found) if found else default
+def _launch_tuned(key: tuple, kernel, args: tuple, fmt: BlockFormat, decoded: bool, x: torch.Tensor,
+                  default: helion.Config) -> None:
+    """`kernel(*args)` with the GPU's tuned config for this input (`tuned.quantize_config_for`: `python -m
+    bench.autotune --quantize`), else `default`; a table config that fails to compile or launch warns once and the
+    default runs (a hand-edited or stale table never fails a call)."""
+    if key not in _LAUNCHES:
+        gpu = _tuned_gpu(x.device)
+        found = gpu and tuned.quantize_config_for(gpu, kernel.name, fmt.name, decoded, str(x.dtype)[6:], *x.shape)
+        if found:
+            try:
+                launch = api._compile(kernel, args, helion.Config.from_dict(found), x.device)
+                launch(*args)
+            except Exception as e:  # noqa: BLE001 - any compile or launch error of the table's config
+                warnings.warn(f"kernels/tuned/{gpu}.json: the {kernel.name} config {found} failed "
+                              f"({type(e).__name__}: {str(e)[:200]}); the default config runs instead", stacklevel=3)
+            else:
+                _LAUNCHES[key] = launch
+                return
+    _launch_cached(_LAUNCHES, key, kernel, args, lambda: default, x.device)
 
 
 def _tuned_gpu(device: torch.device) -> str | None:

@@ -243,3 +243,19 @@ def test_a_tuned_quantize_config_reaches_the_launch(table_dir, monkeypatch):
     assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
     kq.quantize_decoded(x[:, :256].contiguous(), bs.get_format("mxfp4"), "floor", None)
     assert used[1]["block_sizes"] != [2, 4]  # K = 256: no entry, the default
+
+
+def test_a_tuned_quantize_config_that_fails_warns_and_the_default_runs(table_dir, monkeypatch):
+    """A hand-edited or stale table entry whose config Helion refuses: one warning naming the file, then the default
+    config, the rows still the reference's (interpreter)."""
+    from blockscaled.kernels import quantize as kq
+    from blockscaled.reference import dequantize
+
+    entry = dict(QUANTIZE_ENTRIES[0], rows=4, k=512, config={"block_sizes": [3, 5, 7], "num_warps": 4})
+    (table_dir / "g.json").write_text(json.dumps({"entries": [], "quantize": [entry]}))
+    monkeypatch.setattr(kq, "_tuned_gpu", lambda device: "g")
+    monkeypatch.setattr(kq, "_LAUNCHES", {})
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"kernels/tuned/g.json: the quantize_blocks_kernel config .* failed"):
+        rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
+    assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
