@@ -466,14 +466,16 @@ QUANTIZE_PDL = True
 
 
 def _pdl(x: torch.Tensor) -> bool:
-    """The kernels' PDL: let the next kernel launch early (`_dependents_may_launch`) on an sm_90+ GPU with
-    QUANTIZE_PDL (never in the interpreter)."""
-    return QUANTIZE_PDL and x.is_cuda and plans._capability(x.device) >= (9, 0)
+    """The kernels' PDL: let the next kernel launch early (`_dependents_may_launch`) on an NVIDIA sm_90+ GPU with
+    QUANTIZE_PDL (never in the interpreter, never on AMD, whose capabilities read 9.4 / 9.5 but take no PTX)."""
+    return QUANTIZE_PDL and plans._has_pdl(x.device)
 
 
 def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
-    """The kernel's HW_E4M3: E4M3 elements on an sm_89+ GPU with QUANTIZE_HW_E4M3 (never in the interpreter)."""
-    return QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and x.is_cuda and plans._capability(x.device) >= (8, 9)
+    """The kernel's HW_E4M3: E4M3 elements on an NVIDIA sm_89+ GPU with QUANTIZE_HW_E4M3 (never in the interpreter,
+    never on AMD: its PTX conversion)."""
+    return (QUANTIZE_HW_E4M3 and fmt.element == "e4m3" and plans._ptx_decodes(x.device)
+            and plans._capability(x.device) >= (8, 9))
 
 
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:

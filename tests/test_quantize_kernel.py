@@ -401,3 +401,21 @@ def test_nvfp4_grid_barrier_at_decode_rows_streams_and_graphs(rows, k, slots, mo
         torch.cuda.synchronize()
         for j, q in enumerate(captured):
             _assert_same_codes(q, refs[first + j])
+
+
+@pytest.mark.parametrize("hip,capability,want", [(None, (9, 0), (True, True)), (None, (8, 9), (False, True)),
+                                                 (None, (8, 0), (False, False)), ("6.2", (9, 4), (False, False)),
+                                                 ("6.2", (9, 5), (False, False))])
+def test_ptx_switches_only_on_nvidia(hip, capability, want, monkeypatch):
+    """The quantize kernels' inline PTX (the dependents' early launch, sm_90+; the E4M3 conversion, sm_89+) only on
+    NVIDIA GPUs: an AMD GPU's capability reads 9.4 (MI300) or 9.5 (MI355) and takes no PTX."""
+    import types
+
+    from blockscaled.kernels import plans
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(plans, "_capability", lambda device: capability)
+    x = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert (kq._pdl(x), kq._hw_e4m3(x, bs.get_format("mxfp8"))) == want
+    assert not kq._pdl(types.SimpleNamespace(device=torch.device("cpu")))
