@@ -158,7 +158,7 @@ def cell_key(e: dict) -> tuple:
 def finished(path: Path) -> tuple[list[dict], set[tuple]]:
     """The table's entries at `path` (none if absent) and the cells (pair name, M, N, K) of those timed on cold
     weights: an entry timed L2-warm (before 2026-11-29, no "cold") is tuned again and replaced."""
-    entries = json.loads(path.read_text())["entries"] if path.exists() else []
+    entries = read_section(path, "entries")
     return entries, {cell_key(e) for e in entries if e.get("cold")}
 
 
@@ -180,6 +180,11 @@ def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), 
                 entries.sort(key=lambda e: (e["pair"], e["n"], e["k"], e["m"]))
                 write_table(path, "entries", entries)
     return entries
+
+
+def read_section(path: Path, section: str) -> list[dict]:
+    """The table's `section` ("entries": the mma plans, "quantize") at `path`; none if absent."""
+    return json.loads(path.read_text()).get(section, []) if path.exists() else []
 
 
 def write_table(path: Path, section: str, entries: list[dict]) -> None:
@@ -244,10 +249,11 @@ def outputs_of(launch, args, outs: list[int]) -> list[torch.Tensor]:
     return [args[i].clone() for i in outs]
 
 
-def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: int, device="cuda",
-                  log=print) -> dict | None:
+def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: int, device="cuda", log=print,
+                  done=frozenset()) -> dict | None:
     """One quantize entry: Helion's autotuner on the captured launch, the config found checked bit for bit against
-    the default's outputs and timed against it by `measure(fn) -> ms`. None where the launch is not tuned."""
+    the default's outputs and timed against it by `measure(fn) -> ms`. None where the launch is not tuned, or its
+    kernel's entry (`quantize_key`) is in `done`."""
     from blockscaled.kernels.api import _compile
 
     captured = quantize_launch(fmt, rows, k, decoded, device)
@@ -256,6 +262,8 @@ def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: i
         log(f"{what}: the grid barrier's variant: not tuned")
         return None
     kernel, args, default = captured
+    if (kernel.name, fmt, decoded, "bfloat16", rows, k) in done:  # the kernel the call runs now, not a former one
+        return None
     bound = kernel.bind(args)
     knobs = dict(autotune_effort="quick", autotune_budget_seconds=budget, autotune_progress_bar=False)
     saved = {name: getattr(bound.settings, name) for name in knobs}
@@ -289,20 +297,17 @@ def run_quantize(formats, outputs, rows_list, ks, path: Path, measure, budget: i
                  device="cuda", log=print) -> list[dict]:
     """Tune every (format, output, rows, K) whose launch is not yet in the table's quantize section, writing it after
     each; returns the section."""
-    data = json.loads(path.read_text()) if path.exists() else {}
-    entries = data.get("quantize", [])
-    done = {(e["format"], e["decoded"], e["rows"], e["k"]) for e in entries}
+    entries = read_section(path, "quantize")
+    done = {quantize_key(e) for e in entries}
     start = time.time()
     for fmt in formats:
         for decoded in outputs:
             for k in ks:
                 for rows in rows_list:
-                    if (fmt, decoded, rows, k) in done:
-                        continue
                     if time.time() - start > deadline:
                         log(f"deadline: quantize {fmt} {rows}x{k} and later launches not started")
                         return entries
-                    entry = tune_quantize(fmt, rows, k, decoded, measure, budget, device, log)
+                    entry = tune_quantize(fmt, rows, k, decoded, measure, budget, device, log, done)
                     if entry is None:
                         continue
                     entries = [e for e in entries if quantize_key(e) != quantize_key(entry)] + [entry]

@@ -32,6 +32,7 @@ from blockscaled.reference import dequantize  # noqa: E402
 from .__main__ import COLUMNS, RESULTS, git_commit, result_name, time_ms
 
 FIELDS = COLUMNS + ["frac_of_copy_bw"]
+EVERY_FORMAT = frozenset({"nvfp4", "mxfp4", "mxfp8"})  # `QUANTIZE_BLOCKS` with every format on the blocks kernel
 CASES = (("nvfp4", "floor", True), ("nvfp4", "floor", False), ("mxfp4", "floor", False), ("mxfp4", "rceil", False),
          ("mxfp8", "floor", False), ("mxfp8", "rceil", False))
 
@@ -73,7 +74,7 @@ def _compile_variants(kq, both) -> None:
     kq._hw_e4m3 = lambda x, fmt: fmt.element == "e4m3"  # as on an sm_89+ GPU with QUANTIZE_HW_E4M3
     both(torch.randn(64, 1024, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_hw_e4m3")
     # each block in one thread (nvfp4: the amax from a reduction launched first)
-    kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"})
+    kq.QUANTIZE_BLOCKS = EVERY_FORMAT
     for fmt in ("nvfp4", "mxfp4", "mxfp8"):
         both(torch.randn(64, 8192, dtype=torch.bfloat16), fmt, f"quantize_{fmt}_bfloat16", "_blocks")
     kq._pdl = lambda x: True  # as on an sm_90+ GPU: the dependents' launch after the amax
@@ -100,7 +101,7 @@ def _use_kernel(kind) -> str:
 
     if kind is None:
         return ""
-    kq.QUANTIZE_BLOCKS = frozenset({"nvfp4", "mxfp4", "mxfp8"}) if kind == "blocks" else frozenset()
+    kq.QUANTIZE_BLOCKS = EVERY_FORMAT if kind == "blocks" else frozenset()
     return f"[{kind}]"
 
 

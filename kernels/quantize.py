@@ -508,7 +508,7 @@ def _blocks_kernel_runs(fmt: BlockFormat, amax: _Amax, cols: int) -> bool:
     return fmt.name in QUANTIZE_BLOCKS and not amax.own and not amax.barrier and cols > 1
 
 
-def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bool, data=None, scale=None,
+def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bool, pdl: bool, data=None, scale=None,
                    layout: str = "rowmajor", decoded=None) -> None:
     """`quantize_blocks_kernel` on x [rows, K]: the codes into `data` (k_order) and `scale` (`layout`), or the rows
     into `decoded` (bf16 [rows, K])."""
@@ -524,9 +524,8 @@ def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bo
         scale, decoded = scale.view(torch.uint8).view(-1), amax.g
     args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, data, scale, amax.g_in, amax.g, decoded,
             *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16,
-            amax.from_amax, hw, parts, _pdl(x))
-    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw,
-           _pdl(x))
+            amax.from_amax, hw, parts, pdl)
+    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw, pdl)
     _launch_tuned(key, quantize_blocks_kernel, args, fmt, rows_out, x, quantize_blocks_config(fmt, cols))
 
 
@@ -569,19 +568,19 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     rows, k = x.shape
     cols = k // fmt.block_size
     amax = _global_scale(x, fmt, global_scale)
-    hw = _hw_e4m3(x, fmt)
+    hw, pdl = _hw_e4m3(x, fmt), _pdl(x)
     data = torch.empty((rows, fmt.data_cols(k)), dtype=fmt.storage_dtype, device=x.device)
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
     if _blocks_kernel_runs(fmt, amax, cols):
-        _launch_blocks(x, fmt, amax, scale_rounding, hw, data=data, scale=scale, layout=layout)
+        _launch_blocks(x, fmt, amax, scale_rounding, hw, pdl, data=data, scale=scale, layout=layout)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
-            x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size, amax.slots, _pdl(x))
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, *amax[3:], hw, _pdl(x)),
-            x, amax, False)
+            x.dtype == torch.bfloat16, amax.from_amax, amax.own, amax.barrier, hw, fmt.block_size, amax.slots, pdl)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, layout, x.device, False, *amax[3:], hw, pdl), x,
+            amax, False)
     return data, scale, amax.g.reshape(()) if fmt.global_scale else None
 
 
@@ -591,14 +590,14 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     rows, k = x.shape
     cols = k // fmt.block_size
     amax = _global_scale(x, fmt, global_scale)
-    hw = _hw_e4m3(x, fmt)
+    hw, pdl = _hw_e4m3(x, fmt), _pdl(x)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
     if _blocks_kernel_runs(fmt, amax, cols):
-        _launch_blocks(x, fmt, amax, scale_rounding, hw, decoded=decoded)
+        _launch_blocks(x, fmt, amax, scale_rounding, hw, pdl, decoded=decoded)
         return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,
-            amax.own, amax.barrier, hw, fmt.block_size, amax.slots, _pdl(x))
-    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, *amax[3:], hw,
-                        _pdl(x)), x, amax, True)
+            amax.own, amax.barrier, hw, fmt.block_size, amax.slots, pdl)
+    _launch(args, fmt, (fmt.name, rows, k, x.dtype, scale_rounding, "rowmajor", x.device, True, *amax[3:], hw, pdl),
+            x, amax, True)
     return decoded, amax.g

@@ -259,3 +259,22 @@ def test_a_tuned_quantize_config_that_fails_warns_and_the_default_runs(table_dir
     with pytest.warns(UserWarning, match=r"kernels/tuned/g.json: the quantize_blocks_kernel config .* failed"):
         rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
     assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
+
+
+def test_quantize_autotune_tunes_the_kernel_the_call_runs_now(table_dir, monkeypatch):
+    """An entry of the kernel a format ran on before (`QUANTIZE_BLOCKS` changed since) does not stand for the kernel
+    the call runs now: its launch is tuned and both entries are kept."""
+    import helion
+
+    from bench import autotune
+    from helion.runtime.kernel import BoundKernel
+
+    path = table_dir / "g.json"
+    stale = dict(kernel="quantize_kernel", format="mxfp4", decoded=True, dtype="bfloat16", rows=8, k=256,
+                 config=None, us=1.0, default_us=1.0)
+    path.write_text(json.dumps({"entries": [], "quantize": [stale]}))
+    found = helion.Config(block_sizes=[2, 4], num_warps=4, num_stages=1)
+    monkeypatch.setattr(BoundKernel, "autotune", lambda self, args, force=True: found)
+    entries = autotune.run_quantize(["mxfp4"], [True], [8], [256], path, lambda fn: (fn(), 0.005)[1], budget=1,
+                                    device="cpu", log=lambda line: None)
+    assert [e["kernel"] for e in entries] == ["quantize_blocks_kernel", "quantize_kernel"]
