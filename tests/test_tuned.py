@@ -184,13 +184,22 @@ def test_quantize_autotune_checks_times_and_writes_beside_the_mma_plans(table_di
 
     from bench import autotune
     from blockscaled.kernels import api as kapi
+    from blockscaled.kernels import quantize as kq
     from helion.runtime.kernel import BoundKernel
 
     path = table_dir / "g.json"
     path.write_text(json.dumps({"entries": ENTRIES}))
     found = helion.Config(block_sizes=[2, 4], num_warps=4, num_stages=1)
     searched = []
-    monkeypatch.setattr(BoundKernel, "autotune", lambda self, args, force=True: searched.append(self.kernel.name) or found)
+    seen_settings = []
+
+    def search(self, args, force=True):
+        searched.append(self.kernel.name)
+        seen_settings.append({k: getattr(self.settings, k) for k in ("autotune_seed_configs", "autotune_ignore_errors",
+                                                                     "autotune_budget_seconds")})
+        return found
+
+    monkeypatch.setattr(BoundKernel, "autotune", search)
     timed = []
 
     def measure(fn):
@@ -203,6 +212,9 @@ def test_quantize_autotune_checks_times_and_writes_beside_the_mma_plans(table_di
                                     log=log.append)
     (e,) = entries
     assert searched == ["quantize_blocks_kernel"] and len(timed) == 2
+    (knobs,) = seen_settings  # seeded with the launch's own default config; failing candidates skipped
+    assert knobs["autotune_seed_configs"] == [kq.quantize_blocks_config(bs.get_format("mxfp4"), 256 // 32)], knobs
+    assert knobs["autotune_ignore_errors"] is True and knobs["autotune_budget_seconds"] == 1
     assert e["config"]["block_sizes"] == [2, 4] and (e["us"], e["default_us"]) == (4.0, 5.0), log
     data = json.loads(path.read_text())
     assert data["quantize"] == entries and data["entries"] == ENTRIES
