@@ -212,15 +212,16 @@ def quantize_launch(fmt: str, rows: int, k: int, decoded: bool, device="cuda"):
     if kq._global_scale(x, f, None).barrier:
         return None
     seen = []
-    real = kq._launch_cached
+    real, real_gpu = kq._launch_cached, kq._tuned_gpu
     kq._launch_cached = lambda cache, key, kernel, args, config, dev: seen.append((kernel, args, config()))
+    kq._tuned_gpu = lambda dev: None  # the default config's launch, also where the table has an entry of fewer rows
     try:
         if decoded:
             kq.quantize_decoded(x, f, "floor", None)
         else:
             kq.quantize(x, f, "floor", "rowmajor", None)
     finally:
-        kq._launch_cached = real
+        kq._launch_cached, kq._tuned_gpu = real, real_gpu
     return seen[-1]
 
 
