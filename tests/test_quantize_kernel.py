@@ -419,3 +419,50 @@ def test_ptx_switches_only_on_nvidia(hip, capability, want, monkeypatch):
     x = types.SimpleNamespace(device=torch.device("cuda", 0))
     assert (kq._pdl(x), kq._hw_e4m3(x, bs.get_format("mxfp8"))) == want
     assert not kq._pdl(types.SimpleNamespace(device=torch.device("cpu")))
+
+
+def _tuned_quantize_entries() -> list:
+    from blockscaled.kernels import tuned
+
+    return [pytest.param(path.stem, e, id=f"{path.stem}-{e['kernel']}-{e['format']}-"
+                         f"{'decoded' if e['decoded'] else 'codes'}-{e['rows']}x{e['k']}")
+            for path in sorted(tuned.TABLES.glob("*.json")) for e in tuned.quantize_table(path.stem) if e["config"]]
+
+
+@cuda
+@pytest.mark.parametrize("gpu,entry", _tuned_quantize_entries())
+def test_tuned_quantize_configs_equal_the_reference(gpu, entry, gen, monkeypatch):
+    """Every committed tuned quantize config (`kernels/tuned/<gpu>.json`, Helion's search, checked bit for bit only at
+    the rows it was tuned at) is the one compiled, and equals the reference on hostile inputs at every row count that
+    takes it: 1 and 3 rows, around the tuned rows, and past them."""
+    from blockscaled.kernels import api as kapi, quantize as kq, tuned
+
+    if tuned.gpu_key(torch.cuda.get_device_name()) != gpu:
+        pytest.skip(f"an entry of {gpu}'s table; this is {torch.cuda.get_device_name()}")
+    fmt, k = entry["format"], entry["k"]
+    compiled = []
+    real = kapi._compile
+    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, *rest: compiled.append(dict(cfg)) or
+                        real(kernel, args, cfg, *rest))
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", kq.QUANTIZE_BLOCKS | {fmt} if entry["kernel"] == "quantize_blocks_kernel"
+                        else kq.QUANTIZE_BLOCKS - {fmt})
+    rows_taking_it = [r for r in sorted({1, 3, entry["rows"] - 1, entry["rows"], entry["rows"] + 5, 2 * entry["rows"] + 7})
+                      if r > 0 and tuned.quantize_config_for(gpu, entry["kernel"], fmt, entry["decoded"], "bfloat16",
+                                                             r, k) == entry["config"]]
+    assert entry["rows"] in rows_taking_it
+    for rows in rows_taking_it:
+        monkeypatch.setattr(kq, "_LAUNCHES", {})
+        compiled.clear()
+        x = _hostile(rows, k, gen).to(torch.bfloat16)
+        if fmt == "nvfp4":
+            x = x.nan_to_num(0.0, 0.0, 0.0)  # a finite global scale, so the rows compare
+        r = bs.quantize(x, fmt)  # the reference, on the CPU
+        if entry["decoded"]:
+            got, _ = quantize_decoded(x.cuda(), bs.get_format(fmt), "floor", None)
+            want = (dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0))
+            want = want.to(torch.bfloat16)
+            assert torch.equal(got.cpu().isnan(), want.isnan()), rows
+            assert torch.equal(got.cpu().nan_to_num(), want.nan_to_num()), rows
+        else:
+            _assert_same_codes(bs.quantize(x.cuda(), fmt), r)
+        assert entry["config"] in [{k2: v for k2, v in c.items() if k2 in entry["config"]} for c in compiled], rows
