@@ -9,6 +9,7 @@ thread-block clusters (which Triton launches only for kernels compiled for sever
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -17,6 +18,20 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime import driver
 
 from helion.runtime import default_launcher
+
+
+# Kernels with global scratch (Helion's device-side tensor descriptors: 128 bytes a CTA) launched directly too, the
+# scratch allocated per launch from torch's caching allocator on the current stream as Triton's launcher does, instead
+# of Triton's per-call path (10-25 us more host time a call, H200 machine). Off until a GPU run checks it: the tuned
+# mxfp8 quantize configs (`kernels/tuned/nvidia_h200.json`) are the kernels it concerns.
+DIRECT_SCRATCH = False
+# torch's caching allocator hands out blocks aligned to 512 bytes
+SCRATCH_ALIGN = 512
+
+
+def _scratch(nbytes: int, device: int) -> torch.Tensor:
+    """Global scratch for one launch (what Helion's Triton allocator makes for Triton's launcher)."""
+    return torch.empty(nbytes, dtype=torch.int8, device=torch.device("cuda", device))
 
 
 def _no_launch_hooks() -> bool:
@@ -32,6 +47,7 @@ class Launcher(NamedTuple):
     cooperative: bool
     pdl: int  # the programmatic stream serialization flag
     metadata: tuple  # (num_warps, CTAs per cluster, shared memory bytes)
+    scratch: int = 0  # global scratch bytes a CTA, allocated per launch (DIRECT_SCRATCH)
 
 
 class DirectLaunch:
@@ -73,12 +89,14 @@ class DirectLaunch:
                     and len(args) == len(getattr(triton_kernel, "params", ()))):
                 kernel._init_handles()
                 run = kernel.run  # Triton's CudaLauncher: its C `launch` takes the PDL flag per call
-                if not (run.global_scratch_size or run.profile_scratch_size):  # scratch only Triton's call allocates
+                scratch = run.global_scratch_size  # profile scratch: only Triton's call allocates it
+                if not run.profile_scratch_size and (not scratch or DIRECT_SCRATCH
+                                                     and run.global_scratch_align <= SCRATCH_ALIGN):
                     self.kernel, self.device, self.aligned = kernel, driver.active.get_current_device(), aligned
                     self.triton_kernel = triton_kernel
                     num_warps, _, shared = kernel.packed_metadata  # (num_warps, num_ctas, shared): the launcher's clusters
                     self.launcher = Launcher(run.launch, kernel.function, run.launch_cooperative_grid, int(self.pdl),
-                                             (num_warps, self.cluster, shared))
+                                             (num_warps, self.cluster, shared), scratch)
             return kernel
         self._run(grid, values)
         self.last = grid, tuple(id(a) if isinstance(a, torch.Tensor) else None for a in args), values
@@ -90,15 +108,18 @@ class DirectLaunch:
         return (self.kernel is not None and aligned == self.aligned and not getattr(triton_kernel, "pre_run_hooks", None)
                 and _no_launch_hooks() and driver.active.get_current_device() == self.device)
 
-    def prefix(self, grid, stream) -> tuple:
+    def prefix(self, grid, stream, scratch: int | None = None) -> tuple:
         """The C launcher's arguments before the kernel's: grid (in clusters), stream, function, cooperative, PDL, global
-        and profile scratch (none), packed metadata, launch metadata and hooks (none)."""
-        _, function, cooperative, pdl, metadata = self.launcher
-        return (grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, function, cooperative, pdl, None,
-                None, metadata, None, None, None)
+        scratch (an address, or none) and profile scratch (none), packed metadata, launch metadata and hooks (none)."""
+        _, function, cooperative, pdl, metadata, _ = self.launcher
+        return (grid[0] // self.cluster, *grid[1:], *(1,) * (3 - len(grid)), stream, function, cooperative, pdl,
+                scratch, None, metadata, None, None, None)
 
     def _run(self, grid, values):
-        self.launcher.launch(*self.prefix(grid, driver.active.get_current_stream(self.device)), *values)
+        # the scratch tensor lives until the launch is queued; the allocator reuses its block only in stream order
+        scratch = _scratch(math.prod(grid) * self.launcher.scratch, self.device) if self.launcher.scratch else None
+        self.launcher.launch(*self.prefix(grid, driver.active.get_current_stream(self.device),
+                                          None if scratch is None else scratch.data_ptr()), *values)
 
     def bind(self, tensors) -> None:
         """Right after a direct launch, given the caller's tensors of that call (in the caller's order, before the

@@ -130,7 +130,8 @@ def mocked_launches(monkeypatch):
         def __init__(self):  # what _init_handles would have loaded; the CudaLauncher's C launch appends its arguments
             self.module, self.function, self.packed_metadata = "module", "function", (4, 1, 1028)
             self._run = types.SimpleNamespace(launch=lambda *a: runs.append(a), global_scratch_size=0,
-                                              profile_scratch_size=0, launch_cooperative_grid=False)
+                                              global_scratch_align=1, profile_scratch_size=0,
+                                              launch_cooperative_grid=False)
 
     runs, jit_calls, current = [], [], {"device": 0}
     compiled = Compiled()
@@ -199,12 +200,26 @@ def test_direct_launch_binds_once_then_calls_the_launcher(monkeypatch):
     for _ in range(2):
         dependent(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
     assert len(jit_calls) == 9 and runs[-1][5:7] == (False, 1) and runs[-1][-3:] == (x.data_ptr(), y.data_ptr(), 3)
-    # a kernel that needs global scratch (which only Triton's launcher allocates) never goes direct
-    compiled.run.global_scratch_size = 64
+    # a kernel that needs global scratch: Triton's path unless DIRECT_SCRATCH, then direct with a scratch of grid x
+    # the CTA's bytes allocated per launch, its address in the launcher's global scratch slot
+    compiled.run.global_scratch_size, compiled.run.global_scratch_align = 64, 128
     scratch = launch.DirectLaunch()
     for _ in range(2):
         scratch(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
     assert len(jit_calls) == 11 and len(runs) == 4
+    made = []
+    monkeypatch.setattr(launch, "_scratch", lambda nbytes, device: made.append((nbytes, device)) or torch.empty(nbytes))
+    monkeypatch.setattr(launch, "DIRECT_SCRATCH", True)
+    scratch = launch.DirectLaunch()
+    for _ in range(3):
+        scratch(kernel, (4, 3), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 12 and len(runs) == 6 and made == [(4 * 3 * 64, 0)] * 2
+    assert runs[-1][7] != runs[-1][8] is None and isinstance(runs[-1][7], int) and runs[-1][7] != 0
+    compiled.run.global_scratch_align = 1024  # past what the allocator guarantees: Triton's path
+    aligned_past = launch.DirectLaunch()
+    for _ in range(2):
+        aligned_past(kernel, (4,), x, y, 3, num_warps=4, num_stages=1)
+    assert len(jit_calls) == 14 and len(runs) == 6
 
 
 def test_direct_launch_from_addresses(monkeypatch):
