@@ -50,8 +50,10 @@ def quantize(x: torch.Tensor, fmt: str | BlockFormat, *, scale_rounding: str = "
         return reference_quantize(x, fmt, scale_rounding=scale_rounding, layout=layout, global_scale=global_scale,
                                   data_layout=data_layout)
     fmt = check_quantize_args(x, fmt, scale_rounding, global_scale)
+    from blockscaled.kernels.api import on_device
     from blockscaled.kernels.quantize import quantize as kernel_quantize
 
-    data, scale, g = kernel_quantize(x, fmt, scale_rounding, layout, global_scale)
+    with on_device(x.device):  # the kernel launches on the current device: x's, where x is on another GPU
+        data, scale, g = kernel_quantize(x, fmt, scale_rounding, layout, global_scale)
     q = QTensor(data, scale, fmt, layout, g, (x.shape[0], x.shape[1]))
     return q if data_layout == "k_order" else q.with_data_layout(data_layout)

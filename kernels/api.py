@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import NamedTuple
@@ -158,6 +159,23 @@ def scaled_mm(
     writes the quantized activation already decoded to bf16 (element x block scale, exact) for their
     bf16-activation plan, the global scale applied in their epilogue: one launch before the GEMM.
     """
+    with on_device(b.device if isinstance(b, QTensor) else None):
+        return _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, scale_rounding,
+                          activation_global_scale)
+
+
+def on_device(device: torch.device | None):
+    """The context that makes `device` current for a call's launches: Triton and Helion launch on the current device
+    and its current stream (and `scratch` keys its buffers by that stream), so a call on another GPU than the current
+    one (a model split over GPUs) runs under `torch.cuda.device(device)`; otherwise nothing (one device lookup)."""
+    if device is not None and device.type == "cuda" and device.index is not None and (
+            device.index != torch.cuda.current_device()):
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, scale_rounding,
+               activation_global_scale) -> torch.Tensor:
     a_post = None
     if activation_format is not None:
         a, a_post = _quantized_activation(a, b, activation_format, scale_rounding, activation_global_scale, backend)

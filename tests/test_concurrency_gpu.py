@@ -54,14 +54,14 @@ class _InTheCall:
         self.x, self.fmt, self.codes = x, fmt, bs.quantize(x, fmt, global_scale=self.g)
 
 
-def _operands(fa, fb, m, seeds):
-    gen = torch.Generator(device="cuda").manual_seed(1234)
-    w = torch.randn(N, K, device="cuda", generator=gen)
+def _operands(fa, fb, m, seeds, device="cuda"):
+    gen = torch.Generator(device=device).manual_seed(1234)
+    w = torch.randn(N, K, device=device, generator=gen)
     b = bs.quantize(w, fb)
     acts = []
     for seed in seeds:
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(m, K, device="cuda", generator=g) * (1 + seed % 7)
+        g = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(m, K, device=device, generator=g) * (1 + seed % 7)
         if ":" in fa:
             _, fmt, static = fa.split(":") + [""] * (fa.count(":") == 1)
             acts.append(_InTheCall(x.to(torch.bfloat16), fmt, static == "static"))
@@ -70,10 +70,10 @@ def _operands(fa, fb, m, seeds):
     return acts, b
 
 
-def _call(case):
+def _call(case, device="cuda"):
     """(scaled_mm closure over (a, out), the weights, the activations of two callers)."""
     fa, fb, m, config = CASES[case]
-    acts, b = _operands(fa, fb, m, (1, 2))
+    acts, b = _operands(fa, fb, m, (1, 2), device)
     if config == "dequant":
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dequant")), b, acts
     b = b.with_data_layout("mma_m16k16")
@@ -186,3 +186,22 @@ def test_two_graphs_replayed_side_by_side(case, same_capture_stream, kept_sets, 
         torch.cuda.synchronize()
         for i, a in enumerate(acts):
             _check(outs[i], a, b, f"{case} graph {i}")
+
+
+@pytest.mark.parametrize("case", ["split_k_workspace_m16", "predecode_m64", "quantize_in_the_call_m16",
+                                  "dense_m512_chunks"])
+def test_second_gpu_while_the_first_is_current(case):
+    """A model split over GPUs calls layers whose tensors are on another GPU than the current one: every kernel of
+    the call (quantize, predecode, mma, dense decode) must run on the tensors' GPU, on its current stream, and give
+    the reference's result; the current device is left as it was."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two GPUs, this machine has {torch.cuda.device_count()}")
+    torch.cuda.set_device(0)
+    fn, b, acts = _call(case, "cuda:1")
+    m = CASES[case][2]
+    for a in acts:  # the first call compiles, the second launches directly
+        out = torch.full((m, N), float("nan"), device="cuda:1")
+        y = fn(a, out)
+        assert torch.cuda.current_device() == 0 and y.device == torch.device("cuda", 1)
+        torch.cuda.synchronize(1)
+        _check([y], a, b, case)

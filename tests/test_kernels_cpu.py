@@ -315,3 +315,40 @@ def test_dense_plan_bad_arguments(gen):
         bs.scaled_mm(x, w, backend="dense", config={"split": 2})
     with pytest.raises(ValueError, match="config: chunk_rows must be a positive multiple of 16, got 20"):
         bs.scaled_mm(x, w, backend="dense", config={"chunk_rows": 20})
+
+
+def test_calls_on_another_gpu_make_it_current(monkeypatch):
+    """`api.on_device`: a CUDA device other than the current one becomes current for the call (Triton and Helion
+    launch on the current device and stream); the current device, the CPU or none: nothing. `scaled_mm` and the
+    quantize kernel's entry take it with their operands' device (the two-GPU run: test_concurrency_gpu.py)."""
+    import contextlib
+
+    from blockscaled.kernels import api
+
+    entered = []
+
+    class Device:  # torch.cuda.device, recorded
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(self.device)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    for same in (torch.device("cuda", 0), torch.device("cpu"), None):
+        assert isinstance(api.on_device(same), contextlib.nullcontext)
+    with api.on_device(torch.device("cuda", 1)):
+        pass
+    assert entered == [torch.device("cuda", 1)]
+    seen, real = [], api.on_device
+    monkeypatch.setattr(api, "on_device", lambda device: seen.append(device) or real(device))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=gen)
+    w = bs.quantize(torch.randn(32, 64, generator=gen), "mxfp4")
+    bs.scaled_mm(x.to(torch.bfloat16), w)
+    bs.quantize(x, "mxfp8", backend="kernel")
+    assert seen == [torch.device("cpu")] * 2
