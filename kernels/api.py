@@ -311,6 +311,8 @@ def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale
                          f"supported pairs: {pairs}")
     if x.dim() == 2 and x.shape[1] != b.shape[1]:
         raise ValueError(f"b: K={b.shape[1]} does not match a's K={x.shape[1]}")
+    if x.device != b.device:  # before the quantize kernel, which runs on b's device
+        raise ValueError(f"b: on {b.device}, a on {x.device}; expected one device")
     try:
         fmt = check_quantize_args(x, fmt_name, scale_rounding, global_scale)
     except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument

@@ -236,6 +236,8 @@ def test_scaled_mm_activation_format_errors():
         bs.scaled_mm(torch.randn(2, 64).to(torch.int32), w, activation_format="mxfp4")
     with pytest.raises(ValueError, match="activation_global_scale"):
         bs.scaled_mm(torch.randn(2, 64).bfloat16(), w, activation_global_scale=1.0)
+    with pytest.raises(ValueError, match="b: on cpu, a on meta"):  # named before any kernel runs on b's device
+        bs.scaled_mm(torch.randn(2, 64, device="meta"), w, activation_format="mxfp4")
 
 
 @interpreter
