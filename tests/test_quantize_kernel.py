@@ -477,15 +477,14 @@ def _tuned_quantize_entries() -> list:
 def test_tuned_quantize_configs_equal_the_reference(gpu, entry, direct_scratch, gen, monkeypatch):
     """Every committed tuned quantize config (`kernels/tuned/<gpu>.json`, Helion's search, checked bit for bit only at
     the rows it was tuned at) is the one compiled, and equals the reference on hostile inputs at every row count that
-    takes it: 1 and 3 rows, around the tuned rows, and past them; each launched twice (the second launch direct,
-    into memory poisoned before), with the global scratch of device-side tensor descriptors allocated by Triton's
-    launcher or by `launch.DIRECT_SCRATCH`."""
+    takes it (1 and 3 rows, around the tuned rows, and past them), for both roundings of the mx formats (the table's
+    key has none); each launched twice (the second launch direct, into memory poisoned before), with the global
+    scratch of device-side tensor descriptors allocated by Triton's launcher or by `launch.DIRECT_SCRATCH`."""
     from blockscaled.kernels import api as kapi, launch, quantize as kq, tuned
-
-    monkeypatch.setattr(launch, "DIRECT_SCRATCH", direct_scratch)
 
     if tuned.gpu_key(torch.cuda.get_device_name()) != gpu:
         pytest.skip(f"an entry of {gpu}'s table; this is {torch.cuda.get_device_name()}")
+    monkeypatch.setattr(launch, "DIRECT_SCRATCH", direct_scratch)
     fmt, k = entry["format"], entry["k"]
     compiled = []
     real = kapi._compile
@@ -503,17 +502,18 @@ def test_tuned_quantize_configs_equal_the_reference(gpu, entry, direct_scratch, 
         x = _hostile(rows, k, gen).to(torch.bfloat16)
         if fmt == "nvfp4":
             x = x.nan_to_num(0.0, 0.0, 0.0)  # a finite global scale, so the rows compare
-        r = bs.quantize(x, fmt)  # the reference, on the CPU
         xg = x.cuda()
-        for _ in range(2):
-            poison = torch.full((rows * k * 2,), 255, dtype=torch.uint8, device="cuda")
-            del poison  # its block is the next allocation of that size (the rows): they start as NaN bytes
-            if entry["decoded"]:
-                got, _ = quantize_decoded(xg, bs.get_format(fmt), "floor", None)
-                want = (dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0))
-                want = want.to(torch.bfloat16)
-                assert torch.equal(got.cpu().isnan(), want.isnan()), rows
-                assert torch.equal(got.cpu().nan_to_num(), want.nan_to_num()), rows
-            else:
-                _assert_same_codes(bs.quantize(xg, fmt), r)
+        for rounding in ("floor",) if fmt == "nvfp4" else ("floor", "rceil"):
+            r = bs.quantize(x, fmt, scale_rounding=rounding)  # the reference, on the CPU
+            want = (dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0))
+            want = want.to(torch.bfloat16)
+            for _ in range(2):
+                poison = torch.full((rows * k * 2,), 255, dtype=torch.uint8, device="cuda")
+                del poison  # its block is the next allocation of that size (the rows): they start as NaN bytes
+                if entry["decoded"]:
+                    got, _ = quantize_decoded(xg, bs.get_format(fmt), rounding, None)
+                    assert torch.equal(got.cpu().isnan(), want.isnan()), (rows, rounding)
+                    assert torch.equal(got.cpu().nan_to_num(), want.nan_to_num()), (rows, rounding)
+                else:
+                    _assert_same_codes(bs.quantize(xg, fmt, scale_rounding=rounding), r)
         assert entry["config"] in [{k2: v for k2, v in c.items() if k2 in entry["config"]} for c in compiled], rows
