@@ -318,9 +318,9 @@ def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale
     except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument
         raise type(e)(str(e).replace("x:", "a:", 1)) from None
     pair = SUPPORTED_PAIRS[fmt_name, b.fmt.name]
-    codes = (fmt_name, b.fmt.name) in ACTIVATION_CODES_PAIRS and x.dim() == 2 and x.shape[0] <= ACTIVATION_CODES_MAX_M
-    if b.data_layout == "mma_m16k16" and not (codes and backend != "dense") and (
-            backend == "dense" or backend in (None, "mma") and _mma_runs(pair, x, x.device)):
+    codes = (fmt_name, b.fmt.name) in ACTIVATION_CODES_PAIRS and x.shape[0] <= ACTIVATION_CODES_MAX_M  # x: 2-D, checked
+    rows = backend == "dense" or not codes and backend in (None, "mma") and _mma_runs(pair, x, x.device)
+    if b.data_layout == "mma_m16k16" and rows:
         from .quantize import quantize_decoded
 
         return quantize_decoded(x, fmt, scale_rounding, global_scale)
