@@ -546,14 +546,11 @@ def _launch_tuned(key: tuple, kernel, args: tuple, fmt: BlockFormat, decoded: bo
         found = gpu and tuned.quantize_config_for(gpu, kernel.name, fmt.name, decoded, str(x.dtype)[6:], *x.shape)
         if found:
             try:
-                launch = api._compile(kernel, args, helion.Config.from_dict(found), x.device)
-                launch(*args)
+                return _launch_cached(_LAUNCHES, key, kernel, args, lambda: helion.Config.from_dict(found), x.device)
             except Exception as e:  # noqa: BLE001 - any compile or launch error of the table's config
+                _LAUNCHES.pop(key, None)  # compiled, then failed to launch: not kept
                 warnings.warn(f"kernels/tuned/{gpu}.json: the {kernel.name} config {found} failed "
                               f"({type(e).__name__}: {str(e)[:200]}); the default config runs instead", stacklevel=3)
-            else:
-                _LAUNCHES[key] = launch
-                return
     _launch_cached(_LAUNCHES, key, kernel, args, lambda: default, x.device)
 
 

@@ -281,6 +281,31 @@ def test_a_tuned_quantize_config_that_fails_warns_and_the_default_runs(table_dir
         rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
     assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
 
+    # a config that compiles and then fails to launch: not kept; the next call takes the default's launch, silently
+    from blockscaled.kernels import api as kapi
+
+    entry["config"] = {"block_sizes": [2, 4], "num_warps": 4, "num_stages": 1}
+    (table_dir / "g.json").write_text(json.dumps({"entries": [], "quantize": [entry]}))
+    tuned.clear_caches()
+    monkeypatch.setattr(kq, "_LAUNCHES", {})
+    real = kapi._compile
+
+    def failing_launch(kernel, args, cfg, *rest):
+        launch = real(kernel, args, cfg, *rest)
+        if cfg.config.get("block_sizes") != [2, 4]:
+            return launch
+        return lambda *a: (_ for _ in ()).throw(RuntimeError("launch failed"))
+
+    monkeypatch.setattr(kapi, "_compile", failing_launch)
+    with pytest.warns(UserWarning, match="RuntimeError: launch failed"):
+        kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
+    assert torch.equal(rows, dequantize(bs.quantize(x, "mxfp4", backend="reference"), torch.bfloat16))
+
 
 def test_quantize_autotune_tunes_the_kernel_the_call_runs_now(table_dir, monkeypatch):
     """An entry of the kernel a format ran on before (`QUANTIZE_BLOCKS` changed since) does not stand for the kernel
