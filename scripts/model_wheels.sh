@@ -13,5 +13,8 @@ pin() { grep -i "^$1==" requirements/ci.txt; }
 rm -rf .whl_model && mkdir -p .whl_model
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl_model \
-  "$(pin transformers)" "$(pin tokenizers)" "$(pin huggingface_hub)" "$(pin httpx2)" "$(pin hf-xet)"
+  "$(pin transformers)" "$(pin tokenizers)" "$(pin huggingface_hub)" "$(pin httpx2)" "$(pin hf-xet)" \
+  "$(pin httpcore2)" "$(pin h11)" "$(pin anyio)" "$(pin idna)" "$(pin truststore)" "$(pin click)" "$(pin typer)" \
+  "$(pin shellingham)" "$(pin rich)" "$(pin markdown-it-py)" "$(pin mdurl)" "$(pin Pygments)" "$(pin annotated-doc)" \
+  "$(pin regex)"
 du -sh .whl_model
