@@ -285,14 +285,6 @@ def _warn_k_order_weights(device: torch.device) -> None:
                       stacklevel=3)
 
 
-# `activation_format` pairs (activation, weights) quantized to codes and scales, not to decoded rows, up to this many
-# rows where the mma kernels run: their GEMM then runs the fp8-activation plan. Empty until timed: mxfp8 x mxfp8 at
-# M = 1 runs 0.88 of the GEMM on codes through the rows (H200, 8192^2: 20.5 against 18.1 us), and the rows' bf16 x
-# mxfp8 plan was not timed beside it (mxfp4's bf16 plan is the faster one: 12.9 against 14.4 us).
-ACTIVATION_CODES_PAIRS: frozenset = frozenset()
-ACTIVATION_CODES_MAX_M = 1
-
-
 def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale, backend: str | None):
     """`scaled_mm`'s float activation `x` quantized to `fmt_name`: (bf16 rows of element x block scale, the global
     scale [1]) where the mma kernels will run, else (the QTensor, None)."""
@@ -318,8 +310,9 @@ def _quantized_activation(x, b, fmt_name: str, scale_rounding: str, global_scale
     except (TypeError, ValueError) as e:  # the same checks as blockscaled.quantize, naming scaled_mm's argument
         raise type(e)(str(e).replace("x:", "a:", 1)) from None
     pair = SUPPORTED_PAIRS[fmt_name, b.fmt.name]
-    codes = (fmt_name, b.fmt.name) in ACTIVATION_CODES_PAIRS and x.shape[0] <= ACTIVATION_CODES_MAX_M  # x: 2-D, checked
-    rows = backend == "dense" or not codes and backend in (None, "mma") and _mma_runs(pair, x, x.device)
+    # Decoded rows wherever the mma kernels run, M = 1 included: quantizing mxfp8 to codes there (the fp8-activation
+    # plan) ran 20.5 us against the rows' 20.3 (H200, 8192^2, bench/results/h200_activation_codes_direct_scratch_ab_*).
+    rows = backend == "dense" or backend in (None, "mma") and _mma_runs(pair, x, x.device)
     if b.data_layout == "mma_m16k16" and rows:
         from .quantize import quantize_decoded
 

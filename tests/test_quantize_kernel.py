@@ -250,25 +250,18 @@ def test_scaled_mm_activation_format_cpu(gen):
     assert max_rel_err(y, ref_scaled_mm(a, w)) < 1e-5
 
 
-@pytest.mark.parametrize("pairs", [frozenset(), frozenset({("mxfp8", "mxfp8")})], ids=["rows", "codes_at_m1"])
-def test_activation_codes_pairs_choose_codes_or_rows(pairs, gen, monkeypatch):
-    """Where the mma kernels run, `activation_format` quantizes to decoded rows, or, for the pairs of
-    ACTIVATION_CODES_PAIRS up to ACTIVATION_CODES_MAX_M rows, to the codes and scales `blockscaled.quantize` makes (the
-    GEMM then runs the fp8-activation plan); either way the same values."""
+def test_activation_format_quantizes_to_decoded_rows_where_mma_runs(gen, monkeypatch):
+    """Where the mma kernels run, `activation_format` quantizes to decoded rows (element x block scale, bf16): the
+    values of `blockscaled.quantize`'s codes and scales, at M = 1 as at M = 2."""
     from blockscaled.kernels import api
 
-    monkeypatch.setattr(api, "ACTIVATION_CODES_PAIRS", pairs)
     monkeypatch.setattr(api, "_mma_runs", lambda pair, a, device: True)  # as on an sm_90 GPU
     w = bs.quantize(torch.randn(48, 64, generator=gen), "mxfp8").with_data_layout("mma_m16k16")
     for m in (1, 2):
         x = torch.randn(m, 64, generator=gen).to(torch.bfloat16)
         got, post = api._quantized_activation(x, w, "mxfp8", "floor", None, None)
         want = bs.quantize(x, "mxfp8")
-        if pairs and m <= api.ACTIVATION_CODES_MAX_M:
-            assert isinstance(got, bs.QTensor) and post is None
-            _assert_same_codes(got, want)
-        else:
-            assert got.dtype == torch.bfloat16 and torch.equal(got, dequantize(want, torch.float64).to(torch.bfloat16))
+        assert got.dtype == torch.bfloat16 and torch.equal(got, dequantize(want, torch.float64).to(torch.bfloat16))
 
 
 # ---- GPU ----
@@ -342,25 +335,6 @@ def test_scaled_mm_activation_format_gpu(fa, fb, m, gen, kernel_kind):
     assert max_rel_err(y, ref_scaled_mm(a, w)) < 8e-3
     assert max_rel_err(y, y_two) < 8e-3
     if 16 < m < 512 and fb != "mxfp8":
-        assert torch.equal(y, y_two)
-
-
-@cuda
-@pytest.mark.parametrize("m", [1, 2])
-def test_activation_codes_pair_equals_quantize_then_gemm_gpu(m, gen, monkeypatch):
-    """mxfp8 x mxfp8 with ACTIVATION_CODES_PAIRS on: at M = 1 the call is quantize-then-GEMM on codes, bit for bit; at
-    M = 2 it stays on the rows, within the bound of the other plan."""
-    from blockscaled.kernels import api
-
-    monkeypatch.setattr(api, "ACTIVATION_CODES_PAIRS", frozenset({("mxfp8", "mxfp8")}))
-    x = torch.randn(m, 4096, generator=gen).to(torch.bfloat16).cuda()
-    w = bs.quantize_weight(torch.randn(1024, 4096, generator=gen).cuda(), "mxfp8")
-    y = bs.scaled_mm(x, w, activation_format="mxfp8", out=torch.full((m, 1024), float("nan"), device="cuda",
-                                                                       dtype=torch.bfloat16))
-    a = bs.quantize(x, "mxfp8")
-    y_two = bs.scaled_mm(a, w)
-    assert max_rel_err(y, ref_scaled_mm(a, w)) < 8e-3
-    if m <= api.ACTIVATION_CODES_MAX_M:
         assert torch.equal(y, y_two)
 
 
