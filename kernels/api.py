@@ -402,7 +402,7 @@ def _launch_cached(cache: dict, key, kernel, args, config, device: torch.device)
 def _tuned_gpu(device: torch.device) -> str | None:
     """The GPU's key in `kernels/tuned/`, None where it has no table (then a call costs this one lookup)."""
     key = tuned.gpu_key(torch.cuda.get_device_name(device))
-    return key if tuned.table(key) or tuned.quantize_table(key) else None
+    return key if tuned.table(key) or tuned.rules(key) or tuned.quantize_table(key) else None
 
 
 def _mma_runs(pair: str, a, device: torch.device) -> bool:

@@ -51,6 +51,36 @@ def test_config_for_reads_the_gpus_file(table_dir):
     assert tuned.config_for("nvidia_h100_80gb_hbm3", "bf16xnvfp4", 1, 8192, 8192) is None  # no table: defaults
 
 
+def test_a_rule_serves_the_shapes_no_entry_serves(table_dir):
+    """A GPU's rule (`rules`) for a pair at M: taken where no entry of the same K is near in N, never over an entry
+    (one whose config is None included), and for the M it names and fewer rows only."""
+    entries = ENTRIES + [dict(pair="bf16xnvfp4", m=1, n=4096, k=4096, config=None)]
+    rules = [dict(pair="bf16xnvfp4", m=1, config={"hoist": True}, shapes=[[5120, 5120, 7.9, 6.9]]),
+             dict(pair="nvfp4xnvfp4", m=16, config={"evict": False}, shapes=[[5120, 5120, 9.0, 8.0]])]
+    (table_dir / "g.json").write_text(json.dumps({"entries": entries, "rules": rules}))
+    pick = lambda *key: tuned.config_for("g", *key)  # noqa: E731
+    assert pick("bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8}  # the shape's entry
+    assert pick("bf16xnvfp4", 1, 5120, 5120) == {"hoist": True}  # no entry of this K: the rule
+    assert pick("bf16xnvfp4", 1, 1024, 8192) == {"hoist": True}  # an entry of this K, 8x off in N: the rule
+    assert pick("bf16xnvfp4", 1, 4096, 4096) is None  # the entry's None (default fastest) stands
+    assert pick("bf16xnvfp4", 2, 5120, 5120) is None  # no entry at M >= 2 of this K, and no rule at M >= 2
+    assert pick("nvfp4xnvfp4", 4, 5120, 5120) == {"evict": False}  # M = 16's rule serves 4 rows
+    assert pick("mxfp4xmxfp4", 1, 5120, 5120) is None  # another pair's rules never carry over
+    (table_dir / "rules_only.json").write_text(json.dumps({"rules": rules}))
+    assert pick("bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8} and tuned.config_for(
+        "rules_only", "bf16xnvfp4", 1, 8192, 8192) == {"hoist": True}
+
+
+def test_the_h200_rule_reaches_the_plan_of_an_untuned_shape():
+    """On an H200 nvfp4 x nvfp4 at M = 1 hoists its L2 policies at a K no entry has (Qwen2.5's 5120), not at a tuned
+    shape whose entry kept the default (8192^2), through the same path as a call (`api._tuned_options_of`)."""
+    api._tuned_options_of.cache_clear()
+    hoisted = api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 5120, 5120, True, False, True)
+    assert hoisted is not None and hoisted.hoist and hoisted.evict
+    assert api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 8192, 8192, True, False, True) is None
+    assert api._tuned_options_of("nvidia_h200", "bf16xnvfp4", 1, 5120, 5120, False, False, True) is None
+
+
 def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
     """An entry (a neighbour's, or a hand-edited one) with a split above this shape's K / 64, or a key refused at its
     M: the default plan, never an error."""
@@ -151,6 +181,14 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
             b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
             plans.mma_options_for(e["config"], a, b, e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
+        for r in json.loads(path.read_text()).get("rules", []):  # faster than the default at every shape it names
+            fa, fb = pairs[r["pair"]]
+            x = torch.randn(r["m"], 128)
+            a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
+            b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
+            plans.mma_options_for(r["config"], a, b, r["m"], 256)
+            assert r["pair"] in plans.MMA_PAIRS and len(r["shapes"]) >= 3, r
+            assert all(us < default_us for _, _, default_us, us in r["shapes"]), r
 
 
 QUANTIZE_ENTRIES = [
