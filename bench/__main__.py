@@ -94,7 +94,7 @@ def parse_args(argv=None):
     p.add_argument("--K_step", type=int, default=512)
     add_llama_argument(p)
     p.add_argument("--models", nargs="+", help="every linear shape (N, K) of these models (MODEL_SHAPES: "
-                   "llama3-8b, llama3-70b, llama3-405b, qwen2.5-32b, qwen2.5-72b, mistral-large, mixtral-8x7b, "
+                   "llama3-8b, llama3-70b, llama3-405b, qwen2.5-7b, qwen2.5-32b, qwen2.5-72b, mistral-large, mixtral-8x7b, "
                    "mixtral-8x22b, deepseek-v3)")
     p.add_argument("--bench", action="store_true", help="time providers (needs a GPU)")
     p.add_argument("--out_dtype", default="bf16", choices=list(OUT_DTYPES))

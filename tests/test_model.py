@@ -49,6 +49,25 @@ def test_static_variants_are_calibrated_and_checked():
             bench_model.quantized(base, bad, prompt)
 
 
+def test_fused_variant_runs_q_k_v_and_gate_up_as_one_layer_each():
+    """"+fused" on the Qwen2 family (biased q / k / v): 4 quantized layers a decoder layer instead of 7, and with MX
+    weights (same codes fused or not) the same logits as the separate layers; calibrated scales reach the fused layers."""
+    import torch
+
+    from blockscaled.nn import FusedProjections, QuantizedLinear
+
+    config, base = bench_model.build("tiny-qwen2", 1, torch.device("cpu"))
+    prompt = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    separate, fused = (bench_model.quantized(base, v, prompt) for v in ("mxfp4", "mxfp4+fused"))
+    assert sum(isinstance(m, QuantizedLinear) for m in fused.modules()) == 4
+    assert sum(isinstance(m, FusedProjections) for m in fused.modules()) == 2
+    with torch.no_grad():
+        assert torch.equal(fused(prompt).logits, separate(prompt).logits)
+    static = bench_model.quantized(base, "nvfp4:nvfp4:static+fused", prompt)
+    scales = [m.activation_global_scale for m in static.modules() if isinstance(m, QuantizedLinear)]
+    assert len(scales) == 4 and all(isinstance(s, float) and s > 0 for s in scales), scales
+
+
 def test_tiny_qwen2_compiled_runs_quantized(tmp_path):
     """The second family (Qwen2: biased q / k / v projections) under `--compile` (aot_eager: the CPU machine has no
     C++ compiler for inductor): every linear a custom op in the traced graph, the kernels' check as in eager; with

@@ -260,3 +260,128 @@ def test_torch_compile_fullgraph_matches_eager(activation_format, gen):
     torch.compile(model, fullgraph=True, backend=lambda gm, _: graphs.append(gm.code) or gm)(x)
     quantized = sum(v == "quantized" for v in report.values())  # mxfp4 skips the 48-wide layer (block 32)
     assert graphs[0].count("torch.ops.blockscaled.linear(") == quantized >= 1  # each quantized layer one op node
+
+
+class _Block(nn.Module):
+    """A decoder layer's projections as Llama calls them: q, k, v of one input, then gate and up of another."""
+
+    def __init__(self, gen, k=64, bias=False):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (_linear(k, n, bias=bias, gen=gen) for n in (64, 32, 32))
+        self.gate_proj, self.up_proj = _linear(k, 96, bias=False, gen=gen), _linear(k, 96, bias=False, gen=gen)
+        self.o_proj = _linear(64, k, bias=False, gen=gen)
+
+    def forward(self, x):
+        q, kk, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = self.o_proj(q * torch.cat([kk, v], -1).view(*x.shape[:-1], 2, 32).flip(-2).reshape(*x.shape[:-1], 64))
+        return self.up_proj(h) * nn.functional.silu(self.gate_proj(h))
+
+
+def _count_calls(monkeypatch) -> list:
+    calls = []
+    forward = QuantizedLinear.forward
+    monkeypatch.setattr(QuantizedLinear, "forward", lambda self, x: calls.append(self) or forward(self, x))
+    return calls
+
+
+@interpreter
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_equal_separate_layers(bias, gen, monkeypatch):
+    """`fuse_projections`: q / k / v and gate / up each one QuantizedLinear (one kernel) over their stacked weights;
+    MX weights quantize to the same codes either way, so the block's output is the separate layers' bit for bit (bias
+    included); 3 calls instead of 6; the report names the fused layer; a state_dict round trip into a fresh fused copy."""
+    import copy
+
+    block = _Block(gen, bias=bias)
+    separate, fused = copy.deepcopy(block), copy.deepcopy(block)
+    quantize_model_(separate, "mxfp4")
+    report = quantize_model_(fused, "mxfp4", fuse_projections=True)
+    assert report["k_proj"] == "quantized, fused into qkv_proj" and report["up_proj"] == "quantized, fused into gate_up_proj"
+    assert report["o_proj"] == "quantized" and fused.qkv_proj.linear.out_features == 128
+    x = torch.randn(2, 3, 64, generator=gen)
+    calls = _count_calls(monkeypatch)
+    with torch.no_grad():
+        want = separate(x)
+        n_separate = len(calls)
+        got = fused(x)
+    assert n_separate == 6 and len(calls) - n_separate == 3
+    assert torch.equal(got, want)
+    again = copy.deepcopy(block)
+    quantize_model_(again, "mxfp4", fuse_projections=True)
+    again.load_state_dict(fused.state_dict())
+    assert "qkv_proj.linear.weight_data" in fused.state_dict() and "q_proj.weight_data" not in fused.state_dict()
+    with torch.no_grad():
+        assert torch.equal(again(x), want)
+
+
+@interpreter
+def test_fused_nvfp4_shares_the_stacked_weights_global_scale(gen):
+    """nvfp4: one global scale for the stacked weight (its amax), so each projection equals the fp64 product of the
+    stacked layer's codes (not of its own layer's)."""
+    block = _Block(gen)
+    quantize_model_(block, "nvfp4", fuse_projections=True)
+    x = torch.randn(5, 64, generator=gen)
+    stacked = block.qkv_proj.linear.weight
+    want = ref_scaled_mm(x.to(torch.bfloat16), stacked).double()
+    with torch.no_grad():
+        got = torch.cat([block.q_proj(x), block.k_proj(x), block.v_proj(x)], -1)
+    assert stacked.global_scale.numel() == 1 and max_rel_err(got, want) < 1e-2
+
+
+@interpreter
+def test_a_fused_projection_runs_again_for_another_input_or_one_written_in_place(gen, monkeypatch):
+    """A sibling takes the fused output only for the same tensor, unmodified, once: another input, an in-place write
+    since, a sibling called twice or out of order run the layer again (each answer the layer's own on its input)."""
+    import copy
+
+    block = _Block(gen)
+    quantize_model_(block, "mxfp8", fuse_projections=True)
+    stacked = copy.deepcopy(block.qkv_proj.linear)
+    x = torch.randn(3, 64, generator=gen)
+
+    def own(name, t):  # the projection on `t` from a fresh run of the stacked layer
+        i = block.qkv_proj.names.index(name)
+        start = sum(block.qkv_proj.sizes[:i])
+        return stacked(t)[..., start:start + block.qkv_proj.sizes[i]]
+
+    calls = []
+    forward = block.qkv_proj.linear.forward
+    monkeypatch.setattr(block.qkv_proj.linear, "forward", lambda t: calls.append(t) or forward(t))
+    with torch.no_grad():
+        q = block.q_proj(x)
+        x.add_(1.0)  # written in place after q_proj read it
+        k = block.k_proj(x)
+        assert len(calls) == 2 and torch.equal(k, own("k_proj", x)) and not torch.equal(q, own("q_proj", x))
+        v = block.v_proj(x.clone())  # another tensor
+        assert torch.equal(v, own("v_proj", x)) and len(calls) == 3
+        block.v_proj(x), block.v_proj(x)  # twice: the second runs the layer again
+        assert len(calls) == 5
+        block.v_proj(x), block.q_proj(x), block.k_proj(x)  # out of order, each once: one run
+        assert len(calls) == 6 and block.qkv_proj._stash is None  # all three took it: nothing kept
+
+
+def test_projections_that_differ_are_not_fused(gen):
+    """Siblings unlike each other (bias on some, another input size) or one of them filtered out: quantized apart."""
+    block = _Block(gen)
+    block.k_proj = _linear(64, 32, bias=True, gen=gen)  # bias where q and v have none
+    block.gate_proj = _linear(64, 96, gen=gen)
+    report = quantize_model_(block, "mxfp4", fuse_projections=True, filter_fn=lambda name, m: name != "gate_proj")
+    assert report["q_proj"] == report["k_proj"] == "quantized" and report["up_proj"] == "quantized"
+    assert report["gate_proj"] == "skipped: filter_fn" and not hasattr(block, "qkv_proj")
+
+
+def test_fused_projections_compile_to_one_op_a_group(gen):
+    """Under `torch.compile(fullgraph=True)` the siblings' hand-off is traced away: one `blockscaled.linear` node for
+    q / k / v and one for gate / up (and o_proj's), the result eager's, no recompilation on a new input."""
+    torch._dynamo.reset()
+    block = _Block(gen)
+    quantize_model_(block, "mxfp4", fuse_projections=True)
+    x = torch.randn(2, 64, generator=gen)
+    graphs = []
+    compiled = torch.compile(block, fullgraph=True, backend=lambda gm, _: graphs.append(gm.code) or gm)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), block(x), rtol=0, atol=0)
+        x2 = torch.randn(2, 64, generator=gen)
+        torch.testing.assert_close(compiled(x2), block(x2), rtol=0, atol=0)
+    assert len(graphs) == 1 and graphs[0].count("torch.ops.blockscaled.linear(") == 3
+    assert block.qkv_proj._stash is None and block.gate_up_proj._stash is None

@@ -154,3 +154,39 @@ def test_checkpoint_loaded_onto_the_gpu(gen):
         a = x if activation_format is None else bs.quantize(x, "nvfp4", global_scale=layer.activation_global_scale)
         want = ref_scaled_mm(a, w.to("cuda")).double()
         assert max_rel_err(layer(x), want) < BF16_BOUND
+
+
+class _Attention(nn.Module):
+    """q / k / v of one input, as a decoder layer calls them."""
+
+    def __init__(self, gen):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (_linear(gen, n=n, bias=False) for n in (1024, 256, 256))
+
+    def forward(self, x):
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], -1)
+
+
+@pytest.mark.parametrize("m", [1, 16])
+def test_fused_projections_on_the_gpu(m, gen):
+    """`fuse_projections` on the GPU: one mma call a group, the fp64 reference of the stacked layer's codes, eager and
+    replayed in a hand-captured CUDA graph on a new input (the siblings' hand-off happens once, at capture)."""
+    model = _Attention(gen)
+    report = quantize_model_(model, "nvfp4", fuse_projections=True)
+    assert set(report.values()) == {"quantized, fused into qkv_proj"}
+    stacked = model.qkv_proj.linear
+    x = torch.randn(m, K, generator=gen).to("cuda", torch.bfloat16)
+    assert max_rel_err(model(x), _want(stacked, x)) < BF16_BOUND
+    static_x = x.clone()
+    model(static_x)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = model(static_x)
+    new = torch.randn(m, K, generator=gen).to("cuda", torch.bfloat16)
+    static_x.copy_(new)
+    static_y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert max_rel_err(static_y, _want(stacked, new)) < BF16_BOUND
+    assert model.qkv_proj._stash is None
