@@ -181,13 +181,17 @@ class FusedProjections(nn.Module):
     def __init__(self, linear: QuantizedLinear, names: tuple[str, ...], sizes: tuple[int, ...]):
         super().__init__()
         self.linear, self.names, self.sizes = linear, names, sizes
-        self._stash = None  # (input, output, the siblings that took it, the input's version)
+        self._stash = None  # (input, output, the siblings that took it, (the input's version, the current stream))
 
     def take(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        stash, compiling = self._stash, torch.compiler.is_compiling()
-        if (stash is None or stash[0] is not x or index in stash[2]
-                or (not compiling and stash[3] != x._version)):  # in-place writes are no concern of a traced graph
-            stash = (x, self.linear(x), (), None if compiling else x._version)
+        """Sibling `index`'s columns of the fused layer's output on `x`: the stashed output where it is `x`'s, unwritten
+        since and made on this stream (another thread's stream may not have it yet), else a new run. A traced graph
+        has no in-place writes or streams to watch: there the identity of `x` decides."""
+        stash = self._stash
+        when = None if torch.compiler.is_compiling() else (
+            x._version, torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else None)
+        if stash is None or stash[0] is not x or index in stash[2] or stash[3] != when:
+            stash = (x, self.linear(x), (), when)
         taken = stash[2] + (index,)
         self._stash = None if len(taken) == len(self.names) else (stash[0], stash[1], taken, stash[3])
         start = sum(self.sizes[:index])

@@ -190,3 +190,16 @@ def test_fused_projections_on_the_gpu(m, gen):
     torch.cuda.synchronize()
     assert max_rel_err(static_y, _want(stacked, new)) < BF16_BOUND
     assert model.qkv_proj._stash is None
+    # siblings on two streams (two threads sharing a model and an input): the second stream runs the layer again
+    calls, forward = [], stacked.forward
+    stacked.forward = lambda t: calls.append(t) or forward(t)
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(streams[0]):
+        q = model.q_proj(new)
+    with torch.cuda.stream(streams[1]):
+        k = model.k_proj(new)
+    torch.cuda.synchronize()
+    assert len(calls) == 2
+    assert max_rel_err(torch.cat([q, k], -1), _want(stacked, new)[:, :1280]) < BF16_BOUND
