@@ -63,6 +63,12 @@ def test_fused_variant_runs_q_k_v_and_gate_up_as_one_layer_each():
     assert sum(isinstance(m, FusedProjections) for m in fused.modules()) == 2
     with torch.no_grad():
         assert torch.equal(fused(prompt).logits, separate(prompt).logits)
+    rows = bench_model.run(bench_model.parse_args(["--model", "tiny-qwen2", "--layers", "1", "--formats", "mxfp4",
+                                                   "mxfp4+fused", "--batch", "2", "--prefill", "8", "--decode", "3",
+                                                   "--reps", "1", "--device", "cpu", "--no-graphs", "--no-record"]))
+    _, apart, together = rows  # the same agreement with bf16 (prefill logits); decode ran through the KV cache
+    assert together["variant"] == "mxfp4+fused" and float(together["kernel_sqnr_db"]) > 40, together
+    assert (together["token_agreement"], together["logits_sqnr_db"]) == (apart["token_agreement"], apart["logits_sqnr_db"])
     static = bench_model.quantized(base, "nvfp4:nvfp4:static+fused", prompt)
     scales = [m.activation_global_scale for m in static.modules() if isinstance(m, QuantizedLinear)]
     assert len(scales) == 4 and all(isinstance(s, float) and s > 0 for s in scales), scales
