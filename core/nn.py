@@ -174,9 +174,10 @@ FUSED_PROJECTIONS = ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj"
 class FusedProjections(nn.Module):
     """Sibling projections of one input as one `QuantizedLinear` (`linear`, their weights stacked along N): one kernel
     where a decoder layer runs two or three (bf16 x nvfp4 at batch 1 on an H200, each shape timed alone: Llama-3-8B's
-    q / k / v 5.7 us as one 6144 x 4096 layer, 5.0 + 2 x 2.9 us as three). Each sibling is a `ProjectionSlice` that returns its
-    columns of the fused output; the first sibling called with an input runs the layer, the others take its output
-    until each has taken it once (an input that is another tensor, or was written in place since, runs it again)."""
+    q / k / v 5.7 us as one 6144 x 4096 layer, 5.0 + 2 x 2.9 us as three). Each sibling is a `ProjectionSlice` that
+    returns its columns of the fused output; the first sibling called with an input runs the layer, the others take
+    its output until each has taken it once (`take`: another tensor, one written in place since, or another stream
+    runs it again)."""
 
     def __init__(self, linear: QuantizedLinear, names: tuple[str, ...], sizes: tuple[int, ...]):
         super().__init__()
