@@ -123,16 +123,15 @@ class QuantizedLinear(nn.Module):
             raise TypeError(f"x: expected a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: last dimension {x.shape[-1]} is not in_features = {self.in_features}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if self.activation_format is None:
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        if self.activation_format is None and x2.dtype != torch.bfloat16:
             x2 = x2.to(torch.bfloat16)
         x2 = x2.contiguous()
         # while torch.compile traces, the custom op (one node, its fake implementation); eager, the call itself
         call = linear_call if torch.compiler.is_compiling() else linear_eager
         y = call(x2, self.weight, self.bias, self.activation_format, self.scale_rounding, self.activation_scale,
                  x.dtype)
-        return y.reshape(*lead, self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def get_extra_state(self) -> dict:
         w = self.weight
