@@ -241,7 +241,9 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
     them as qkv_proj / gate_up_proj) and each a `ProjectionSlice` of it: one kernel instead of two or three. Their
     state_dict keys are then the fused layer's. nvfp4 weights then share one global scale, the stacked weight's (as
     serving checkpoints of fused layers do), so their codes can differ from those of separate layers; MX weights
-    (per-block scales only) quantize to the same codes either way. The report says "quantized, fused into NAME"."""
+    (per-block scales only) quantize to the same codes either way. The report says "quantized, fused into NAME".
+    Siblings that read different inputs (cross-attention's k / v of the encoder's states) stay correct, but each then
+    runs the whole stacked layer: leave them out with `filter_fn`."""
     blocks = [get_format(weight_format).block_size] + ([get_format(activation_format).block_size] if activation_format else [])
     report = {}
 
