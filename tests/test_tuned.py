@@ -164,29 +164,30 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
     from bench.providers import FORMAT_PAIRS
 
     pairs = {api.SUPPORTED_PAIRS[p]: p for p in FORMAT_PAIRS.values()}
+
+    def takes(pair: str, config: dict, m: int, n: int) -> None:  # `mma_options_for` accepts it (or raises)
+        fa, fb = pairs[pair]
+        x = torch.randn(m, 128)
+        a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
+        b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
+        plans.mma_options_for(config, a, b, m, n)
+
     paths = sorted(tuned.TABLES.glob("*.json"))
     assert paths, "no committed table"
     for path in paths:
         assert path.stem == tuned.gpu_key(path.stem), path
-        entries = json.loads(path.read_text())["entries"]
+        data = json.loads(path.read_text())
+        entries = data["entries"]
         cells = [(e["pair"], e["m"], e["n"], e["k"]) for e in entries]
         assert len(cells) == len(set(cells)), path
         for e in entries:
             assert e["pair"] in pairs and e["pair"] in plans.MMA_PAIRS, e
             if e["config"] is None:
                 continue
-            fa, fb = pairs[e["pair"]]
-            x = torch.randn(e["m"], 128)
-            a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
-            b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
-            plans.mma_options_for(e["config"], a, b, e["m"], e["n"])
+            takes(e["pair"], e["config"], e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
-        for r in json.loads(path.read_text()).get("rules", []):  # faster than the default at every shape it names
-            fa, fb = pairs[r["pair"]]
-            x = torch.randn(r["m"], 128)
-            a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
-            b = bs.quantize(torch.randn(256, 128), fb).with_data_layout("mma_m16k16")
-            plans.mma_options_for(r["config"], a, b, r["m"], 256)
+        for r in data.get("rules", []):  # faster than the default at every shape it names
+            takes(r["pair"], r["config"], r["m"], 256)
             assert r["pair"] in plans.MMA_PAIRS and len(r["shapes"]) >= 3, r
             assert all(us < default_us for _, _, default_us, us in r["shapes"]), r
 
