@@ -16,8 +16,9 @@ on another random prompt first, `blockscaled.nn.calibrate`):
   random-weight model falls with depth at any format (its layers amplify differences), so it is no kernel check.
 `--compile inductor` compiles every variant's forward alike (the decode step is still captured in one CUDA graph):
 eager Hugging Face layers spend most of a decode step outside the linears. The lm_head stays bf16 (as serving
-engines leave it) unless the variant has "+lm_head"; "+fused" runs q / k / v and gate / up as one layer each, as
-serving engines do (`quantize_model_(..., fuse_projections=True)`). Rows go to bench/results/<gpu>_model.csv (`--no-record`:
+engines leave it) unless the variant has "+lm_head"; q / k / v and gate / up run as one layer each, as serving
+engines do (`quantize_model_`'s default from 2026-11-30; "+separate": each its own layer, as rows before it without
+"+fused"). Rows go to bench/results/<gpu>_model.csv (`--no-record`:
 not).
 """
 
@@ -68,8 +69,9 @@ def build(name: str, layers: int | None, device, seed: int = 0):
 
 
 def quantized(model, variant: str, calibration=None):
-    """A copy of `model` with its linears swapped for `variant` = WEIGHT[:ACTIVATION[:static]][+lm_head][+fused]: with
-    "+fused", q / k / v and gate / up each one layer (`quantize_model_`'s `fuse_projections`); with
+    """A copy of `model` with its linears swapped for `variant` = WEIGHT[:ACTIVATION[:static]][+lm_head][+separate]:
+    q / k / v and gate / up each one layer (`quantize_model_`'s `fuse_projections`), or with "+separate" each its
+    own ("+fused", the default, is accepted as older records name it); with
     ":static", nvfp4 activation scales calibrated (`blockscaled.nn.calibrate`) on one forward of `calibration`; with
     "+lm_head", the lm_head quantized too (else it stays bf16, as serving engines leave it: Llama-3-8B's is 1.05 GB
     of its 16 GB of bf16 weights)."""
@@ -78,15 +80,15 @@ def quantized(model, variant: str, calibration=None):
     base_variant, *extras = variant.split("+")
     weight_format, _, activation_format = base_variant.partition(":")
     activation_format, _, mode = activation_format.partition(":")
-    if mode not in ("", "static") or (mode and activation_format != "nvfp4") or not set(extras) <= {"lm_head", "fused"}:
+    if mode not in ("", "static") or (mode and activation_format != "nvfp4") or not set(extras) <= {"lm_head", "fused", "separate"}:
         raise ValueError(f"--formats: {variant!r}: expected WEIGHT, WEIGHT:ACTIVATION or WEIGHT:nvfp4:static, each "
-                         f"optionally with +lm_head and +fused")
+                         f"optionally with +lm_head and +separate")
     def wanted(name):
         return "lm_head" in extras or not name.endswith("lm_head")
 
     q = copy.deepcopy(model)
     report = quantize_model_(q, weight_format, activation_format=activation_format or None,
-                             filter_fn=lambda name, _: wanted(name), fuse_projections="fused" in extras)
+                             filter_fn=lambda name, _: wanted(name), fuse_projections="separate" not in extras)
     skipped = {k: v for k, v in report.items() if not v.startswith("quantized") and wanted(k)}
     if skipped:
         raise RuntimeError(f"{variant}: layers not quantized: {skipped}")
@@ -316,7 +318,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="keep this many decoder layers (default: the model's)")
     p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8", "nvfp4:nvfp4"],
                    help="WEIGHT, WEIGHT:ACTIVATION or WEIGHT:nvfp4:static (calibrated activation scales) formats, each "
-                        "optionally with +lm_head (the lm_head quantized too) and +fused (q / k / v, gate / up fused)")
+                        "optionally with +lm_head (the lm_head quantized too) and +separate (q / k / v, gate / up not fused)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     p.add_argument("--prefill", type=int, default=2048)
     p.add_argument("--decode", type=int, default=64, help="greedy steps timed")

@@ -41,7 +41,7 @@ def test_static_variants_are_calibrated_and_checked():
     prompt = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     q = bench_model.quantized(base, "nvfp4:nvfp4:static", prompt)
     scales = [m.activation_global_scale for m in q.modules() if isinstance(m, QuantizedLinear)]
-    assert len(scales) == 7 and all(isinstance(s, float) and s > 0 for s in scales), scales
+    assert len(scales) == 4 and all(isinstance(s, float) and s > 0 for s in scales), scales  # qkv, gate_up fused
     assert not isinstance(q.lm_head, QuantizedLinear)
     assert isinstance(bench_model.quantized(base, "mxfp4+lm_head", prompt).lm_head, QuantizedLinear)
     for bad in ("nvfp4:mxfp8:static", "nvfp4:nvfp4:dynamic", "nvfp4::static", "nvfp4+embed"):
@@ -49,29 +49,30 @@ def test_static_variants_are_calibrated_and_checked():
             bench_model.quantized(base, bad, prompt)
 
 
-def test_fused_variant_runs_q_k_v_and_gate_up_as_one_layer_each():
-    """"+fused" on the Qwen2 family (biased q / k / v): 4 quantized layers a decoder layer instead of 7, and with MX
-    weights (same codes fused or not) the same logits as the separate layers; calibrated scales reach the fused layers."""
+def test_variants_run_q_k_v_and_gate_up_as_one_layer_each_unless_separate():
+    """The default (and "+fused", older records' name for it) on the Qwen2 family (biased q / k / v): 4 quantized
+    layers a decoder layer, "+separate" 7; with MX weights (same codes fused or not) the same logits either way
+    (calibrated scales on the fused layers: `test_static_variants_are_calibrated_and_checked`)."""
     import torch
 
     from blockscaled.nn import FusedProjections, QuantizedLinear
 
     config, base = bench_model.build("tiny-qwen2", 1, torch.device("cpu"))
     prompt = torch.randint(0, config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
-    separate, fused = (bench_model.quantized(base, v, prompt) for v in ("mxfp4", "mxfp4+fused"))
+    separate, fused, named = (bench_model.quantized(base, v, prompt)
+                              for v in ("mxfp4+separate", "mxfp4", "mxfp4+fused"))
+    assert sum(isinstance(m, QuantizedLinear) for m in separate.modules()) == 7
     assert sum(isinstance(m, QuantizedLinear) for m in fused.modules()) == 4
+    assert sum(isinstance(m, FusedProjections) for m in named.modules()) == 2
     assert sum(isinstance(m, FusedProjections) for m in fused.modules()) == 2
     with torch.no_grad():
         assert torch.equal(fused(prompt).logits, separate(prompt).logits)
-    rows = bench_model.run(bench_model.parse_args(["--model", "tiny-qwen2", "--layers", "1", "--formats", "mxfp4",
-                                                   "mxfp4+fused", "--batch", "2", "--prefill", "8", "--decode", "3",
+    rows = bench_model.run(bench_model.parse_args(["--model", "tiny-qwen2", "--layers", "1", "--formats", "mxfp4+separate",
+                                                   "mxfp4", "--batch", "2", "--prefill", "8", "--decode", "3",
                                                    "--reps", "1", "--device", "cpu", "--no-graphs", "--no-record"]))
     _, apart, together = rows  # the same agreement with bf16 (prefill logits); decode ran through the KV cache
-    assert together["variant"] == "mxfp4+fused" and float(together["kernel_sqnr_db"]) > 40, together
+    assert together["variant"] == "mxfp4" and float(together["kernel_sqnr_db"]) > 40, together
     assert (together["token_agreement"], together["logits_sqnr_db"]) == (apart["token_agreement"], apart["logits_sqnr_db"])
-    static = bench_model.quantized(base, "nvfp4:nvfp4:static+fused", prompt)
-    scales = [m.activation_global_scale for m in static.modules() if isinstance(m, QuantizedLinear)]
-    assert len(scales) == 4 and all(isinstance(s, float) and s > 0 for s in scales), scales
 
 
 def test_tiny_qwen2_compiled_runs_quantized(tmp_path):

@@ -287,15 +287,16 @@ def _count_calls(monkeypatch) -> list:
 @interpreter
 @pytest.mark.parametrize("bias", [False, True])
 def test_fused_projections_equal_separate_layers(bias, gen, monkeypatch):
-    """`fuse_projections`: q / k / v and gate / up each one QuantizedLinear (one kernel) over their stacked weights;
-    MX weights quantize to the same codes either way, so the block's output is the separate layers' bit for bit (bias
-    included); 3 calls instead of 6; the report names the fused layer; a state_dict round trip into a fresh fused copy."""
+    """`fuse_projections` (the default): q / k / v and gate / up each one QuantizedLinear (one kernel) over their
+    stacked weights; MX weights quantize to the same codes either way, so the block's output is the separate layers'
+    bit for bit (bias included); 3 calls instead of 6; the report names the fused layer; a state_dict round trip into
+    a fresh fused copy."""
     import copy
 
     block = _Block(gen, bias=bias)
     separate, fused = copy.deepcopy(block), copy.deepcopy(block)
-    quantize_model_(separate, "mxfp4")
-    report = quantize_model_(fused, "mxfp4", fuse_projections=True)
+    quantize_model_(separate, "mxfp4", fuse_projections=False)
+    report = quantize_model_(fused, "mxfp4")
     assert report["k_proj"] == "quantized, fused into qkv_proj" and report["up_proj"] == "quantized, fused into gate_up_proj"
     assert report["o_proj"] == "quantized" and fused.qkv_proj.linear.out_features == 128
     x = torch.randn(2, 3, 64, generator=gen)
