@@ -138,21 +138,82 @@ def detect_format(tensors: Mapping) -> str:
     return found.pop()
 
 
-def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *,
-                activation_format: str | None = None, device: torch.device | str | None = None,
-                filter_fn=None) -> dict[str, str]:
-    """Replace, in place, every `nn.Linear` of `model` whose quantized weight `tensors` holds (its module name + ".")
-    by a `QuantizedLinear` loaded from them (`load_linear`; bias from the module when the checkpoint has none);
-    returns {name: "loaded" or why it was kept}. `checkpoint_format` None: `detect_format`. With
-    `activation_format` the checkpoint's static activation scales are used (W4A4), else activations stay bf16."""
+def stack_weights(weights: list[QTensor]) -> QTensor | None:
+    """Weights of one K stacked along N (sibling projections as one layer), or None where that would change a value:
+    another format or K, or another per-tensor global scale (published NVFP4 checkpoints give the siblings of a fused
+    layer one global scale, as vLLM's fused layers require). As the readers give them: row-major scales, k_order."""
+    first = weights[0]
+    for w in weights:
+        if w.layout != "rowmajor" or w.data_layout != "k_order" or (w.fmt, w.K) != (first.fmt, first.K):
+            return None
+        if first.global_scale is not None and not torch.equal(w.global_scale.cpu(), first.global_scale.cpu()):
+            return None
+    return QTensor(torch.cat([w.data for w in weights]), torch.cat([w.scale for w in weights]), first.fmt,
+                   global_scale=first.global_scale)
+
+
+def _fused_linear(tensors, parent_name, parent, names, checkpoint_format, activation_format, device, filter_fn):
+    """The siblings `names` of `parent` loaded as one `QuantizedLinear` (their weights stacked, `stack_weights`), or
+    None where they cannot be: not all nn.Linears in the file and passing `filter_fn`, biases on some only, other
+    devices, weights that do not stack exactly, or (with `activation_format`) different static activation scales."""
     from torch import nn
 
     from .nn import QuantizedLinear
+
+    modules = [getattr(parent, n, None) for n in names]
+    prefixes = [f"{parent_name}.{n}." if parent_name else f"{n}." for n in names]
+    if not all(type(m) is nn.Linear and p + _WEIGHT_KEYS[checkpoint_format] in tensors
+               and (filter_fn is None or filter_fn(p[:-1], m)) for m, p in zip(modules, prefixes)):
+        return None
+    loaded = [load_weight(tensors, p, checkpoint_format) for p in prefixes]
+    for (w, _), m, p in zip(loaded, modules, prefixes):
+        _check_shape(w, m, p)
+    biases = [tensors.get(p + "bias", m.bias) for m, p in zip(modules, prefixes)]
+    devices = {m.weight.device for m in modules}
+    scales = {None if a is None else float(a) for _, a in loaded} if activation_format is not None else {None}
+    stacked = stack_weights([w for w, _ in loaded])
+    if stacked is None or len(scales) != 1 or len(devices) != 1 or len({b is None for b in biases}) != 1:
+        return None
+    device = torch.device(device) if device is not None else devices.pop()
+    bias = None if biases[0] is None else torch.cat([b.detach().to(device) for b in biases])
+    return QuantizedLinear(stacked.for_device(device), bias, activation_format=activation_format,
+                           activation_global_scale=scales.pop()), tuple(m.out_features for m in modules)
+
+
+def _check_shape(w: QTensor, module, prefix: str) -> None:
+    if w.shape != (module.out_features, module.in_features):
+        raise ValueError(f"tensors: {prefix} holds a [{w.shape[0]}, {w.shape[1]}] weight, the model's "
+                         f"{prefix[:-1]} is [{module.out_features}, {module.in_features}]")
+
+
+def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *,
+                activation_format: str | None = None, device: torch.device | str | None = None,
+                filter_fn=None, fuse_projections: bool = True) -> dict[str, str]:
+    """Replace, in place, every `nn.Linear` of `model` whose quantized weight `tensors` holds (its module name + ".")
+    by a `QuantizedLinear` loaded from them (`load_linear`; the checkpoint's bias, else the module's);
+    returns {name: "loaded" or why it was kept}. `checkpoint_format` None: `detect_format`. With
+    `activation_format` the checkpoint's static activation scales are used (W4A4), else activations stay bf16.
+    `fuse_projections` (as `blockscaled.nn.quantize_model_`'s): sibling projections of one input (q / k / v,
+    gate / up) whose weights stack exactly (`stack_weights`: one global scale) become one layer, reported
+    "loaded, fused into NAME"; siblings that do not stay apart."""
+    from torch import nn
+
+    from .nn import FUSED_PROJECTIONS, QuantizedLinear, install_fused
 
     checkpoint_format = checkpoint_format or detect_format(tensors)
     if checkpoint_format not in _WEIGHT_KEYS:
         raise ValueError(f"checkpoint_format: load_model_ reads {tuple(_WEIGHT_KEYS)}, got {checkpoint_format!r}")
     report = {}
+    if fuse_projections:
+        for parent_name, parent in list(model.named_modules()):
+            for names, fused_name in FUSED_PROJECTIONS:
+                if hasattr(parent, fused_name):
+                    continue
+                fused = _fused_linear(tensors, parent_name, parent, names, checkpoint_format, activation_format,
+                                      device, filter_fn)
+                if fused is not None:
+                    install_fused(parent, f"{parent_name}." if parent_name else "", names, fused_name, *fused,
+                                  report, "loaded")
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
             continue
@@ -163,11 +224,10 @@ def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *
         if filter_fn is not None and not filter_fn(name, module):
             report[name] = "kept: filter_fn"
             continue
-        layer = load_linear(tensors, prefix, checkpoint_format, bias=module.bias, activation_format=activation_format,
+        layer = load_linear(tensors, prefix, checkpoint_format, bias=tensors.get(prefix + "bias", module.bias),
+                            activation_format=activation_format,
                             device=device if device is not None else module.weight.device)
-        if layer.weight.shape != (module.out_features, module.in_features):
-            raise ValueError(f"tensors: {prefix} holds a [{layer.out_features}, {layer.in_features}] weight, the model's "
-                             f"{name} is [{module.out_features}, {module.in_features}]")
+        _check_shape(layer.weight, module, prefix)
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         setattr(parent, name.rpartition(".")[2], layer)
         report[name] = "loaded"

@@ -219,6 +219,17 @@ class ProjectionSlice(nn.Module):
         return f"{self.fused.names[self.index]} of the fused layer: out_features={self.out_features}"
 
 
+def install_fused(parent: nn.Module, prefix: str, names: tuple[str, ...], fused_name: str, layer: QuantizedLinear,
+                  sizes: tuple[int, ...], report: dict, verb: str) -> None:
+    """`layer` (the siblings `names` of `parent` stacked, `sizes` rows each) registered as `parent.fused_name`, each
+    sibling replaced by its `ProjectionSlice`; report[sibling] = f"{verb}, fused into {prefix}{fused_name}"."""
+    fused = FusedProjections(layer, names, sizes)
+    setattr(parent, fused_name, fused)
+    for i, n in enumerate(names):
+        setattr(parent, n, ProjectionSlice(fused, i))
+        report[prefix + n] = f"{verb}, fused into {prefix}{fused_name}"
+
+
 def _fusable(parent: nn.Module, prefix: str, names: tuple[str, ...], eligible) -> list[nn.Linear] | None:
     """The sibling nn.Linears of `parent` (named `prefix`) named `names`, where all are eligible (`eligible(name,
     module)`) and alike (input size, bias, dtype, device) so that one stacked layer computes them; else None."""
@@ -264,13 +275,10 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
                 stacked.weight = nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
                 if stacked.bias is not None:
                     stacked.bias = nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
-                fused = FusedProjections(QuantizedLinear.from_linear(stacked, weight_format,
-                                                                     activation_format=activation_format, **options),
-                                         names, tuple(m.out_features for m in linears))
-                setattr(parent, fused_name, fused)
-                for i, n in enumerate(names):
-                    setattr(parent, n, ProjectionSlice(fused, i))
-                    report[prefix + n] = f"quantized, fused into {prefix}{fused_name}"
+                layer = QuantizedLinear.from_linear(stacked, weight_format, activation_format=activation_format,
+                                                    **options)
+                install_fused(parent, prefix, names, fused_name, layer, tuple(m.out_features for m in linears), report,
+                              "quantized")
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
             continue

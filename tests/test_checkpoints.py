@@ -136,3 +136,76 @@ def test_load_model_into_a_model(tmp_path, gen, checkpoint_format):
         assert bs.reference.max_rel_err(got, want) <= 1e-6
     with pytest.raises(ValueError, match=r"tensors: 0. holds a \[48, 64\] weight, the model's 0 is \[48, 128\]"):
         checkpoints.load_model_(nn.Sequential(nn.Linear(128, 48)), tensors)
+
+
+class _Attention(torch.nn.Module):
+    """q / k / v of one input (Qwen2's biases optional) and the output projection, as a decoder layer calls them."""
+
+    def __init__(self, bias: bool):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(64, n, bias=bias) for n in (64, 32, 32))
+        self.o_proj = torch.nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        return self.o_proj(self.q_proj(x) * torch.cat([self.k_proj(x), self.v_proj(x)], -1))
+
+
+def _modelopt_tensors(module, names, shared: bool, input_scales=None) -> dict:
+    """ModelOpt NVFP4 tensors of `module`'s linears `names`: with `shared`, the siblings quantized as one stacked
+    weight (one weight_scale_2, as ModelOpt exports the shards of a fused layer), else each alone; biases too."""
+    weights = [module.get_submodule(n).weight.detach() for n in names]
+    if shared:
+        q = bs.quantize(torch.cat(weights), "nvfp4")
+        rows = [w.shape[0] for w in weights]
+        parts = zip(q.data.split(rows), q.scale.split(rows), [q.global_scale] * len(names))
+    else:
+        parts = ((q.data, q.scale, q.global_scale) for q in (bs.quantize(w, "nvfp4") for w in weights))
+    tensors = {}
+    for i, (n, (data, scale, g)) in enumerate(zip(names, parts)):
+        tensors |= {f"{n}.weight": data.contiguous(), f"{n}.weight_scale": scale.contiguous(),
+                    f"{n}.weight_scale_2": g.reshape(1).clone(), f"{n}.input_scale": torch.tensor(
+                        0.01 if input_scales is None else input_scales[i])}
+        if module.get_submodule(n).bias is not None:
+            tensors[f"{n}.bias"] = module.get_submodule(n).bias.detach().clone()
+    return tensors
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_load_model_fuses_siblings_that_share_a_global_scale(tmp_path, gen, bias):
+    """Siblings exported with one weight_scale_2 (ModelOpt's fused shards) load as one layer: the codes and scales
+    stacked, each projection the separate layers' answer bit for bit (the biases the file's, not the module's,
+    zeroed here); with their own global scales, or (W4A4) their own input scales, they load apart;
+    `fuse_projections=False` loads every projection apart."""
+    import copy
+
+    torch.manual_seed(0)
+    block = _Attention(bias)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    x = torch.randn(3, 64, generator=gen)
+    tensors = roundtrip(tmp_path, _modelopt_tensors(block, names, shared=False) | _modelopt_tensors(
+        block, names[:3], shared=True))
+    fresh = copy.deepcopy(block)
+    for n in names[:3] if bias else ():
+        torch.nn.init.zeros_(fresh.get_submodule(n).bias)  # the file's biases are the ones taken
+    fused, apart = copy.deepcopy(fresh), copy.deepcopy(fresh)
+    report = checkpoints.load_model_(fused, tensors)
+    assert report["k_proj"] == "loaded, fused into qkv_proj" and report["o_proj"] == "loaded"
+    assert fused.qkv_proj.linear.out_features == 128 and fused.qkv_proj.linear.weight.global_scale.numel() == 1
+    assert set(checkpoints.load_model_(apart, tensors, fuse_projections=False).values()) == {"loaded"}
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), apart(x), rtol=0, atol=0)
+        for n in names[:3]:
+            torch.testing.assert_close(fused.get_submodule(n)(x), apart.get_submodule(n)(x), rtol=0, atol=0)
+    if bias:
+        file_bias = torch.cat([tensors[f"{n}.bias"] for n in names[:3]])
+        assert float(file_bias.abs().max()) > 0 and torch.equal(fused.qkv_proj.linear.bias, file_bias)
+        assert torch.equal(apart.k_proj.bias, tensors["k_proj.bias"])
+
+    own = roundtrip(tmp_path, _modelopt_tensors(block, names, shared=False))  # each its own weight_scale_2
+    report = checkpoints.load_model_(copy.deepcopy(fresh), own)
+    assert set(report.values()) == {"loaded"}
+    inputs = roundtrip(tmp_path, _modelopt_tensors(block, names, shared=True, input_scales=(0.01, 0.02, 0.01, 0.01)))
+    w4a4 = checkpoints.load_model_(copy.deepcopy(fresh), inputs, activation_format="nvfp4")
+    assert set(w4a4.values()) == {"loaded"}  # one input, but the file gives it two static scales: kept apart
+    w4a16 = checkpoints.load_model_(copy.deepcopy(fresh), inputs)  # the input scales unused: fused
+    assert w4a16["v_proj"] == "loaded, fused into qkv_proj"
