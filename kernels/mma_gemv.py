@@ -151,6 +151,9 @@ def warp_start(tid, tile_p, part, windows, steps, uneven, SPLIT, K_WARPS, SHARED
     # one row group (pair) per program; warp w from window w * steps, a per-thread value, so only here (for K_WARPS 1
     # too it cost nvfp4 x nvfp4 11 sm_90 instructions per window and bf16 x mxfp4 a second load round trip:
     # tests/test_bench.py)
+    if windows % K_WARPS:  # (SPLIT 1) the first W mod K_WARPS warps take one window more (`tail_window`)
+        warp = tid >> 5
+        return tile_p * ROW_GROUPS, warp * steps + torch.clamp(warp, max=windows % K_WARPS)
     return tile_p * ROW_GROUPS, (part * K_WARPS + (tid >> 5)) * steps
 
 
@@ -519,7 +522,10 @@ def mma_gemv_kernel(
     steps = windows // (SPLIT * K_WARPS)
     # SPLIT that does not divide the windows (K_WARPS 1): part p runs windows p W / SPLIT .. (p + 1) W / SPLIT,
     # a loop of steps or steps + 1 (config "split" only: the wave rule takes powers of two)
-    uneven = windows % (SPLIT * K_WARPS) != 0
+    uneven = K_WARPS == 1 and windows % SPLIT != 0
+    # K_WARPS that does not divide the windows (no shared or staged B): every warp loops `steps` windows, then the
+    # first W mod K_WARPS warps one more (`tail_window`; config "k_warps" only)
+    tail = K_WARPS > 1 and windows % K_WARPS != 0
     blocks = 64 // BLOCK  # scale blocks per window: lane q reads block q * blocks // 4
     rows = N // (16 * row_warps * ROW_GROUPS)
     for program in hl.tile(rows * SPLIT, block_size=1):
@@ -598,6 +604,11 @@ def mma_gemv_kernel(
                 c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
                 if COL_GROUPS == 2:
                     d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
+        if tail:
+            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = tail_window(
+                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), x64, xs, w, f, tid, gr, first + steps,
+                lane, q, g, row_0, row_1, windows, blocks, K, W_ELEM, ENCODING, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT,
+                EVICT, COL_GROUPS, ROW_GROUPS, K_WARPS)
         a0 = launch_dependents(a0, PDL)
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
@@ -619,6 +630,33 @@ def mma_gemv_kernel(
                     store_sums(out, bias, workspace, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
                     hl.store(tickets, [tile_p], 0)
     return out
+
+
+def tail_window(sums, x64, xs, w, f, tid, gr, win, lane, q, g, row_0, row_1, windows, blocks, K, W_ELEM, ENCODING,
+                ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, EVICT, COL_GROUPS, ROW_GROUPS, K_WARPS):
+    """`sums` (a, b, c, d: row group x column group, 4 each) plus window `win`, the window after the warp's loop, for
+    the first W mod K_WARPS warps of `mma_gemv_kernel`'s program (W = K / 64 windows): the others run it on a window
+    in bounds with B zeroed, which adds exact zeros (the weights decode finite: a NaN code or scale is in its own
+    warp's sum too). Once a program, after the loop: no per-window cost."""
+    valid = (tid >> 5) < windows % K_WARPS
+    win = torch.clamp(win, max=windows - 1)
+    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2 else loads_b0
+    loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
+    b_0 = [torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b0, ACT_ELEM, ACT_SCALE)]
+    b_1 = ([torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b1, ACT_ELEM, ACT_SCALE)]
+           if COL_GROUPS == 2 else b_0)
+    a, b, c, d = sums[0:4], sums[4:8], sums[8:12], sums[12:16]
+    frags = a_fragments(loads_a0, W_ELEM, ENCODING)
+    a = mma_window(frags, b_0, a)
+    if COL_GROUPS == 2:
+        b = mma_window(frags, b_1, b)
+    if ROW_GROUPS == 2:
+        frags = a_fragments(loads_a1, W_ELEM, ENCODING)
+        c = mma_window(frags, b_0, c)
+        if COL_GROUPS == 2:
+            d = mma_window(frags, b_1, d)
+    return (*a, *b, *c, *d)
 
 
 def pad_slots(loaded, n=5):

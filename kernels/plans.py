@@ -559,8 +559,11 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
-    if (k // 64) % options.k_warps:
-        raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows")
+    if (k // 64) % options.k_warps and (options.shared_b or options.stage_b or options.ahead or wide_m
+                                        or options.k_warps > k // 64):
+        raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows, or with "
+                         f"shared_b, stage_b and ahead off be at most that many (the first K / 64 mod k_warps warps "
+                         f"take one window more)")
     from .mma_gemv import fragment_workspace_sums, program_row_warps  # per cache key, not per call
 
     wgmma = wide_m and options.wgmma and _has_wgmma(b.device)

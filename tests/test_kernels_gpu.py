@@ -237,6 +237,23 @@ def test_mma_uneven_split(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_mma_uneven_k_warps(pair, m, gen):
+    """K warps that do not divide the K / 64 windows (`mma_gemv.tail_window`: every warp `steps` windows, then the
+    first W mod k_warps one more, the others a zeroed B): Qwen2.5-7B's K = 3584 (56 windows: 16 warps of 3 or 4) and
+    18944 (296: 16 of 18 or 19), 31 windows over 8 warps of one row group and 16 of two, with the L2 policies hoisted,
+    bias and bf16 out; against the fp64 reference, into NaN-poisoned outputs."""
+    for n, k, config in [(3584, 3584, {"k_warps": 16, "shared_b": False}),
+                         (512, 18944, {"k_warps": 16, "shared_b": False}),
+                         (1024, 1984, {"k_warps": 8, "shared_b": False, "row_groups": 1}),
+                         (1024, 1984, {"k_warps": 16, "shared_b": False, "row_groups": 2, "hoist": True})]:
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
+    run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"k_warps": 4, "shared_b": False})
+    assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_m64_uneven_split(pair, gen):
     """mma_m64_kernel with split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1
     windows, loads past a part's end clamped to the last window): parts of 1 or 2 windows (30 of 31), 6 parts of 21 or

@@ -502,7 +502,8 @@ def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
     where their programs (4 per SM, 132 SMs) fill 0.5-1 wave (up to K = 4096: 0.45-1) or make >= 3, else 8,
     else split-K;
-    given, it excludes max_split, must divide the windows and, with shared B (K slices of 4 warps),
+    given, it excludes max_split, must divide the windows (or, without shared or staged B and ahead, be at most
+    their number: the first windows mod k_warps warps take one more) and, with shared B (K slices of 4 warps),
     is at most 8."""
 
     monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
@@ -537,8 +538,16 @@ def test_k_warps_options(monkeypatch):
     with pytest.raises(ValueError, match="ahead must be an int in 0 .. 0 at M = 1 without shared_b"):
         plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, False)
     a, b = torch.randn(1, 1984).to(torch.bfloat16), bs.quantize(torch.randn(64, 1984), "mxfp4").with_data_layout("mma_m16k16")
-    with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows"):
-        plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options({"k_warps": 4}, 1, 64, False))
+    plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options({"k_warps": 4}, 1, 64, False))
+    assert (plan.consts[-2], plan.split, plan.workspace) == (4, 1, None)  # 31 windows: 7 + 1, 7 + 1, 7 + 1, 7
+    b4 = bs.quantize(torch.randn(64, 1984), "nvfp4").with_data_layout("mma_m16k16")
+    for config, m in (({"k_warps": 4, "shared_b": True, "row_groups": 1}, 16), ({"k_warps": 4, "stage_b": True, "shared_b": False, "row_groups": 1}, 1)):
+        with pytest.raises(ValueError, match="k_warps 4 must divide the K / 64 = 31 windows, or with shared_b"):
+            x = bs.quantize(torch.randn(m, 1984), "nvfp4").with_data_layout("k_order")
+            plans._mma_plan(x, b4, False, m, 64, 1984, plans._mma_options(config, m, 64, True))
+    with pytest.raises(ValueError, match="k_warps 16 must divide the K / 64 = 8 windows, or with"):
+        plans._mma_plan(a[:, :512], bs.quantize(torch.randn(64, 512), "mxfp4").with_data_layout("mma_m16k16"), False,
+                        1, 64, 512, plans._mma_options({"k_warps": 16}, 1, 64, False))
     plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options(None, 1, 64, False))
     assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
