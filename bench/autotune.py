@@ -14,8 +14,9 @@ config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm`
   the L2 (`bench.__main__.cold_copies`), so each call reads HBM as in a model. A config is kept only where it beats
   the default by more than `KEEP_MARGIN` (else the entry holds None: the default stays). Entries written before
   2026-11-29 were timed on L2-warm weights (no "cold"): a run tunes their cells again and replaces them.
-- Resumable: cells already in the table (timed cold) are skipped and the table is written after every cell, so a run cut at the
-  device's time limit keeps what it finished; `--deadline` stops starting new cells after that many seconds.
+- Resumable: cells already in the table (timed cold) are skipped (`--retune`: not) and the table is written after
+  every cell, so a run cut at the device's time limit keeps what it finished; `--deadline` stops starting new cells
+  after that many seconds.
 
 The quantize kernels' Helion configs, by Helion's own autotuner (block sizes, warps, stages, indexing, ...):
 
@@ -57,12 +58,17 @@ def candidates(m: int) -> list[dict]:
     # ~24 an iteration at M = 16 for bf16 activations, but one weight load issued later; hoisting was 7-8% slower for
     # bf16 x fp4 at M = 1 on an H100 (memory-bound there), while an H200 issues on 2/3 of its cycles in these loops
     hints = [{"hoist": True}, {"evict": False}]
+    # 16 warps on K without shared B: where 16 does not divide the K / 64 windows (Qwen2.5-7B's 56 and 296) the
+    # first W mod 16 take one more (`mma_gemv.tail_window`); with fp4 / fp8 activations the only 16-warp plan
+    sixteen = {"k_warps": 16, "shared_b": False}
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
         return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)] + hints
-                + [{"hoist": True, "k_warps": 16}])
+                + [{"hoist": True, "k_warps": 16}, sixteen | {"stage_b": False},
+                   sixteen | {"stage_b": False, "hoist": True}])
     if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
-                + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints)
+                + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints
+                + [sixteen | {"row_groups": 1}])
     # above 64 rows, 128 activation rows a program with split-K too: the activation is re-read from L2 once per 128
     # weight rows whatever the tile, the weights once per tile_m rows (M = 256, 8192^2, tile_m 64: ~411 MB a call)
     # and 16 warps (256 weight rows: the activation's re-reads halved too, docs/MID_M.md)
@@ -155,17 +161,19 @@ def cell_key(e: dict) -> tuple:
     return e["pair"], e["m"], e["n"], e["k"]
 
 
-def finished(path: Path) -> tuple[list[dict], set[tuple]]:
+def finished(path: Path, retune: bool = False) -> tuple[list[dict], set[tuple]]:
     """The table's entries at `path` (none if absent) and the cells (pair name, M, N, K) of those timed on cold
-    weights: an entry timed L2-warm (before 2026-11-29, no "cold") is tuned again and replaced."""
+    weights: an entry timed L2-warm (before 2026-11-29, no "cold") is tuned again and replaced; with `retune` every
+    cell is (after the candidates change)."""
     entries = read_section(path, "entries")
-    return entries, {cell_key(e) for e in entries if e.get("cold")}
+    return entries, set() if retune else {cell_key(e) for e in entries if e.get("cold")}
 
 
 def run(pairs, shapes, ms, path: Path, measure, deadline: float = float("inf"), device="cuda", log=print,
-        call=bs.scaled_mm) -> list[dict]:
-    """Tune every (pair, shape, M) not yet in the table at `path`, writing it after each; returns its entries."""
-    entries, done = finished(path)
+        call=bs.scaled_mm, retune: bool = False) -> list[dict]:
+    """Tune every (pair, shape, M) not yet in the table at `path` (`retune`: every one), writing it after each;
+    returns its entries."""
+    entries, done = finished(path, retune)
     start = time.time()
     for pair in pairs:
         for n, k in shapes:
@@ -341,6 +349,7 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=float("inf"), help="seconds after which no new cell starts")
     p.add_argument("--table", type=Path, help="default: kernels/tuned/<gpu>.json")
     p.add_argument("--jobs", type=int, default=1, help="processes compiling the candidates before timing")
+    p.add_argument("--retune", action="store_true", help="tune the cells the table already has too (replaced)")
     p.add_argument("--quantize", nargs="+", choices=["nvfp4", "mxfp4", "mxfp8"],
                    help="instead of mma plans: these formats' quantize kernels, by Helion's autotuner (K from --shapes)")
     p.add_argument("--outputs", nargs="+", choices=["decoded", "codes"], default=["decoded", "codes"])
@@ -360,12 +369,12 @@ def main(argv=None) -> int:
         print(f"{len(entries)} quantize entries in {path}")
         return 0
     if args.jobs > 1:
-        _, done = finished(path)
+        _, done = finished(path, args.retune)
         work = [(FORMAT_PAIRS[f], m, n, k, "cuda") for f in args.pairs for n, k in shapes for m in args.M
                 if (api.SUPPORTED_PAIRS[FORMAT_PAIRS[f]], m, n, k) not in done]
         precompile(compile_cell, work, args.jobs)
     entries = run([FORMAT_PAIRS[f] for f in args.pairs], shapes, args.M, path, lambda fn: time_ms(fn, True),
-                  args.deadline)
+                  args.deadline, retune=args.retune)
     print(f"{len(entries)} entries in {path}")
     return 0
 

@@ -155,6 +155,9 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
     assert len(timed) == 9
     entries = json.loads(path.read_text())["entries"]
     assert [(e["m"], e["config"], e["cold"]) for e in entries] == [(1, {"split": 2}, True), (2, {"split": 2}, True)]
+    autotune.run([("bf16", "nvfp4")], [(128, 128)], [1, 2], path, measure, device="cpu", log=log.append, call=call,
+                 retune=True)  # both cells again, replaced in place
+    assert len(timed) == 15 and [e["m"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
 
 
 def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
