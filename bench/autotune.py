@@ -59,12 +59,13 @@ def candidates(m: int) -> list[dict]:
     # bf16 x fp4 at M = 1 on an H100 (memory-bound there), while an H200 issues on 2/3 of its cycles in these loops
     hints = [{"hoist": True}, {"evict": False}]
     # 16 warps on K without shared B: where 16 does not divide the K / 64 windows (Qwen2.5-7B's 56 and 296) the
-    # first W mod 16 take one more (`mma_gemv.tail_window`); with fp4 / fp8 activations the only 16-warp plan
+    # first W mod 16 take one more (`mma_gemv.tail_window`); with fp4 / fp8 activations at M = 1 the only 16-warp
+    # plans, staged (the default at 8192^2) or not, which the wave rule leaves out below half a wave (4096 x 14336)
     sixteen = {"k_warps": 16, "shared_b": False}
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
         return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)] + hints
                 + [{"hoist": True, "k_warps": 16}, sixteen | {"stage_b": False},
-                   sixteen | {"stage_b": False, "hoist": True}])
+                   sixteen | {"stage_b": False, "hoist": True}, sixteen | {"stage_b": True}])
     if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
                 + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints
