@@ -128,7 +128,9 @@ def dense_decode_config() -> helion.Config:
 DENSE_CHUNK_BYTES = 256 << 20
 # "overlap": chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i (two chunk buffers): the decode is
 # memory-bound, the GEMM tensor-bound from M ~ 1024, so the decode's 45 us at 8192^2 fp4 (H200) could hide under the
-# GEMM's ~400. Off until timed (`python -m bench.dense --overlap`); on a CPU the chunks run in order.
+# GEMM's ~400. Off until timed (`python -m bench.dense --overlap`); on a CPU the chunks run in order. DENSE_OVERLAP:
+# the default plan's (a call without a config).
+DENSE_OVERLAP = False
 PLAN_KEYS = ("chunk_rows", "overlap")
 
 _LAUNCHES: dict[tuple, object] = {}
@@ -210,6 +212,8 @@ def dense_mm(a, b, m: int, n: int, k: int, out_dtype: torch.dtype, bias, out: to
 
     if isinstance(a, QTensor):
         a, a_post = _activation_rows(a), a.kernel_global_scale
+    if config is None and DENSE_OVERLAP:
+        config = {"overlap": True}
     n_stored, k_stored = b.stored_shape
     rows_per_chunk = chunk_rows(n_stored, k_stored, config)
     fold = out_dtype == torch.bfloat16

@@ -542,10 +542,11 @@ def test_dense_plan(pair, out_dtype, gen):
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_dense_plan_overlap(pair, out_dtype, gen):
+def test_dense_plan_overlap(pair, out_dtype, gen, monkeypatch):
     """"overlap": chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i: the fp64 reference's answer
     (bias, padded N and K, NaN-poisoned out), bit for bit the in-order chunks' (same chunks, same cuBLAS calls), eager
-    and replayed from a CUDA graph after its inputs changed; the default chunks (four) and an odd count (five)."""
+    and replayed from a CUDA graph after its inputs changed; the default chunks (four) and an odd count (five); with
+    `dense.DENSE_OVERLAP` a call without a config takes it."""
     run_and_check(pair, 600, 1000, 992, "cuda", gen, out_dtype=out_dtype, bias=True, data_layout="default",
                   backend="dense", config={"chunk_rows": 208, "overlap": True})
     fa, fb = pair
@@ -573,6 +574,9 @@ def test_dense_plan_overlap(pair, out_dtype, gen):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(got, bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config=in_order)), config
+    monkeypatch.setattr(dense, "DENSE_OVERLAP", True)
+    assert torch.equal(bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense"),
+                       bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config={"chunk_rows": 256}))
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
