@@ -27,6 +27,7 @@ Constexpr knobs (the plan fills them by name, `plans.mma_constants`; why each de
 | SPLIT         | programs along K; sums added into `workspace` (zero on entry and exit), last ticket stores     |
 | CLUSTER       | the SPLIT parts run as one thread-block cluster and sum through distributed shared memory      |
 | K_WARPS       | K split inside the program (warps, or K slices of 4 warps with SHARED_B), summed in shared mem |
+|               | (not dividing the K / 64 windows, without SHARED_B / STAGE_B: `tail_window` after the loop)    |
 | EVICT         | L2 hints: weights evict_first, activation evict_last (2: inline PTX, policies made once)       |
 | PDL           | touch no memory before `griddepcontrol.wait`, let the next kernel launch after the K loop;     |
 |               | PDL - 1 windows of weights asked of L2 before the wait                                         |
