@@ -139,7 +139,8 @@ _SIDE_STREAMS: dict[tuple, torch.cuda.Stream] = {}
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream of the current stream on `device`, made once: one per calling stream, so that a call captured
-    into a CUDA graph never shares it with a call another stream makes meanwhile."""
+    into a CUDA graph never shares it with a call another stream makes meanwhile (PyTorch hands out streams from a
+    pool per device and priority, so the calling streams, and this table, stay few)."""
     main = torch.cuda.current_stream(device)
     key = (device.index, main.cuda_stream)
     if key not in _SIDE_STREAMS:
