@@ -5,6 +5,7 @@
     report = quantize_model_(model, weight_format="mxfp4")   # every eligible nn.Linear, in place; q / k / v and
                                                              # gate / up as one layer each
     report = quantize_model_(model, "nvfp4", fuse_projections=False)  # each projection its own layer
+    # transformers 5's 3-D mixture-of-experts weights (Mixtral, Qwen MoE): a QuantizedExperts, two layers an expert
     with calibrate(model) as scales:                         # static nvfp4 activation scales from data
         for batch in batches: model(batch)
 
@@ -89,8 +90,16 @@ class QuantizedLinear(nn.Module):
         `data_layout` is given), its bias kept."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
-        weight = quantize_weight(linear.weight.detach(), weight_format, data_layout=data_layout, **quantize_options)
-        layer = cls(weight, linear.bias, activation_format=activation_format, scale_rounding=scale_rounding)
+        return cls.from_weight(linear.weight, weight_format, bias=linear.bias, activation_format=activation_format,
+                               scale_rounding=scale_rounding, data_layout=data_layout, **quantize_options)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, weight_format: str, *, bias: torch.Tensor | None = None,
+                    activation_format: str | None = None, scale_rounding: str = "floor", data_layout: str | None = None,
+                    **quantize_options) -> QuantizedLinear:
+        """A layer of a float weight [out_features, in_features] (as `from_linear` of an nn.Linear holding it)."""
+        q = quantize_weight(weight.detach(), weight_format, data_layout=data_layout, **quantize_options)
+        layer = cls(q, bias, activation_format=activation_format, scale_rounding=scale_rounding)
         layer.follow_device_layout = data_layout is None
         return layer
 
@@ -230,6 +239,71 @@ def install_fused(parent: nn.Module, prefix: str, names: tuple[str, ...], fused_
         report[prefix + n] = f"{verb}, fused into {prefix}{fused_name}"
 
 
+class QuantizedExperts(nn.Module):
+    """A mixture of experts' weights as transformers 5 stores them, 3-D (`gate_up_proj` [E, 2 I, H], gate rows first,
+    and `down_proj` [E, H, I]: Mixtral, Qwen2 / Qwen3 MoE, ...), as two `QuantizedLinear` per expert; the forward is
+    transformers' eager experts loop (each routed token's rows through its experts, gate * act(up) ... weighted,
+    summed), each product one `scaled_mm` of the experts the tokens chose (batch 1: top-k calls of M = 1). The loop
+    reads the routing on the host, as transformers' eager loop does, so a decode step with it is not captured in a
+    CUDA graph."""
+
+    def __init__(self, gate_up: list[QuantizedLinear], down: list[QuantizedLinear], act_fn):
+        super().__init__()
+        self.gate_up, self.down, self.act_fn = nn.ModuleList(gate_up), nn.ModuleList(down), act_fn
+        self.num_experts = len(gate_up)
+
+    @staticmethod
+    def supported(module: nn.Module) -> str | None:
+        """None where `module` is a transformers experts module of the layout above, else why not."""
+        gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+        if not (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter)
+                and gate_up.dim() == down.dim() == 3):
+            return "not 3-D gate_up_proj / down_proj experts"
+        layout = tuple(getattr(module, a, d) for a, d in (("has_gate", True), ("has_bias", False),
+                       ("is_transposed", False), ("is_concatenated", True), ("has_post_expert_norm", False)))
+        e, two_i, h = gate_up.shape
+        apply_gate = getattr(type(module), "_apply_gate", None)
+        if layout != (True, False, False, True, False) or tuple(down.shape) != (e, h, two_i // 2) or not hasattr(
+                module, "act_fn") or (apply_gate is not None and apply_gate is not _transformers_apply_gate()):
+            return ("experts layout not supported (expected gate_up_proj [E, 2I, H] gate rows first, down_proj "
+                    "[E, H, I], no bias, act_fn(gate) * up)")
+        return None
+
+    @classmethod
+    def from_experts(cls, module: nn.Module, weight_format: str, **options) -> QuantizedExperts:
+        """`module`'s experts quantized one matrix at a time (`QuantizedLinear.from_weight`; options as its)."""
+        return cls([QuantizedLinear.from_weight(w, weight_format, **options) for w in module.gate_up_proj],
+                   [QuantizedLinear.from_weight(w, weight_format, **options) for w in module.down_proj], module.act_fn)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        final = torch.zeros_like(hidden_states)
+        with torch.no_grad():  # [experts + 1, top_k, tokens]: index `num_experts` is padding (expert parallelism)
+            mask = nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit[:, 0].tolist():
+            if e == self.num_experts:
+                continue
+            top_k_pos, token_idx = torch.where(mask[e])
+            gate, up = self.gate_up[e](hidden_states[token_idx]).chunk(2, dim=-1)
+            h = self.down[e](self.act_fn(gate) * up) * top_k_weights[token_idx, top_k_pos, None]
+            final.index_add_(0, token_idx, h.to(final.dtype))
+        return final
+
+    def extra_repr(self) -> str:
+        w = self.gate_up[0].weight
+        return (f"num_experts={self.num_experts}, weight_format={w.fmt.name}, hidden={w.shape[1]}, "
+                f"intermediate={w.shape[0] // 2}")
+
+
+def _transformers_apply_gate():
+    """transformers' default `_apply_gate` (act_fn(gate) * up): a class with another gates otherwise (gpt-oss)."""
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # transformers < 5 keeps its experts as nn.Linear layers
+        return None
+    return _default_apply_gate
+
+
 def _fusable(parent: nn.Module, prefix: str, names: tuple[str, ...], eligible) -> list[nn.Linear] | None:
     """The sibling nn.Linears of `parent` (named `prefix`) named `names`, where all are eligible (`eligible(name,
     module)`) and alike (input size, bias, dtype, device) so that one stacked layer computes them; else None."""
@@ -256,7 +330,11 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
     serving checkpoints of fused layers do), so their codes can differ from those of separate layers; MX weights
     (per-block scales only) quantize to the same codes either way. The report says "quantized, fused into NAME".
     Siblings that read different inputs (cross-attention's k / v of the encoder's states) stay correct, but each then
-    runs the whole stacked layer: leave them out with `filter_fn`."""
+    runs the whole stacked layer: leave them out with `filter_fn`.
+
+    Mixture-of-experts weights that transformers 5 stores as 3-D parameters (an experts module's `gate_up_proj` /
+    `down_proj`: Mixtral, Qwen MoE) become a `QuantizedExperts` ("quantized experts"; its layout checked, else
+    "skipped: ..." with the reason), under the same `filter_fn` (the experts module's name) and block rule."""
     blocks = [get_format(weight_format).block_size] + ([get_format(activation_format).block_size] if activation_format else [])
     report = {}
 
@@ -280,6 +358,10 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
                 install_fused(parent, prefix, names, fused_name, layer, tuple(m.out_features for m in linears), report,
                               "quantized")
     for name, module in list(model.named_modules()):
+        if isinstance(getattr(module, "gate_up_proj", None), nn.Parameter) and module.gate_up_proj.dim() == 3:
+            report[name] = _quantize_experts(model, name, module, blocks, filter_fn, weight_format,
+                                             activation_format=activation_format, **options)
+            continue
         if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
             continue
         if filter_fn is not None and not filter_fn(name, module):
@@ -293,6 +375,21 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
             module, weight_format, activation_format=activation_format, **options))
         report[name] = "quantized"
     return report
+
+
+def _quantize_experts(model, name, module, blocks, filter_fn, weight_format, **options) -> str:
+    """`module` (3-D experts at `name`) replaced by its `QuantizedExperts` in `model`; the report's word for it."""
+    if filter_fn is not None and not filter_fn(name, module):
+        return "skipped: filter_fn"
+    why = QuantizedExperts.supported(module)
+    if why:
+        return f"skipped: {why}"
+    _, two_i, h = module.gate_up_proj.shape
+    if h % max(blocks) or (two_i // 2) % max(blocks):
+        return f"skipped: hidden {h} or intermediate {two_i // 2} is not a multiple of the block {max(blocks)}"
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    setattr(parent, name.rpartition(".")[2], QuantizedExperts.from_experts(module, weight_format, **options))
+    return "quantized experts"
 
 
 @contextlib.contextmanager

@@ -203,3 +203,34 @@ def test_fused_projections_on_the_gpu(m, gen):
     torch.cuda.synchronize()
     assert len(calls) == 2
     assert max_rel_err(torch.cat([q, k], -1), _want(stacked, new)[:, :1280]) < BF16_BOUND
+
+
+def test_quantized_experts_on_the_gpu():
+    """`QuantizedExperts` (transformers 5's 3-D experts) on the GPU, nvfp4 weights in the device's layout: each token's
+    output the routing-weighted sum over its two experts of down(silu(gate x) * up x), computed token by token in
+    fp32 from the dequantized codes (not through the module's expert loop)."""
+    from blockscaled.nn import QuantizedExperts
+
+    class Experts(nn.Module):  # the layout transformers' Mixtral / Qwen MoE experts keep
+        def __init__(self, e, i, h, gen):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(e, 2 * i, h, generator=gen, device="cuda") / 32)
+            self.down_proj = nn.Parameter(torch.randn(e, h, i, generator=gen, device="cuda") / 16)
+            self.act_fn = nn.SiLU()
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    experts = QuantizedExperts.from_experts(Experts(4, 512, K, gen), "nvfp4")
+    assert experts.gate_up[0].weight.data_layout == "mma_m16k16"
+    x = torch.randn(5, K, generator=gen, device="cuda").to(torch.bfloat16)
+    top_k = torch.tensor([[0, 3], [3, 1], [2, 0], [1, 2], [3, 0]], device="cuda")
+    weights = torch.rand(5, 2, generator=gen, device="cuda")
+    got = experts(x, top_k, weights)
+    gate_up = [bs.reference.dequantize(m.weight.k_order_copy).double() for m in experts.gate_up]
+    down = [bs.reference.dequantize(m.weight.k_order_copy).double() for m in experts.down]
+    want = torch.zeros(5, K, dtype=torch.float64, device="cuda")
+    for t in range(5):
+        for slot in range(2):
+            e = int(top_k[t, slot])
+            gate, up = (gate_up[e] @ x[t].double()).chunk(2)
+            want[t] += weights[t, slot].double() * (down[e] @ (nn.functional.silu(gate) * up))
+    assert got.dtype == torch.bfloat16 and max_rel_err(got, want) < 2e-2
