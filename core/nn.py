@@ -245,7 +245,7 @@ class QuantizedExperts(nn.Module):
     transformers' eager experts loop (each routed token's rows through its experts, gate * act(up) ... weighted,
     summed), each product one `scaled_mm` of the experts the tokens chose (batch 1: top-k calls of M = 1). The loop
     reads the routing on the host, as transformers' eager loop does, so a decode step with it is not captured in a
-    CUDA graph."""
+    CUDA graph, and `torch.compile` breaks the graph there (fullgraph=True refuses it)."""
 
     def __init__(self, gate_up: list[QuantizedLinear], down: list[QuantizedLinear], act_fn):
         super().__init__()
