@@ -5,7 +5,7 @@
     report = quantize_model_(model, weight_format="mxfp4")   # every eligible nn.Linear, in place; q / k / v and
                                                              # gate / up as one layer each
     report = quantize_model_(model, "nvfp4", fuse_projections=False)  # each projection its own layer
-    # transformers 5's 3-D mixture-of-experts weights (Mixtral, Qwen MoE): a QuantizedExperts, two layers an expert
+    # transformers 5's 3-D mixture-of-experts weights (Mixtral, Qwen MoE, gpt-oss): a QuantizedExperts
     with calibrate(model) as scales:                         # static nvfp4 activation scales from data
         for batch in batches: model(batch)
 
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 
 import torch
@@ -240,40 +241,74 @@ def install_fused(parent: nn.Module, prefix: str, names: tuple[str, ...], fused_
 
 
 class QuantizedExperts(nn.Module):
-    """A mixture of experts' weights as transformers 5 stores them, 3-D (`gate_up_proj` [E, 2 I, H], gate rows first,
-    and `down_proj` [E, H, I]: Mixtral, Qwen2 / Qwen3 MoE, ...), as two `QuantizedLinear` per expert; the forward is
-    transformers' eager experts loop (each routed token's rows through its experts, gate * act(up) ... weighted,
-    summed), each product one `scaled_mm` of the experts the tokens chose (batch 1: top-k calls of M = 1). The loop
-    reads the routing on the host, as transformers' eager loop does, so a decode step with it is not captured in a
-    CUDA graph, and `torch.compile` breaks the graph there (fullgraph=True refuses it)."""
+    """A mixture of experts' weights as transformers 5 stores them, 3-D, as two `QuantizedLinear` per expert.
 
-    def __init__(self, gate_up: list[QuantizedLinear], down: list[QuantizedLinear], act_fn):
+    | layout (the class's flags)        | gate_up_proj | down_proj | biases                     | gating          |
+    |-----------------------------------|--------------|-----------|----------------------------|-----------------|
+    | default (Mixtral, Qwen2 / 3 MoE)  | [E, 2I, H]   | [E, H, I] | none                       | act(gate) * up  |
+    | is_transposed, has_bias (gpt-oss) | [E, H, 2I]   | [E, I, H] | gate_up_proj_bias [E, 2I], | the class's own |
+    |                                   |              |           | down_proj_bias [E, H]      |                 |
+
+    The forward is transformers' eager experts loop (each routed token's rows through its experts, gated, weighted,
+    summed), each product one `scaled_mm` of an expert the tokens chose (batch 1: top-k calls of M = 1); the gating is
+    the experts class's `_apply_gate` (gpt-oss: interleaved halves, clamped), kept with its settings in `gating`. The
+    loop reads the routing on the host, as transformers' eager loop does, so a decode step with it is not captured in
+    a CUDA graph, and `torch.compile` breaks the graph there (fullgraph=True refuses it)."""
+
+    _WEIGHTS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
+
+    def __init__(self, gate_up: list[QuantizedLinear], down: list[QuantizedLinear], gating: nn.Module):
         super().__init__()
-        self.gate_up, self.down, self.act_fn = nn.ModuleList(gate_up), nn.ModuleList(down), act_fn
+        self.gate_up, self.down, self.gating = nn.ModuleList(gate_up), nn.ModuleList(down), gating
         self.num_experts = len(gate_up)
 
     @staticmethod
     def supported(module: nn.Module) -> str | None:
-        """None where `module` is a transformers experts module of the layout above, else why not."""
+        """None where `module` is a transformers experts module of a layout above, else why not."""
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if not (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter)
                 and gate_up.dim() == down.dim() == 3):
             return "not 3-D gate_up_proj / down_proj experts"
-        layout = tuple(getattr(module, a, d) for a, d in (("has_gate", True), ("has_bias", False),
-                       ("is_transposed", False), ("is_concatenated", True), ("has_post_expert_norm", False)))
-        e, two_i, h = gate_up.shape
+        flags = {a: getattr(module, a, d) for a, d in (
+            ("has_gate", True), ("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
+            ("has_post_expert_norm", False))}
+        e, h, two_i = (gate_up.shape[0], *gate_up.shape[1:]) if flags["is_transposed"] else (
+            gate_up.shape[0], gate_up.shape[2], gate_up.shape[1])
+        want_down = (e, two_i // 2, h) if flags["is_transposed"] else (e, h, two_i // 2)
         apply_gate = getattr(type(module), "_apply_gate", None)
-        if layout != (True, False, False, True, False) or tuple(down.shape) != (e, h, two_i // 2) or not hasattr(
-                module, "act_fn") or (apply_gate is not None and apply_gate is not _transformers_apply_gate()):
-            return ("experts layout not supported (expected gate_up_proj [E, 2I, H] gate rows first, down_proj "
-                    "[E, H, I], no bias, act_fn(gate) * up)")
+        own_gate = apply_gate is not None and apply_gate is not _transformers_apply_gate()
+        biases = [getattr(module, n, None) for n in ("gate_up_proj_bias", "down_proj_bias")]
+        if (not flags["has_gate"] or flags["has_post_expert_norm"] or tuple(down.shape) != want_down
+                or (not flags["is_concatenated"] and not own_gate) or (not own_gate and not hasattr(module, "act_fn"))
+                or (flags["has_bias"] and [getattr(b, "shape", None) for b in biases] != [(e, two_i), (e, h)])):
+            return (f"experts layout not supported ({flags}; gate_up_proj {tuple(gate_up.shape)}, down_proj "
+                    f"{tuple(down.shape)}: expected the default or transformers' gpt-oss layout)")
         return None
 
     @classmethod
     def from_experts(cls, module: nn.Module, weight_format: str, **options) -> QuantizedExperts:
-        """`module`'s experts quantized one matrix at a time (`QuantizedLinear.from_weight`; options as its)."""
-        return cls([QuantizedLinear.from_weight(w, weight_format, **options) for w in module.gate_up_proj],
-                   [QuantizedLinear.from_weight(w, weight_format, **options) for w in module.down_proj], module.act_fn)
+        """`module`'s experts quantized one matrix at a time (`QuantizedLinear.from_weight`; options as its); `module`
+        itself is left as it was (its gating settings are copied)."""
+        transposed, biased = getattr(module, "is_transposed", False), getattr(module, "has_bias", False)
+
+        def layers(weights, biases):
+            return [QuantizedLinear.from_weight(w.t() if transposed else w, weight_format,
+                                                bias=None if biases is None else biases[i], **options)
+                    for i, w in enumerate(weights)]
+
+        gating = copy.copy(module)  # the class and its settings (act_fn, gpt-oss's alpha / limit), no weights
+        gating._parameters = {k: v for k, v in module._parameters.items() if k not in cls._WEIGHTS}
+        gating._buffers, gating._modules = dict(module._buffers), dict(module._modules)
+        return cls(layers(module.gate_up_proj, module.gate_up_proj_bias if biased else None),
+                   layers(module.down_proj, module.down_proj_bias if biased else None), gating)
+
+    def gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The gated rows of one expert's gate_up output: the experts class's `_apply_gate`, else act(gate) * up."""
+        apply_gate = getattr(type(self.gating), "_apply_gate", None)
+        if apply_gate is not None:
+            return apply_gate(self.gating, gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.gating.act_fn(gate) * up
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         final = torch.zeros_like(hidden_states)
@@ -284,15 +319,14 @@ class QuantizedExperts(nn.Module):
             if e == self.num_experts:
                 continue
             top_k_pos, token_idx = torch.where(mask[e])
-            gate, up = self.gate_up[e](hidden_states[token_idx]).chunk(2, dim=-1)
-            h = self.down[e](self.act_fn(gate) * up) * top_k_weights[token_idx, top_k_pos, None]
-            final.index_add_(0, token_idx, h.to(final.dtype))
+            h = self.down[e](self.gate(self.gate_up[e](hidden_states[token_idx])))
+            final.index_add_(0, token_idx, (h * top_k_weights[token_idx, top_k_pos, None]).to(final.dtype))
         return final
 
     def extra_repr(self) -> str:
         w = self.gate_up[0].weight
         return (f"num_experts={self.num_experts}, weight_format={w.fmt.name}, hidden={w.shape[1]}, "
-                f"intermediate={w.shape[0] // 2}")
+                f"intermediate={w.shape[0] // 2}, gating={type(self.gating).__name__}")
 
 
 def _transformers_apply_gate():
@@ -333,7 +367,7 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
     runs the whole stacked layer: leave them out with `filter_fn`.
 
     Mixture-of-experts weights that transformers 5 stores as 3-D parameters (an experts module's `gate_up_proj` /
-    `down_proj`: Mixtral, Qwen MoE) become a `QuantizedExperts` ("quantized experts"; its layout checked, else
+    `down_proj`: Mixtral, Qwen MoE, gpt-oss) become a `QuantizedExperts` ("quantized experts"; its layout checked, else
     "skipped: ..." with the reason), under the same `filter_fn` (the experts module's name) and block rule."""
     blocks = [get_format(weight_format).block_size] + ([get_format(activation_format).block_size] if activation_format else [])
     report = {}
@@ -384,9 +418,10 @@ def _quantize_experts(model, name, module, blocks, filter_fn, weight_format, **o
     why = QuantizedExperts.supported(module)
     if why:
         return f"skipped: {why}"
-    _, two_i, h = module.gate_up_proj.shape
-    if h % max(blocks) or (two_i // 2) % max(blocks):
-        return f"skipped: hidden {h} or intermediate {two_i // 2} is not a multiple of the block {max(blocks)}"
+    _, h, i = module.down_proj.shape
+    h, i = (i, h) if getattr(module, "is_transposed", False) else (h, i)
+    if h % max(blocks) or i % max(blocks):
+        return f"skipped: hidden {h} or intermediate {i} is not a multiple of the block {max(blocks)}"
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
     setattr(parent, name.rpartition(".")[2], QuantizedExperts.from_experts(module, weight_format, **options))
     return "quantized experts"

@@ -149,3 +149,41 @@ def bs_dequantize(w):
     import blockscaled as bs
 
     return bs.reference.dequantize(w.k_order_copy if w.data_layout != "k_order" else w).float()
+
+
+def test_gpt_oss_experts_quantized_as_transformers_runs_them():
+    """gpt-oss's experts (transposed [E, H, 2I] / [E, I, H] weights, biases, interleaved gate / up halves clamped by
+    its own `_apply_gate`): QuantizedExperts quantizes each expert's transposed matrices with their biases and gates
+    through the class's own function; transformers' eager loop on the dequantized weights gives the same answer."""
+    import copy
+
+    import torch
+    import transformers
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from blockscaled.nn import QuantizedExperts
+
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=256)
+    config._experts_implementation = "eager"
+    gen = torch.Generator().manual_seed(0)
+    experts = GptOssExperts(config)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / 8)
+    assert QuantizedExperts.supported(experts) is None
+    quantized = QuantizedExperts.from_experts(experts, "mxfp4")
+    assert experts.gate_up_proj.shape == (4, 64, 192)  # the module given is left as it was
+    reference = copy.deepcopy(experts)
+    with torch.no_grad():
+        reference.gate_up_proj.copy_(torch.stack([bs_dequantize(m.weight).t() for m in quantized.gate_up]))
+        reference.down_proj.copy_(torch.stack([bs_dequantize(m.weight).t() for m in quantized.down]))
+        x = torch.randn(6, 64, generator=gen).to(torch.bfloat16).float()
+        top_k = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(6)])
+        weights = torch.rand(6, 2, generator=gen)
+        want = reference(x, top_k, weights)
+        got = quantized(x, top_k, weights)
+    err = float((got - want).abs().max() / want.abs().max())
+    assert err < 2e-2, err
+    assert float(quantized.gate_up[1].bias.float().sub(experts.gate_up_proj_bias[1]).abs().max()) == 0
