@@ -186,6 +186,36 @@ def _check_shape(w: QTensor, module, prefix: str) -> None:
                          f"{prefix[:-1]} is [{module.out_features}, {module.in_features}]")
 
 
+def load_experts(tensors: Mapping, prefix: str, module, *, device: torch.device | str | None = None):
+    """A `blockscaled.nn.QuantizedExperts` of transformers' gpt-oss experts `module` from the published MXFP4 tensors
+    at `prefix` (`gate_up_proj_blocks` [E, 2I, H / 32, 16], `gate_up_proj_scales` [E, 2I, H / 32], `down_proj_blocks`
+    [E, H, I / 32, 16], `down_proj_scales`, the biases `gate_up_proj_bias` [E, 2I] / `down_proj_bias` [E, H] where
+    the file has them, else the module's): each expert's codes as stored (rows are output features, as transformers'
+    dequantizer reads them before it transposes), in the layout `device`'s kernels read."""
+    from .nn import QuantizedExperts, QuantizedLinear
+
+    why = QuantizedExperts.supported(module)
+    if why or not getattr(module, "is_transposed", False):
+        raise ValueError(f"module: expected transformers' gpt-oss experts layout, got {type(module).__name__} ({why})")
+    device = torch.device(device) if device is not None else module.gate_up_proj.device
+
+    def layers(name, param):
+        blocks, scales = _get(tensors, f"{prefix}{name}_blocks"), _get(tensors, f"{prefix}{name}_scales")
+        biases = tensors.get(f"{prefix}{name}_bias", getattr(module, f"{name}_bias"))
+        want = tuple(param.shape[i] for i in (0, 2, 1))  # [E, out features, in features]
+        if blocks.dim() != 4 or (blocks.shape[0], blocks.shape[1], blocks.shape[2] * 32) != want:
+            raise ValueError(f"tensors: {prefix}{name}_blocks is {tuple(blocks.shape)}, the model's experts need "
+                             f"[{want[0]}, {want[1]}, {want[2] // 32}, 16]")
+        out = []
+        for e in range(blocks.shape[0]):
+            w, _ = gpt_oss_mxfp4({"w_blocks": blocks[e], "w_scales": scales[e]}, "w")
+            out.append(QuantizedLinear(w.for_device(device), biases[e].detach().to(device)))
+        return out
+
+    return QuantizedExperts(layers("gate_up_proj", module.gate_up_proj), layers("down_proj", module.down_proj),
+                            QuantizedExperts.gating_of(module))
+
+
 def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *,
                 activation_format: str | None = None, device: torch.device | str | None = None,
                 filter_fn=None, fuse_projections: bool = True) -> dict[str, str]:
@@ -195,15 +225,32 @@ def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *
     `activation_format` the checkpoint's static activation scales are used (W4A4), else activations stay bf16.
     `fuse_projections` (as `blockscaled.nn.quantize_model_`'s): sibling projections of one input (q / k / v,
     gate / up) whose weights stack exactly (`stack_weights`: one global scale) become one layer, reported
-    "loaded, fused into NAME"; siblings that do not stay apart."""
+    "loaded, fused into NAME"; siblings that do not stay apart. gpt-oss's MXFP4 experts (transformers' experts modules
+    whose `<name>.gate_up_proj_blocks` the file holds) load as a `QuantizedExperts` each (`load_experts`), reported
+    "loaded experts"; `checkpoint_format` "gpt_oss_mxfp4" (or a file of such experts and no quantized linears) loads
+    only those."""
     from torch import nn
 
     from .nn import FUSED_PROJECTIONS, QuantizedLinear, install_fused
 
+    report = {}
+    for name, module in list(model.named_modules()):
+        if f"{name}.gate_up_proj_blocks" not in tensors or not isinstance(getattr(module, "gate_up_proj", None),
+                                                                          nn.Parameter):
+            continue
+        if filter_fn is not None and not filter_fn(name, module):
+            report[name] = "kept: filter_fn"
+            continue
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, name.rpartition(".")[2], load_experts(tensors, name + ".", module, device=device))
+        report[name] = "loaded experts"
+    if checkpoint_format == "gpt_oss_mxfp4" or (checkpoint_format is None and report and not any(
+            k.endswith("." + key) for key in _WEIGHT_KEYS.values() for k in tensors)):
+        return report
     checkpoint_format = checkpoint_format or detect_format(tensors)
     if checkpoint_format not in _WEIGHT_KEYS:
-        raise ValueError(f"checkpoint_format: load_model_ reads {tuple(_WEIGHT_KEYS)}, got {checkpoint_format!r}")
-    report = {}
+        raise ValueError(f"checkpoint_format: load_model_ reads {tuple(_WEIGHT_KEYS)} and 'gpt_oss_mxfp4' experts, "
+                         f"got {checkpoint_format!r}")
     if fuse_projections:
         for parent_name, parent in list(model.named_modules()):
             for names, fused_name in FUSED_PROJECTIONS:

@@ -296,11 +296,16 @@ class QuantizedExperts(nn.Module):
                                                 bias=None if biases is None else biases[i], **options)
                     for i, w in enumerate(weights)]
 
-        gating = copy.copy(module)  # the class and its settings (act_fn, gpt-oss's alpha / limit), no weights
+        return cls(layers(module.gate_up_proj, module.gate_up_proj_bias if biased else None),
+                   layers(module.down_proj, module.down_proj_bias if biased else None), cls.gating_of(module))
+
+    @classmethod
+    def gating_of(cls, module: nn.Module) -> nn.Module:
+        """A copy of experts `module` without its weights: its class and settings (act_fn, gpt-oss's alpha / limit)."""
+        gating = copy.copy(module)
         gating._parameters = {k: v for k, v in module._parameters.items() if k not in cls._WEIGHTS}
         gating._buffers, gating._modules = dict(module._buffers), dict(module._modules)
-        return cls(layers(module.gate_up_proj, module.gate_up_proj_bias if biased else None),
-                   layers(module.down_proj, module.down_proj_bias if biased else None), gating)
+        return gating
 
     def gate(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The gated rows of one expert's gate_up output: the experts class's `_apply_gate`, else act(gate) * up."""

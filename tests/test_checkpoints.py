@@ -209,3 +209,49 @@ def test_load_model_fuses_siblings_that_share_a_global_scale(tmp_path, gen, bias
     assert set(w4a4.values()) == {"loaded"}  # one input, but the file gives it two static scales: kept apart
     w4a16 = checkpoints.load_model_(copy.deepcopy(fresh), inputs)  # the input scales unused: fused
     assert w4a16["v_proj"] == "loaded, fused into qkv_proj"
+
+
+def test_gpt_oss_experts_load_into_the_model(tmp_path, gen):
+    """gpt-oss's published MXFP4 experts (`<experts>.gate_up_proj_blocks` [E, 2I, H / 32, 16] with scales and
+    biases, `down_proj_*`) load into transformers' GptOssExperts' place as a QuantizedExperts: its output is
+    transformers' own eager experts loop on the weights decoded here as transformers' dequantizer does (low nibble
+    first, 2^(scale - 127), then [E, rows, K] -> [E, K, rows]); only the experts are loaded."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from blockscaled.nn import QuantizedExperts
+
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_local_experts=2, num_experts_per_tok=2,
+                                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                       vocab_size=256)
+    config._experts_implementation = "eager"
+    model = torch.nn.Module()
+    model.mlp = torch.nn.Module()
+    model.mlp.experts = GptOssExperts(config)
+    model.mlp.proj = torch.nn.Linear(64, 64)
+    tensors = {}
+    for name, rows, k in (("gate_up_proj", 128, 64), ("down_proj", 64, 64)):
+        tensors[f"mlp.experts.{name}_blocks"] = torch.randint(0, 256, (2, rows, k // 32, 16), generator=gen,
+                                                              dtype=torch.uint8)
+        tensors[f"mlp.experts.{name}_scales"] = torch.randint(122, 130, (2, rows, k // 32), generator=gen,
+                                                              dtype=torch.uint8)
+        tensors[f"mlp.experts.{name}_bias"] = torch.randn(2, rows, generator=gen)
+    tensors = roundtrip(tmp_path, tensors)
+    reference = GptOssExperts(config)
+    with torch.no_grad():
+        for name in ("gate_up_proj", "down_proj"):
+            blocks, scales = tensors[f"mlp.experts.{name}_blocks"], tensors[f"mlp.experts.{name}_scales"]
+            lut = E2M1[torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).long()].reshape(*blocks.shape[:3], 32)
+            dense = torch.ldexp(lut, scales.long()[..., None] - 127).reshape(*blocks.shape[:2], -1)
+            getattr(reference, name).copy_(dense.transpose(1, 2))
+            getattr(reference, f"{name}_bias").copy_(tensors[f"mlp.experts.{name}_bias"])
+    report = checkpoints.load_model_(model, tensors)
+    assert report == {"mlp.experts": "loaded experts"} and isinstance(model.mlp.experts, QuantizedExperts)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16).float()
+    top_k = torch.tensor([[0, 1], [1, 0], [0, 1], [1, 0], [0, 1]])
+    weights = torch.rand(5, 2, generator=gen)
+    with torch.no_grad():
+        want, got = reference(x, top_k, weights), model.mlp.experts(x, top_k, weights)
+    assert bs.reference.max_rel_err(got, want.double()) < 2e-2
+    with pytest.raises(ValueError, match="module: expected transformers' gpt-oss experts layout"):
+        checkpoints.load_experts(tensors, "mlp.experts.", torch.nn.Linear(4, 4))
