@@ -3,7 +3,8 @@
 The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
 dimensions, "qwen2.5-7b" Qwen2.5-7B's (biased q / k / v projections; `--layers` cuts the depth to save time: every
 layer is alike), "mixtral-8x7b" Mixtral's (8 experts, 2 a token: `blockscaled.nn.QuantizedExperts`, whose routing
-reads the host, so its decode runs eagerly), "tiny", "tiny-qwen2" and "tiny-mixtral" are CI's. Per variant (bf16, then
+reads the host, so its decode runs eagerly), "gpt-oss-20b" gpt-oss-20b's (32 experts, 4 a token, biased and
+transposed), "tiny", "tiny-qwen2", "tiny-mixtral" and "tiny-gpt-oss" are CI's. Per variant (bf16, then
 each `--formats` entry as WEIGHT, WEIGHT:ACTIVATION, or WEIGHT:nvfp4:static, whose activation scales are calibrated
 on another random prompt first, `blockscaled.nn.calibrate`):
 - prefill: one forward of [batch, prefill] tokens (the last position's logits), ms (median of `--reps`);
@@ -44,6 +45,9 @@ CONFIGS = {
     "tiny-mixtral": ("mixtral", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
                                      num_local_experts=4, num_experts_per_tok=2)),
+    "tiny-gpt-oss": ("gpt_oss", dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, head_dim=16, vocab_size=256, max_position_embeddings=4096,
+                                     num_local_experts=4, num_experts_per_tok=2, sliding_window=16)),
     "llama3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
                                 rope_theta=500000.0)),
@@ -54,6 +58,10 @@ CONFIGS = {
                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                                      max_position_embeddings=32768, rope_theta=1000000.0, num_local_experts=8,
                                      num_experts_per_tok=2)),
+    "gpt-oss-20b": ("gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088,
+                                    max_position_embeddings=131072, num_local_experts=32, num_experts_per_tok=4,
+                                    sliding_window=128)),
 }
 # positions per sequence whose logits are compared (all 2048 of batch 16 over Llama-3's vocabulary would be 17 GB)
 AGREEMENT_POSITIONS = 256
@@ -69,7 +77,7 @@ def build(name: str, layers: int | None, device, seed: int = 0):
     if layers:
         cfg["num_hidden_layers"] = layers
     torch.manual_seed(seed)
-    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mixtral": "Mixtral"}[family]
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mixtral": "Mixtral", "gpt_oss": "GptOss"}[family]
     config = getattr(transformers, f"{prefix}Config")(**cfg)
     with torch.device(device):  # initialized where it runs (8B parameters initialize in minutes on the host)
         model = getattr(transformers, f"{prefix}ForCausalLM")(config).to(dtype=torch.bfloat16).eval()

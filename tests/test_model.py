@@ -187,3 +187,7 @@ def test_gpt_oss_experts_quantized_as_transformers_runs_them():
     err = float((got - want).abs().max() / want.abs().max())
     assert err < 2e-2, err
     assert float(quantized.gate_up[1].bias.float().sub(experts.gate_up_proj_bias[1]).abs().max()) == 0
+    rows = bench_model.run(bench_model.parse_args(["--model", "tiny-gpt-oss", "--layers", "1", "--formats", "mxfp4",
+                                                   "--batch", "2", "--prefill", "8", "--decode", "2", "--reps", "1",
+                                                   "--device", "cpu", "--no-graphs", "--no-record"]))
+    assert rows[1]["variant"] == "mxfp4" and float(rows[1]["kernel_sqnr_db"]) > 40, rows[1]  # the model, end to end
