@@ -122,18 +122,9 @@ def test_mixtral_experts_quantized_as_transformers_runs_them():
     assert report["model.layers.0.mlp.experts"] == "quantized experts", report
     quantized = q.model.layers[0].mlp.experts
     assert isinstance(quantized, QuantizedExperts) and quantized.num_experts == 4
-    reference = copy.deepcopy(experts).float()  # transformers' own loop over the codes' values
+    reference = copy.deepcopy(experts).float()
     reference.config._experts_implementation = "eager"
-    with torch.no_grad():
-        reference.gate_up_proj.copy_(torch.stack([bs_dequantize(m.weight) for m in quantized.gate_up]))
-        reference.down_proj.copy_(torch.stack([bs_dequantize(m.weight) for m in quantized.down]))
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(7, 64, generator=gen).to(torch.bfloat16).float()
-        top_k = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(7)])
-        weights = torch.rand(7, 2, generator=gen)
-        want = reference(x, top_k, weights)
-        got = quantized(x, top_k, weights)
-    err = float((got - want).abs().max() / want.abs().max())
+    err = experts_error(reference, quantized, False, torch.Generator().manual_seed(0), 7)
     assert err < 2e-2, err  # the activation and the gated rows rounded to bf16 on their way into each layer
     rows = bench_model.run(bench_model.parse_args(["--model", "tiny-mixtral", "--layers", "1", "--formats", "mxfp4",
                                                    "--batch", "2", "--prefill", "8", "--decode", "2", "--reps", "1",
@@ -142,6 +133,22 @@ def test_mixtral_experts_quantized_as_transformers_runs_them():
     experts.has_bias = True  # a layout the loop does not run: kept, with the reason
     report = quantize_model_(copy.deepcopy(base), "mxfp4")
     assert report["model.layers.0.mlp.experts"].startswith("skipped: experts layout not supported"), report
+
+
+def experts_error(reference, quantized, transposed: bool, gen, tokens: int) -> float:
+    """Relative error of `quantized` (a QuantizedExperts) against transformers' experts module `reference` (its own
+    eager loop) holding the dequantized codes, on `tokens` random bf16 rows, each routed to 2 of 4 experts."""
+    import torch
+
+    with torch.no_grad():
+        for name, layers in (("gate_up_proj", quantized.gate_up), ("down_proj", quantized.down)):
+            dense = torch.stack([bs_dequantize(m.weight) for m in layers])
+            getattr(reference, name).copy_(dense.transpose(1, 2) if transposed else dense)
+        x = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16).float()
+        top_k = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(tokens)])
+        weights = torch.rand(tokens, 2, generator=gen)
+        want, got = reference(x, top_k, weights), quantized(x, top_k, weights)
+    return float((got - want).abs().max() / want.abs().max())
 
 
 def bs_dequantize(w):
@@ -175,16 +182,7 @@ def test_gpt_oss_experts_quantized_as_transformers_runs_them():
     assert QuantizedExperts.supported(experts) is None
     quantized = QuantizedExperts.from_experts(experts, "mxfp4")
     assert experts.gate_up_proj.shape == (4, 64, 192)  # the module given is left as it was
-    reference = copy.deepcopy(experts)
-    with torch.no_grad():
-        reference.gate_up_proj.copy_(torch.stack([bs_dequantize(m.weight).t() for m in quantized.gate_up]))
-        reference.down_proj.copy_(torch.stack([bs_dequantize(m.weight).t() for m in quantized.down]))
-        x = torch.randn(6, 64, generator=gen).to(torch.bfloat16).float()
-        top_k = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(6)])
-        weights = torch.rand(6, 2, generator=gen)
-        want = reference(x, top_k, weights)
-        got = quantized(x, top_k, weights)
-    err = float((got - want).abs().max() / want.abs().max())
+    err = experts_error(copy.deepcopy(experts), quantized, True, gen, 6)
     assert err < 2e-2, err
     assert float(quantized.gate_up[1].bias.float().sub(experts.gate_up_proj_bias[1]).abs().max()) == 0
     rows = bench_model.run(bench_model.parse_args(["--model", "tiny-gpt-oss", "--layers", "1", "--formats", "mxfp4",
