@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import math
 
 import torch
@@ -269,6 +270,10 @@ class QuantizedExperts(nn.Module):
         if not (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter)
                 and gate_up.dim() == down.dim() == 3):
             return "not 3-D gate_up_proj / down_proj experts"
+        routed = [p for p in inspect.signature(type(module).forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(routed) != 4:  # self, the hidden states, the experts chosen, their weights (Llama 4's takes the states)
+            return "experts forward not (hidden_states, top_k_index, top_k_weights)"
         flags = {a: getattr(module, a, d) for a, d in (
             ("has_gate", True), ("has_bias", False), ("is_transposed", False), ("is_concatenated", True),
             ("has_post_expert_norm", False))}

@@ -386,3 +386,29 @@ def test_fused_projections_compile_to_one_op_a_group(gen):
         torch.testing.assert_close(compiled(x2), block(x2), rtol=0, atol=0)
     assert len(graphs) == 1 and graphs[0].count("torch.ops.blockscaled.linear(") == 3
     assert block.qkv_proj._stash is None and block.gate_up_proj._stash is None
+
+
+def test_experts_modules_the_loop_cannot_run_are_skipped():
+    """3-D experts whose forward takes the hidden states alone (Llama 4's: every expert on every token) or whose
+    weights are not of a known layout stay as they are, with the reason in the report."""
+
+    class AllTokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(2, 64, 32))
+            self.down_proj = nn.Parameter(torch.randn(2, 32, 16))
+            self.act_fn = nn.SiLU()
+
+        def forward(self, hidden_states):
+            return hidden_states
+
+    class Routed(AllTokens):
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            return hidden_states
+
+    model = nn.Module()
+    model.a, model.b = AllTokens(), Routed()
+    report = quantize_model_(model, "mxfp4")
+    assert report["a"] == "skipped: experts forward not (hidden_states, top_k_index, top_k_weights)"
+    assert report["b"].startswith("skipped: experts layout not supported") and "(2, 64, 32)" in report["b"]
+    assert type(model.a) is AllTokens and type(model.b) is Routed
