@@ -197,8 +197,9 @@ class FusedProjections(nn.Module):
 
     def take(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Sibling `index`'s columns of the fused layer's output on `x`: the stashed output where it is `x`'s, unwritten
-        since and made on this stream (another thread's stream may not have it yet), else a new run. A traced graph
-        has no in-place writes or streams to watch: there the identity of `x` decides."""
+        since and made on this stream (another thread's stream may not have it yet), else a new run. While
+        torch.compile traces, the identity of `x` alone decides (an in-place write to it between two siblings inside
+        one traced graph would not be seen; transformers' layers make none)."""
         stash = self._stash
         when = None if torch.compiler.is_compiling() else (
             x._version, torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else None)
