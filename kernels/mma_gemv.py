@@ -596,15 +596,9 @@ def mma_gemv_kernel(
             else:
                 b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
                 b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
-            frags = a_fragments(loads_a0, W_ELEM, ENCODING)
-            a0, a1, a2, a3 = mma_window(frags, b_0, (a0, a1, a2, a3))
-            if COL_GROUPS == 2:
-                b0, b1, b2, b3 = mma_window(frags, b_1, (b0, b1, b2, b3))
-            if ROW_GROUPS == 2:
-                frags = a_fragments(loads_a1, W_ELEM, ENCODING)
-                c0, c1, c2, c3 = mma_window(frags, b_0, (c0, c1, c2, c3))
-                if COL_GROUPS == 2:
-                    d0, d1, d2, d3 = mma_window(frags, b_1, (d0, d1, d2, d3))
+            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = group_mmas(
+                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), loads_a0, loads_a1, b_0, b_1, W_ELEM,
+                ENCODING, COL_GROUPS, ROW_GROUPS)
         if tail:
             a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = tail_window(
                 (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), x64, xs, w, f, tid, gr, first + steps,
@@ -647,6 +641,13 @@ def tail_window(sums, x64, xs, w, f, tid, gr, win, lane, q, g, row_0, row_1, win
     b_0 = [torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b0, ACT_ELEM, ACT_SCALE)]
     b_1 = ([torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b1, ACT_ELEM, ACT_SCALE)]
            if COL_GROUPS == 2 else b_0)
+    return group_mmas(sums, loads_a0, loads_a1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
+
+
+def group_mmas(sums, loads_a0, loads_a1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS):
+    """`sums` (a, b, c, d: row group x column group, 4 accumulators each) plus one window: row group 0's A (decoded
+    from `loads_a0`) and, with ROW_GROUPS 2, row group 1's (`loads_a1`), times column group 0's B `b_0` and, with
+    COL_GROUPS 2, column group 1's `b_1`."""
     a, b, c, d = sums[0:4], sums[4:8], sums[8:12], sums[12:16]
     frags = a_fragments(loads_a0, W_ELEM, ENCODING)
     a = mma_window(frags, b_0, a)
