@@ -231,7 +231,7 @@ def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *
     only those."""
     from torch import nn
 
-    from .nn import FUSED_PROJECTIONS, QuantizedLinear, install_fused
+    from .nn import FUSED_PROJECTIONS, QuantizedLinear, install_fused, replace_module
 
     report = {}
     for name, module in list(model.named_modules()):
@@ -241,8 +241,7 @@ def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *
         if filter_fn is not None and not filter_fn(name, module):
             report[name] = "kept: filter_fn"
             continue
-        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-        setattr(parent, name.rpartition(".")[2], load_experts(tensors, name + ".", module, device=device))
+        replace_module(model, name, load_experts(tensors, name + ".", module, device=device))
         report[name] = "loaded experts"
     if checkpoint_format == "gpt_oss_mxfp4" or (checkpoint_format is None and report and not any(
             k.endswith("." + key) for key in _WEIGHT_KEYS.values() for k in tensors)):
@@ -275,7 +274,6 @@ def load_model_(model, tensors: Mapping, checkpoint_format: str | None = None, *
                             activation_format=activation_format,
                             device=device if device is not None else module.weight.device)
         _check_shape(layer.weight, module, prefix)
-        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-        setattr(parent, name.rpartition(".")[2], layer)
+        replace_module(model, name, layer)
         report[name] = "loaded"
     return report

@@ -415,11 +415,16 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
         if module.in_features % max(blocks):
             report[name] = f"skipped: in_features {module.in_features} is not a multiple of the block {max(blocks)}"
             continue
-        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-        setattr(parent, name.rpartition(".")[2], QuantizedLinear.from_linear(
-            module, weight_format, activation_format=activation_format, **options))
+        replace_module(model, name, QuantizedLinear.from_linear(module, weight_format,
+                                                                activation_format=activation_format, **options))
         report[name] = "quantized"
     return report
+
+
+def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """`module` put in `model` at the dotted `name` (a submodule's), in place of the one there."""
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent), attr, module)
 
 
 def _quantize_experts(model, name, module, blocks, filter_fn, weight_format, **options) -> str:
@@ -433,8 +438,7 @@ def _quantize_experts(model, name, module, blocks, filter_fn, weight_format, **o
     h, i = (i, h) if getattr(module, "is_transposed", False) else (h, i)
     if h % max(blocks) or i % max(blocks):
         return f"skipped: hidden {h} or intermediate {i} is not a multiple of the block {max(blocks)}"
-    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-    setattr(parent, name.rpartition(".")[2], QuantizedExperts.from_experts(module, weight_format, **options))
+    replace_module(model, name, QuantizedExperts.from_experts(module, weight_format, **options))
     return "quantized experts"
 
 
