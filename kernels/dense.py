@@ -158,11 +158,8 @@ def chunk_rows(n_stored: int, k_stored: int, config: dict | None) -> int:
             raise ValueError(f"config: the dense plan takes keys {PLAN_KEYS}, got {sorted(unknown)}")
         if not isinstance(config.get("overlap", False), bool):
             raise ValueError(f"config: overlap must be a bool, got {config['overlap']!r}")
-        if "chunk_rows" not in config:
-            config = {**config, "chunk_rows": n_stored if not config.get("overlap") else None}
-        rows = config["chunk_rows"]
-        if rows is None:  # overlap without a chunk size: four chunks of whole 128-row programs
-            rows = max(128, -(-n_stored // 4) // 128 * 128)
+        # overlap without a chunk size: four chunks of whole 128-row programs
+        rows = config.get("chunk_rows", max(128, -(-n_stored // 4) // 128 * 128) if config.get("overlap") else n_stored)
         if not isinstance(rows, int) or rows <= 0 or rows % MMA_WARP_M:
             raise ValueError(f"config: chunk_rows must be a positive multiple of {MMA_WARP_M}, got {rows!r}")
         return min(rows, n_stored)
