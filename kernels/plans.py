@@ -113,6 +113,11 @@ MMA_K_WARPS = (16, 8)
 # Up to K = 4096, 16 warps from 0.45 of a wave (4096^2, M = 1, bf16 x nvfp4: 6.3 -> 4.5 us).
 MMA_K_WARPS_SHORT_WINDOWS = 64
 MMA_K_WARPS_SHORT_MIN_WAVES = 0.45
+# K windows that neither divides (Qwen2.5's K = 3584, 18944, 29568) where no dividing one passed the wave rule: the
+# first K / 64 mod k_warps warps take one window more (`mma_gemv.tail_window`; no shared or staged B), from 0.4 of a
+# wave, instead of one warp and split-K over the windows' few divisors (H200, M = 1, bf16 x nvfp4, tuned: 8192 x 29568
+# 132.5 -> 42.7 us, 3584 x 18944 25.5 -> 18.9, 3584^2 6.5 -> 5.1; nvfp4 x nvfp4 8192 x 29568 162.5 -> 66.1).
+MMA_K_WARPS_UNEVEN_MIN_WAVES = 0.4
 # 1 < M <= 16: K slices of 4 warps with shared B instead of split-K, where their programs fill the GPU
 # (slices, row groups, resident, waves low, high, ahead and unroll for fp4 weights; bf16 x mxfp4, M = 16, 8192^2:
 # 2.07x -> 2.52x; with ahead 1 and unroll 2, 2.84x).
@@ -435,15 +440,17 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
     return split
 
 
-def _mma_k_warps(windows: int, programs: int, device: torch.device) -> int:
+def _mma_k_warps(windows: int, programs: int, device: torch.device, uneven: bool = False) -> int:
     """K_WARPS by `MMA_K_WARPS`: the first that divides the windows and whose `programs` (64 // k_warps
     resident per SM: <= 32 registers, `tests/test_bench.py`) fill 0.5 (up to MMA_K_WARPS_SHORT_WINDOWS
-    windows: MMA_K_WARPS_SHORT_MIN_WAVES) to 1 wave or make >= 3; else 1."""
+    windows: MMA_K_WARPS_SHORT_MIN_WAVES) to 1 wave or make >= 3; else, if `uneven` (the plan can take a tail), the
+    first that does not divide them, from MMA_K_WARPS_UNEVEN_MIN_WAVES to 1 wave or >= 3; else 1."""
     least = MMA_K_WARPS_SHORT_MIN_WAVES if windows <= MMA_K_WARPS_SHORT_WINDOWS else 0.5
-    for k_warps in MMA_K_WARPS:
-        waves = programs / (64 // k_warps * _sm_count(device))
-        if windows % k_warps == 0 and (least <= waves <= 1 or waves >= 3):
-            return k_warps
+    for divides, low in ((True, least), (False, MMA_K_WARPS_UNEVEN_MIN_WAVES))[:2 if uneven else 1]:
+        for k_warps in MMA_K_WARPS:
+            waves = programs / (64 // k_warps * _sm_count(device))
+            if (windows % k_warps == 0) == divides and k_warps <= windows and (low <= waves <= 1 or waves >= 3):
+                return k_warps
     return 1
 
 
@@ -535,6 +542,12 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         staged = _mma_stage_b(m, k, k_warps)
         options = options._replace(stage_b=staged, **(dict(row_groups=1, shared_b=False, ahead=0, k_warps=k_warps,
                                                            max_split=1, programs_per_sm=0) if staged else {}))
+        # where split-K has no 8-way split either (8192 x 29568, 462 windows: 162.5 -> 66.1 us; at 3584 x 18944, 296
+        # windows, split 8 stays: 16 uneven warps were not the fastest there), B unstaged and unshared, the tail's warps
+        windows_8 = (k // 64) % 8 == 0
+        uneven = 0 if staged or windows_8 else _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True)
+        if uneven and (k // 64) % uneven:
+            options = options._replace(shared_b=False, ahead=0, k_warps=uneven, max_split=1, programs_per_sm=0)
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
                          f"from 1 to 128 (a warp's 16-K chunks over 32 lanes, at most 16 each), got M = {m}, K = {k}, k_warps {options.k_warps}")
@@ -558,7 +571,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
-        options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device))
+        uneven = not (options.shared_b or options.stage_b or options.ahead)
+        options = options._replace(k_warps=_mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, uneven))
     if (k // 64) % options.k_warps and (options.shared_b or options.stage_b or options.ahead or wide_m
                                         or options.k_warps > k // 64):
         raise ValueError(f"config: k_warps {options.k_warps} must divide the K / 64 = {k // 64} windows, or with "

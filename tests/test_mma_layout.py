@@ -501,7 +501,7 @@ def test_m16_one_group_split(monkeypatch):
 def test_k_warps_options(monkeypatch):
     """K over the warps of a program: by default for bf16 activations at M = 1 only, 16 warps
     where their programs (4 per SM, 132 SMs) fill 0.5-1 wave (up to K = 4096: 0.45-1) or make >= 3, else 8,
-    else split-K;
+    else (where the plan can take a tail) one that leaves a tail, from 0.4 of a wave, else split-K;
     given, it excludes max_split, must divide the windows (or, without shared or staged B and ahead, be at most
     their number: the first windows mod k_warps warps take one more) and, with shared B (K slices of 4 warps),
     is at most 8."""
@@ -515,6 +515,16 @@ def test_k_warps_options(monkeypatch):
     assert {(n, k): plans._mma_k_warps(k // 64, n // 16, cpu) for n, k in shapes} == {
         (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1}
+    # where the plan can take a tail: the first k_warps that does not divide the windows, from 0.4 of a wave, only if
+    # no dividing one passed (Qwen2.5-72B's 462 windows at 8192 rows: 0.97; 3584 x 3584: 56 windows, 0.42; 3584 x
+    # 18944: 296 windows, 8 divides them at 0.21 waves; 4096 x 14336: both divide, neither passes: split-K stays)
+    uneven = {(n, k): plans._mma_k_warps(k // 64, n // 16, cpu, uneven=True)
+              for n, k in [*shapes, (8192, 29568), (3584, 3584), (3584, 18944), (3328, 3584), (1024, 1984)]}
+    assert uneven == {
+        (8192, 8192): 16, (10240, 8192): 8, (57344, 8192): 16, (8192, 28672): 16, (1024, 8192): 1, (1024, 1984): 1,
+        (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1, (8192, 29568): 16, (3584, 3584): 16,
+        (3584, 18944): 16, (3328, 3584): 1}  # 3328: 208 programs, 0.39 of a wave
+    assert plans._mma_k_warps(462, 512, cpu) == 1  # without a tail: one warp (split-K over 462's divisors)
     assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)  # shared B: 8 slices
     assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
     assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
@@ -550,9 +560,18 @@ def test_k_warps_options(monkeypatch):
                         1, 64, 512, plans._mma_options({"k_warps": 16}, 1, 64, False))
     plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options(None, 1, 64, False))
     assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+    # by default with a tail: bf16 activations at 8192 x 29568 (462 windows); fp4 activations too, unstaged and
+    # unshared, where split-K has no 8-way split (462 % 8), not at 3584 x 3584 (56 windows: split 8)
+    for fa, n, k, want in (("bf16", 8192, 29568, (16, False)), ("nvfp4", 8192, 29568, (16, False)),
+                           ("nvfp4", 3584, 3584, (1, True))):
+        w = bs.quantize(torch.randn(n, k), "nvfp4").with_data_layout("mma_m16k16")
+        x = torch.randn(1, k).to(torch.bfloat16) if fa == "bf16" else bs.quantize(torch.randn(1, k), fa)
+        plan = plans._mma_plan(x if fa != "bf16" else None, w, False, 1, n, k, plans.mma_options_for(None, x, w, 1, n))
+        assert (plan.consts.K_WARPS, plan.consts.SHARED_B, plan.consts.STAGE_B) == (*want, False), (fa, n, k)
+        assert (plan.split == 1) == (want[0] == 16)
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
-    monkeypatch.setattr(plans, "_mma_k_warps", lambda windows, programs, device: 8)
+    monkeypatch.setattr(plans, "_mma_k_warps", lambda windows, programs, device, uneven=False: 8)
     plan = plans._mma_plan(a[:, :1024], b, False, 1, 8192, 1024, plans._mma_options(None, 1, 8192, False))
     assert (plan.consts[-2], plan.split, plan.workspace, plan.cfg.config["num_warps"]) == (8, 1, None, 8)
     # K slices with shared B: 4 warps each, 64 rows per row group of the program
