@@ -118,6 +118,10 @@ MMA_K_WARPS_SHORT_MIN_WAVES = 0.45
 # wave, instead of one warp and split-K over the windows' few divisors (H200, M = 1, bf16 x nvfp4, tuned: 8192 x 29568
 # 132.5 -> 42.7 us, 3584 x 18944 25.5 -> 18.9, 3584^2 6.5 -> 5.1; nvfp4 x nvfp4 8192 x 29568 162.5 -> 66.1).
 MMA_K_WARPS_UNEVEN_MIN_WAVES = 0.4
+# Split-K over parts that differ by a window where no split of 8 divides the windows (Qwen2.5-72B's 462: 2 at most
+# otherwise; H200, M = 16, 8192 x 29568, split 2: 167 us, 0.71x cuBLAS bf16). Where 8 divides them, uneven splits lost
+# up to 14% (fp8 weights, M = 16).
+MMA_SPLIT_UNEVEN_BELOW = 8
 # 1 < M <= 16: K slices of 4 warps with shared B instead of split-K, where their programs fill the GPU
 # (slices, row groups, resident, waves low, high, ahead and unroll for fp4 weights; bf16 x mxfp4, M = 16, 8192^2:
 # 2.07x -> 2.52x; with ahead 1 and unroll 2, 2.84x).
@@ -416,13 +420,15 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligne
 
 
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
-               unsplit_waves: float = 0, uneven: bool = False) -> int:
-    """Split-K factor: a power of two <= max_split dividing the 64-K windows; the largest, or
+               unsplit_waves: float = 0, uneven: bool = False, parts: bool = False) -> int:
+    """Split-K factor: a power of two <= max_split dividing the 64-K windows (with `parts`, where 8 does not
+    divide them, any up to the windows: parts of W // split or one more window, `MMA_SPLIT_UNEVEN_BELOW`); the largest, or
     with `programs_per_sm` resident the smallest whose last wave of programs is >= 90% full
     (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave.
     With `uneven` (mma_m64_kernel), where that split leaves one wave under 90% full, the largest factor
     <= max_split whose programs still fit one wave if they fill 90% of it (`MMA_M64_UNEVEN_SPLIT`)."""
-    splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= max_split and windows % s == 0]
+    any_part = parts and windows % MMA_SPLIT_UNEVEN_BELOW != 0
+    splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= min(max_split, windows) and (any_part or windows % s == 0)]
     if not programs_per_sm:
         return splits[-1]
     resident = programs_per_sm * _sm_count(device)
@@ -598,7 +604,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                          f"ahead {options.ahead} at M <= {MMA_WARP_M}, divide them")
     split = options.split or (1 if options.k_warps > 1 else _mma_split(
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
-        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, wide_m and MMA_M64_UNEVEN_SPLIT))
+        MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, wide_m and MMA_M64_UNEVEN_SPLIT,
+        parts=wide_m or not options.ahead))  # (mma_gemv_kernel's windows ahead assume even parts)
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
