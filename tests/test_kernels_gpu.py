@@ -222,7 +222,8 @@ def test_mma_hints_either_way(pair, m, gen):
 @pytest.mark.parametrize("m", [1, 9, 16])
 def test_mma_uneven_split(pair, m, gen):
     """Split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1 windows): 3 to 31
-    parts, one and two row groups, B per warp or shared, bias and bf16 out, and 13 parts at M = 16, 10240 x 8192."""
+    parts, one and two row groups, B per warp or shared, bias and bf16 out, 13 parts at M = 16, 10240 x 8192, and the
+    default plan's at 31 windows."""
     for n, k, config in [(1024, 1984, {"split": 3}), (1024, 1984, {"split": 31}), (2048, 8192, {"split": 13}),
                          (2048, 8192, {"split": 13, "row_groups": 1, "shared_b": False}),
                          (256, 1024, {"split": 5, "row_groups": 1, "shared_b": True})]:
@@ -233,6 +234,10 @@ def test_mma_uneven_split(pair, m, gen):
     if m == 16:
         run_and_check(pair, 16, 10240, 8192, "cuda", gen, data_layout="mma_m16k16", config={"split": 13})
         assert mma_plan_tails(pair, 16, 10240, 8192) == {(2, 13, True, 0, 1, False)}
+    # by default where no split of 8 divides the windows (31; Qwen2.5-72B's 462): a split that does not divide them
+    run_and_check(pair, m, 256, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+    splits = {tail[1] for tail in mma_plan_tails(pair, m, 256, 1984)}
+    assert splits and all(31 % s for s in splits), splits
     assert backend_used(pair, m) == "mma"
 
 

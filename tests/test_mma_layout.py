@@ -439,7 +439,8 @@ def test_uneven_split(monkeypatch):
     """"split" gives the split-K factor itself; one that does not divide the windows runs parts of W / split or
     W / split + 1 windows, at M <= 16 never with windows loaded ahead (mma_m64_kernel, which always loads ahead, clamps
     its loads past a part's end to the last window instead: `mma_gemv.ahead_window`). The wave rule takes powers of two
-    only (M = 16, 10240 x 8192: 8, `plans._mma_split`; 12 and 13 were timed and did not pay)."""
+    only (M = 16, 10240 x 8192: 8, `plans._mma_split`; 12 and 13 were timed and did not pay), except where no split of 8
+    divides the windows and the plan loads none ahead (Qwen2.5-72B's 462 windows: 2 at most otherwise)."""
 
     monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
     x, b = torch.randn(16, 8192).to(torch.bfloat16), bs.quantize(torch.randn(128, 8192), "mxfp4").with_data_layout("mma_m16k16")
@@ -447,6 +448,18 @@ def test_uneven_split(monkeypatch):
     def plan(config, n=10240):
         return plans._mma_plan(x, b, False, 16, n, 8192, plans.mma_options_for(config, x, b, 16, n))
 
+    cpu = torch.device("cpu")
+    # 462 windows: 2 of even parts at most, with `parts` 4 (64 x 4 programs fill 0.97 of 264); 31: 1 -> 16; 140 (4 x 35):
+    # 4 -> 32; 128: as before
+    assert [plans._mma_split(w, rows, cap, per_sm, cpu) for w, rows, cap, per_sm in
+            ((462, 64, 16, 2), (31, 4, 32, 0), (140, 24, 32, 0), (128, 64, 16, 2))] == [2, 1, 4, 4]
+    assert [plans._mma_split(w, rows, cap, per_sm, cpu, parts=True) for w, rows, cap, per_sm in
+            ((462, 64, 16, 2), (31, 4, 32, 0), (140, 24, 32, 0), (128, 64, 16, 2))] == [4, 16, 32, 4]
+    x29568 = torch.randn(16, 29568).to(torch.bfloat16)
+    b29568 = bs.quantize(torch.randn(128, 29568), "mxfp4").with_data_layout("mma_m16k16")
+    for config, split in ((None, 16), ({"ahead": 1}, 2)):  # windows ahead: even parts only
+        p = plans._mma_plan(x29568, b29568, False, 16, 8192, 29568, plans.mma_options_for(config, x29568, b29568, 16, 8192))
+        assert p.split == split and p.consts.AHEAD == (config or {}).get("ahead", 0), config
     # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K by 8 with two row groups and shared B
     assert plan(None).consts[-6:] == (2, 8, True, 0, 1, False) and plan(None).split == 8
     assert plan({"split": 13}).consts[-6:] == (2, 13, True, 0, 1, False) and plan({"split": 13}).split == 13
@@ -559,7 +572,8 @@ def test_k_warps_options(monkeypatch):
         plans._mma_plan(a[:, :512], bs.quantize(torch.randn(64, 512), "mxfp4").with_data_layout("mma_m16k16"), False,
                         1, 64, 512, plans._mma_options({"k_warps": 16}, 1, 64, False))
     plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options(None, 1, 64, False))
-    assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu)  # 31 windows: split-K
+    # 31 windows: split-K in parts of 1 or 2 windows (no split of 8 divides them)
+    assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu, parts=True) == 16
     # by default with a tail: bf16 activations at 8192 x 29568 (462 windows); fp4 activations too, unstaged and
     # unshared, where split-K has no 8-way split (462 % 8), not at 3584 x 3584 (56 windows: split 8)
     for fa, n, k, want in (("bf16", 8192, 29568, (16, False)), ("nvfp4", 8192, 29568, (16, False)),
