@@ -2,8 +2,7 @@
 
 1. `decode_weights` (`kernels/dense.py`) of [N, K] "mma_m16k16" weights to bf16: codes and factors read plus bf16
    written over the time, as a fraction of a device-to-device copy of as many bytes measured in the same process.
-2. The dense plan at one M per `chunk_rows` (rows decoded per cuBLAS call), against cuBLAS bf16 in the same process;
-   `--overlap`: each also with the next chunk decoded on a side stream while the current one multiplies.
+2. The dense plan at one M per `chunk_rows` (rows decoded per cuBLAS call), against cuBLAS bf16 in the same process.
 
 Prints a table; the run's log goes to bench/results (no CSV rows: the plan's end-to-end rows come from
 `python -m bench --providers cublas_bf16 blockscaled_dense ...`).
@@ -13,7 +12,6 @@ Prints a table; the run's log goes to bench/results (no CSV rows: the plan's end
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 from pathlib import Path
 
@@ -49,8 +47,6 @@ def main(argv=None) -> int:
     p.add_argument("--formats", nargs="+", default=["nvfp4", "mxfp4", "mxfp8"])
     p.add_argument("-M", type=int, default=2048, help="activation rows of the chunk-size table")
     p.add_argument("--chunks", type=int, nargs="+", default=[0, 2048], help="chunk_rows (0: all)")
-    p.add_argument("--overlap", action="store_true", help="each chunk size with \"overlap\" too (chunk i + 1 decoded "
-                   "on a side stream while chunk i multiplies; 0: the plan's four chunks)")
     p.add_argument("--configs", nargs="+", metavar="GROUPS,WINDOWS,WARPS", default=[],
                    help="also time the decode kernel with these configs (16-row groups x 64-K windows a program, warps)")
     p.add_argument("--compile-sm90", metavar="FOLDER", help="only compile every variant for sm_90 (no GPU) into FOLDER")
@@ -87,13 +83,12 @@ def main(argv=None) -> int:
                       f"({t_copy * 1e3:.1f} us)")
             dense.DENSE_GROUPS, dense.DENSE_WINDOWS, dense.DENSE_WARPS = default
             dense._LAUNCHES.clear()
-            for rows, overlap in itertools.product(args.chunks, [False, True] if args.overlap else [False]):
-                cfg = ({"chunk_rows": rows} if rows else {}) | ({"overlap": True} if overlap else {})
+            for rows in args.chunks:
+                cfg = {"chunk_rows": rows} if rows else None
                 o = torch.empty((args.M, n), dtype=torch.bfloat16, device="cuda")
-                t = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg or None), True)
-                t_eager = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg or None), False)
-                print(f"{shape} {fmt:6s} M={args.M} chunk_rows={dense.chunk_rows(ns, ks, cfg or None):6d}"
-                      f"{' overlap' if overlap else ''} {t * 1e3:8.1f} us (eager {t_eager * 1e3:.1f}), "
+                t = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), True)
+                t_eager = time_ms(lambda: bs.scaled_mm(x, b, out=o, backend="dense", config=cfg), False)
+                print(f"{shape} {fmt:6s} M={args.M} chunk_rows={rows or ns:6d} {t * 1e3:8.1f} us (eager {t_eager * 1e3:.1f}), "
                       f"x cuBLAS bf16 {t_bf16 / t:.3f} ({t_bf16 * 1e3:.1f} us)")
     return 0
 

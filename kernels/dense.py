@@ -126,26 +126,12 @@ def dense_decode_config() -> helion.Config:
 # from the stream's allocator), else chunks of whole 128-row programs. Chunks cost little: H200, M = 2048, 8192^2 and
 # 28672 x 8192, 2048-row chunks against one 0.99-1.01x (bench/results/h200_dense_decode_chunks_08d5118_2026-11-28.log).
 DENSE_CHUNK_BYTES = 256 << 20
-# "overlap": chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i (two chunk buffers): the decode is
-# memory-bound, the GEMM tensor-bound from M ~ 1024, so the decode's 45 us at 8192^2 fp4 (H200) could hide under the
-# GEMM's ~400. Off until timed (`python -m bench.dense --overlap`); on a CPU the chunks run in order. DENSE_OVERLAP:
-# the default plan's (a call without a config).
-DENSE_OVERLAP = False
-PLAN_KEYS = ("chunk_rows", "overlap")
+# Chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i (two buffers, events) did not pay: H200, M =
+# 2048, 8192^2 nvfp4 441.7 us in one chunk against 441.9 in four overlapped, Llama-3-8B's shapes 0.94-1.04 of in-order
+# (bench/results/h200_dense_overlap_0cb04ac_2026-11-30.log): cuBLAS holds every SM, so the decode waits for it.
+PLAN_KEYS = ("chunk_rows",)
 
 _LAUNCHES: dict[tuple, object] = {}
-_SIDE_STREAMS: dict[tuple, torch.cuda.Stream] = {}
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream of the current stream on `device`, made once: one per calling stream, so that a call captured
-    into a CUDA graph never shares it with a call another stream makes meanwhile (PyTorch hands out streams from a
-    pool per device and priority, so the calling streams, and this table, stay few)."""
-    main = torch.cuda.current_stream(device)
-    key = (device.index, main.cuda_stream)
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[key]
 
 
 def chunk_rows(n_stored: int, k_stored: int, config: dict | None) -> int:
@@ -156,10 +142,7 @@ def chunk_rows(n_stored: int, k_stored: int, config: dict | None) -> int:
         unknown = set(config) - set(PLAN_KEYS)
         if unknown:
             raise ValueError(f"config: the dense plan takes keys {PLAN_KEYS}, got {sorted(unknown)}")
-        if not isinstance(config.get("overlap", False), bool):
-            raise ValueError(f"config: overlap must be a bool, got {config['overlap']!r}")
-        # overlap without a chunk size: four chunks of whole 128-row programs
-        rows = config.get("chunk_rows", max(128, -(-n_stored // 4) // 128 * 128) if config.get("overlap") else n_stored)
+        rows = config.get("chunk_rows", n_stored)
         if not isinstance(rows, int) or rows <= 0 or rows % MMA_WARP_M:
             raise ValueError(f"config: chunk_rows must be a positive multiple of {MMA_WARP_M}, got {rows!r}")
         return min(rows, n_stored)
@@ -210,8 +193,6 @@ def dense_mm(a, b, m: int, n: int, k: int, out_dtype: torch.dtype, bias, out: to
 
     if isinstance(a, QTensor):
         a, a_post = _activation_rows(a), a.kernel_global_scale
-    if config is None and DENSE_OVERLAP:
-        config = {"overlap": True}
     n_stored, k_stored = b.stored_shape
     rows_per_chunk = chunk_rows(n_stored, k_stored, config)
     fold = out_dtype == torch.bfloat16
@@ -219,33 +200,10 @@ def dense_mm(a, b, m: int, n: int, k: int, out_dtype: torch.dtype, bias, out: to
     if not fold and (b.global_scale is not None or a_post is not None):
         g = b.kernel_global_scale if b.global_scale is not None else None
         g = a_post if g is None else (g if a_post is None else g * a_post)
-    starts = list(range(0, n, rows_per_chunk))
-    overlap = bool(config and config.get("overlap")) and out.is_cuda and len(starts) > 1
-    buffers = 2 if overlap else 1
-    work = torch.empty((buffers, min(rows_per_chunk, n_stored), k_stored), dtype=torch.bfloat16, device=out.device)
-
-    def decode(i):
-        rows = min(rows_per_chunk, -(-(n - starts[i]) // 16) * 16)
-        return decode_weights(b, starts[i], rows, work[i % buffers, :rows], a_post, fold)
-
-    if overlap:  # chunk i + 1 decoded on the side stream while chunk i multiplies; buffer i % 2
-        main, side = torch.cuda.current_stream(out.device), side_stream(out.device)
-        side.wait_stream(main)  # the buffers' memory and whatever the caller queued before
-        with torch.cuda.stream(side):
-            decoded = [decode(0)]
-            ready = [side.record_event()]
-    for i, r0 in enumerate(starts):
-        if overlap:
-            if i + 1 < len(starts):
-                side.wait_stream(main)  # chunk i - 1's GEMM, the last reader of buffer (i + 1) % 2, is queued
-                with torch.cuda.stream(side):
-                    decoded.append(decode(i + 1))
-                    ready.append(side.record_event())
-            main.wait_event(ready[i])  # (the last wait joins the side stream back: a capture may end after it)
-            w = decoded[i]
-        else:
-            w = decode(i)
-        rows = w.shape[0]
+    work = torch.empty((min(rows_per_chunk, n_stored), k_stored), dtype=torch.bfloat16, device=out.device)
+    for r0 in range(0, n, rows_per_chunk):
+        rows = min(rows_per_chunk, -(-(n - r0) // 16) * 16)
+        w = decode_weights(b, r0, rows, work[:rows], a_post, fold)
         cols = min(rows, n - r0)
         wt = w[:cols, :k].t()
         dst = out[:, r0:r0 + cols]

@@ -34,8 +34,6 @@ CASES = {
     "sixteen_warps_m256_split": ("nvfp4", "nvfp4", 256, {"warps": 16, "tile_m": 128, "split": 2}),
     "k_order_dequant": ("mxfp8", "mxfp8", 64, "dequant"),
     "dense_m512_chunks": ("nvfp4", "nvfp4", 512, "dense"),  # decoded weights: this call's, 4 chunks
-    # chunk i + 1 decoded on the calling stream's side stream while chunk i multiplies (two chunk buffers)
-    "dense_overlap_m512": ("nvfp4", "nvfp4", 512, "dense_overlap"),
     "default_m512": ("bf16", "nvfp4", 512, None),  # the default plan there: 16 warps on an H100 / H200
     # bf16 activations quantized in the call: nvfp4's global scale by the quantize kernel's grid barrier (its sync
     # buffer per stream / capture), then the decoded rows' pre-pass
@@ -79,10 +77,9 @@ def _call(case, device="cuda"):
     if config == "dequant":
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dequant")), b, acts
     b = b.with_data_layout("mma_m16k16")
-    if config in ("dense", "dense_overlap"):
-        chunks = {"chunk_rows": N // 4, "overlap": config == "dense_overlap"}
+    if config == "dense":
         return (lambda a, out: bs.scaled_mm(a, b, out_dtype=torch.float32, out=out, backend="dense",
-                                            config=chunks)), b, acts
+                                            config={"chunk_rows": N // 4})), b, acts
     if isinstance(acts[0], _InTheCall):
         return (lambda a, out: bs.scaled_mm(a.x, b, activation_format=a.fmt, activation_global_scale=a.g,
                                             out_dtype=torch.float32, out=out, config=config)), b, acts
@@ -153,7 +150,7 @@ def test_one_thread_alternating_streams(case):
 @pytest.mark.parametrize("kept_sets", [True, False], ids=["kept_sets", "fresh_sets"])
 @pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
 @pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks",
-                                  "dense_overlap_m512", "quantize_in_the_call_m16", "quantize_in_the_call_blocks_m64"])
+                                  "quantize_in_the_call_m16", "quantize_in_the_call_blocks_m64"])
 def test_two_graphs_replayed_side_by_side(case, same_capture_stream, kept_sets, monkeypatch):
     """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
     time on two streams, twice; then each graph replayed alone after the other's inputs changed. `fresh_sets`: no

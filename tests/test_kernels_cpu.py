@@ -311,26 +311,19 @@ def test_dense_plan_bad_arguments(gen):
     with pytest.raises(ValueError, match="backend: 'dense' reads weights in the 'mma_m16k16' data layout"):
         bs.scaled_mm(x, w, backend="dense")
     w = w.with_data_layout("mma_m16k16")
-    with pytest.raises(ValueError, match=r"config: the dense plan takes keys \('chunk_rows', 'overlap'\), got "
-                                         r"\['split'\]"):
-        bs.scaled_mm(x, w, backend="dense", config={"split": 2})
+    with pytest.raises(ValueError, match=r"config: the dense plan takes keys \('chunk_rows',\), got \['overlap'\]"):
+        bs.scaled_mm(x, w, backend="dense", config={"overlap": True})
     with pytest.raises(ValueError, match="config: chunk_rows must be a positive multiple of 16, got 20"):
-        bs.scaled_mm(x, w, backend="dense", config={"chunk_rows": 20, "overlap": True})
-    with pytest.raises(ValueError, match="config: overlap must be a bool, got 1"):
-        bs.scaled_mm(x, w, backend="dense", config={"overlap": 1})
+        bs.scaled_mm(x, w, backend="dense", config={"chunk_rows": 20})
 
 
 def test_dense_plan_chunks():
-    """Rows a chunk: all of them up to DENSE_CHUNK_BYTES of bf16, else whole 128-row programs; with "overlap" and no
-    size, four chunks of whole 128-row programs (at least one); a size given is taken (at most all rows)."""
+    """Rows a chunk: all of them up to DENSE_CHUNK_BYTES of bf16, else whole 128-row programs; a size given is taken
+    (at most all rows)."""
     from blockscaled.kernels import dense
 
     assert dense.chunk_rows(8192, 8192, None) == 8192 and dense.chunk_rows(57344, 8192, None) == 16384
-    assert dense.chunk_rows(8192, 8192, {"overlap": True}) == 2048
-    assert dense.chunk_rows(1024, 2048, {"overlap": True}) == 256
-    assert dense.chunk_rows(256, 64, {"overlap": True}) == 128
-    assert dense.chunk_rows(8192, 8192, {"overlap": False}) == 8192
-    assert dense.chunk_rows(1024, 64, {"chunk_rows": 208, "overlap": True}) == 208
+    assert dense.chunk_rows(1024, 64, {"chunk_rows": 208}) == 208
     assert dense.chunk_rows(128, 64, {"chunk_rows": 208}) == 128
 
 

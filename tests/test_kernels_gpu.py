@@ -546,45 +546,6 @@ def test_dense_plan(pair, out_dtype, gen):
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_dense_plan_overlap(pair, out_dtype, gen, monkeypatch):
-    """"overlap": chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i: the fp64 reference's answer
-    (bias, padded N and K, NaN-poisoned out), bit for bit the in-order chunks' (same chunks, same cuBLAS calls), eager
-    and replayed from a CUDA graph after its inputs changed; the default chunks (four) and an odd count (five); with
-    `dense.DENSE_OVERLAP` a call without a config takes it."""
-    run_and_check(pair, 600, 1000, 992, "cuda", gen, out_dtype=out_dtype, bias=True, data_layout="default",
-                  backend="dense", config={"chunk_rows": 208, "overlap": True})
-    fa, fb = pair
-    w = bs.quantize_weight(torch.randn(1024, 2048, device="cuda", generator=gen), fb)
-    x = torch.randn(1024, 2048, device="cuda", generator=gen)
-    a = x.to(torch.bfloat16) if fa == "bf16" else bs.quantize(x, fa)
-    for config in ({"overlap": True}, {"chunk_rows": 208, "overlap": True}):
-        in_order = {**config, "overlap": False, "chunk_rows": dense.chunk_rows(1024, 2048, config)}
-        want = bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config=in_order)
-        got = torch.full_like(want, float("nan"))
-        bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config=config, out=got)
-        assert torch.equal(got, want), config
-        graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        got.fill_(float("nan"))
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config=config, out=got)
-        x.mul_(-0.5)  # new inputs in place (nvfp4: under the same global scale)
-        if fa == "bf16":
-            a.copy_(x.to(torch.bfloat16))
-        else:
-            a2 = bs.quantize(x, fa, global_scale=a.global_scale)
-            a.data.copy_(a2.data), a.scale.copy_(a2.scale)
-        got.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(got, bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config=in_order)), config
-    monkeypatch.setattr(dense, "DENSE_OVERLAP", True)
-    assert torch.equal(bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense"),
-                       bs.scaled_mm(a, w, out_dtype=out_dtype, backend="dense", config={"chunk_rows": 256}))
-
-
-@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_dense_plan_is_the_default_from_dense_min_m(pair, gen, monkeypatch):
     """From the first row count `api._dense_runs` gives the dense plan (DENSE_MIN_M, or where the 16-warp tile fits one
     wave past it) the default call takes it (one weight decode launch, no mma kernel); a row fewer, none."""
