@@ -194,7 +194,7 @@ def load_experts(tensors: Mapping, prefix: str, module, *, device: torch.device 
     dequantizer reads them before it transposes), in the layout `device`'s kernels read."""
     from .nn import QuantizedExperts, QuantizedLinear
 
-    why = QuantizedExperts.supported(module)
+    why = QuantizedExperts.supported(module, get_format("mxfp4").block_size)
     if why or not getattr(module, "is_transposed", False):
         raise ValueError(f"module: expected transformers' gpt-oss experts layout, got {type(module).__name__} ({why})")
     device = torch.device(device) if device is not None else module.gate_up_proj.device

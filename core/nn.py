@@ -265,8 +265,9 @@ class QuantizedExperts(nn.Module):
         self.num_experts = len(gate_up)
 
     @staticmethod
-    def supported(module: nn.Module) -> str | None:
-        """None where `module` is a transformers experts module of a layout above, else why not."""
+    def supported(module: nn.Module, block: int = 1) -> str | None:
+        """None where `module` is a transformers experts module of a layout above whose hidden and intermediate sizes
+        are multiples of `block` (the formats' K block), else why not."""
         gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
         if not (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter)
                 and gate_up.dim() == down.dim() == 3):
@@ -289,6 +290,8 @@ class QuantizedExperts(nn.Module):
                 or (flags["has_bias"] and [getattr(b, "shape", None) for b in biases] != [(e, two_i), (e, h)])):
             return (f"experts layout not supported ({flags}; gate_up_proj {tuple(gate_up.shape)}, down_proj "
                     f"{tuple(down.shape)}: expected the default or transformers' gpt-oss layout)")
+        if h % block or two_i // 2 % block:
+            return f"hidden {h} or intermediate {two_i // 2} is not a multiple of the block {block}"
         return None
 
     @classmethod
@@ -431,13 +434,9 @@ def _quantize_experts(model, name, module, blocks, filter_fn, weight_format, **o
     """`module` (3-D experts at `name`) replaced by its `QuantizedExperts` in `model`; the report's word for it."""
     if filter_fn is not None and not filter_fn(name, module):
         return "skipped: filter_fn"
-    why = QuantizedExperts.supported(module)
+    why = QuantizedExperts.supported(module, max(blocks))
     if why:
         return f"skipped: {why}"
-    _, h, i = module.down_proj.shape
-    h, i = (i, h) if getattr(module, "is_transposed", False) else (h, i)
-    if h % max(blocks) or i % max(blocks):
-        return f"skipped: hidden {h} or intermediate {i} is not a multiple of the block {max(blocks)}"
     replace_module(model, name, QuantizedExperts.from_experts(module, weight_format, **options))
     return "quantized experts"
 

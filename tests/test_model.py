@@ -179,7 +179,9 @@ def test_gpt_oss_experts_quantized_as_transformers_runs_them():
     with torch.no_grad():
         for p in experts.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) / 8)
-    assert QuantizedExperts.supported(experts) is None
+    assert QuantizedExperts.supported(experts) is None and QuantizedExperts.supported(experts, 32) is None
+    # hidden 64, intermediate 96 (the transposed layout's dims read the other way round)
+    assert QuantizedExperts.supported(experts, 64) == "hidden 64 or intermediate 96 is not a multiple of the block 64"
     quantized = QuantizedExperts.from_experts(experts, "mxfp4")
     assert experts.gate_up_proj.shape == (4, 64, 192)  # the module given is left as it was
     err = experts_error(copy.deepcopy(experts), quantized, True, gen, 6)
