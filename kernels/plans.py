@@ -574,7 +574,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         elif one_group := _mma_m16_one_group_split(k // 64, n, m, narrow, fp4_on_fp4, options, b.device):
             options = options._replace(k_warps=1, row_groups=1, split=one_group, ahead=1)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
-            fp8_ahead = not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
+            fp8_ahead = (not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
+                         and (k // 64) % MMA_SPLIT_UNEVEN_BELOW == 0)  # else uneven parts, which load none ahead
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         uneven = not (options.shared_b or options.stage_b or options.ahead)

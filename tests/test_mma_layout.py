@@ -460,6 +460,10 @@ def test_uneven_split(monkeypatch):
     for config, split in ((None, 16), ({"ahead": 1}, 2)):  # windows ahead: even parts only
         p = plans._mma_plan(x29568, b29568, False, 16, 8192, 29568, plans.mma_options_for(config, x29568, b29568, 16, 8192))
         assert p.split == split and p.consts.AHEAD == (config or {}).get("ahead", 0), config
+    # fp8 weights, which load a window ahead from K = 16384 (MMA_FP8_M16_AHEAD_K), take uneven parts there instead
+    b8 = bs.quantize(torch.randn(128, 29568), "mxfp8").with_data_layout("mma_m16k16")
+    p = plans._mma_plan(x29568, b8, False, 16, 8192, 29568, plans.mma_options_for(None, x29568, b8, 16, 8192))
+    assert (p.split, p.consts.AHEAD) == (plans.MMA_FP8_M16_MAX_SPLIT, 0)
     # (ROW_GROUPS, SPLIT, SHARED_B, AHEAD, K_WARPS, STAGE_B): the default is split-K by 8 with two row groups and shared B
     assert plan(None).consts[-6:] == (2, 8, True, 0, 1, False) and plan(None).split == 8
     assert plan({"split": 13}).consts[-6:] == (2, 13, True, 0, 1, False) and plan({"split": 13}).split == 13
