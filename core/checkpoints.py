@@ -126,6 +126,7 @@ def load_linear(tensors: Mapping, prefix: str, checkpoint_format: str, *, bias: 
 
 
 _WEIGHT_KEYS = {"modelopt_nvfp4": "weight_scale_2", "compressed_tensors_nvfp4": "weight_packed"}
+_GLOBAL_SCALE_KEYS = {"modelopt_nvfp4": "weight_scale_2", "compressed_tensors_nvfp4": "weight_global_scale"}
 
 
 def detect_format(tensors: Mapping) -> str:
@@ -164,6 +165,9 @@ def _fused_linear(tensors, parent_name, parent, names, checkpoint_format, activa
     prefixes = [f"{parent_name}.{n}." if parent_name else f"{n}." for n in names]
     if not all(type(m) is nn.Linear and p + _WEIGHT_KEYS[checkpoint_format] in tensors
                and (filter_fn is None or filter_fn(p[:-1], m)) for m, p in zip(modules, prefixes)):
+        return None
+    key = _GLOBAL_SCALE_KEYS[checkpoint_format]  # read before the weights: siblings of other global scales load once
+    if not all(torch.equal(tensors[prefixes[0] + key], tensors[p + key]) for p in prefixes[1:]):
         return None
     loaded = [load_weight(tensors, p, checkpoint_format) for p in prefixes]
     for (w, _), m, p in zip(loaded, modules, prefixes):

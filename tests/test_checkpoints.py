@@ -171,7 +171,7 @@ def _modelopt_tensors(module, names, shared: bool, input_scales=None) -> dict:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_load_model_fuses_siblings_that_share_a_global_scale(tmp_path, gen, bias):
+def test_load_model_fuses_siblings_that_share_a_global_scale(tmp_path, gen, bias, monkeypatch):
     """Siblings exported with one weight_scale_2 (ModelOpt's fused shards) load as one layer: the codes and scales
     stacked, each projection the separate layers' answer bit for bit (the biases the file's, not the module's,
     zeroed here); with their own global scales, or (W4A4) their own input scales, they load apart;
@@ -202,8 +202,13 @@ def test_load_model_fuses_siblings_that_share_a_global_scale(tmp_path, gen, bias
         assert torch.equal(apart.k_proj.bias, tensors["k_proj.bias"])
 
     own = roundtrip(tmp_path, _modelopt_tensors(block, names, shared=False))  # each its own weight_scale_2
+    reads = []
+    monkeypatch.setattr(checkpoints, "load_weight", lambda t, p, f, read=checkpoints.load_weight: (reads.append(p),
+                                                                                                   read(t, p, f))[1])
     report = checkpoints.load_model_(copy.deepcopy(fresh), own)
     assert set(report.values()) == {"loaded"}
+    assert sorted(reads) == sorted(f"{n}." for n in names)  # each weight read once: the global scales compared first
+    monkeypatch.undo()
     inputs = roundtrip(tmp_path, _modelopt_tensors(block, names, shared=True, input_scales=(0.01, 0.02, 0.01, 0.01)))
     w4a4 = checkpoints.load_model_(copy.deepcopy(fresh), inputs, activation_format="nvfp4")
     assert set(w4a4.values()) == {"loaded"}  # one input, but the file gives it two static scales: kept apart
