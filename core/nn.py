@@ -254,8 +254,11 @@ class QuantizedExperts(nn.Module):
     The forward is transformers' eager experts loop (each routed token's rows through its experts, gated, weighted,
     summed), each product one `scaled_mm` of an expert the tokens chose (batch 1: top-k calls of M = 1); the gating is
     the experts class's `_apply_gate` (gpt-oss: interleaved halves, clamped), kept with its settings in `gating`. The
-    loop reads the routing on the host, as transformers' eager loop does, so a decode step with it is not captured in
-    a CUDA graph, and `torch.compile` breaks the graph there (fullgraph=True refuses it)."""
+    loop reads the routing on the host, as transformers' eager loop does. While `torch.compile` traces or a CUDA graph
+    captures, which cannot wait on the host, every expert runs on every token instead and its rows are weighted by
+    the routing (0 where a token chose another expert; `every_expert`): no graph break, fullgraph=True compiles, and
+    the decode step captures, at the cost of every expert's weights read (E / top_k times the loop's at decode; at
+    prefill, where the tokens choose every expert anyway, E / top_k times its FLOPs)."""
 
     _WEIGHTS = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
 
@@ -325,6 +328,8 @@ class QuantizedExperts(nn.Module):
         return self.gating.act_fn(gate) * up
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if torch.compiler.is_compiling() or (hidden_states.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return self.every_expert(hidden_states, top_k_index, top_k_weights)
         final = torch.zeros_like(hidden_states)
         with torch.no_grad():  # [experts + 1, top_k, tokens]: index `num_experts` is padding (expert parallelism)
             mask = nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
@@ -335,6 +340,18 @@ class QuantizedExperts(nn.Module):
             top_k_pos, token_idx = torch.where(mask[e])
             h = self.down[e](self.gate(self.gate_up[e](hidden_states[token_idx])))
             final.index_add_(0, token_idx, (h * top_k_weights[token_idx, top_k_pos, None]).to(final.dtype))
+        return final
+
+    def every_expert(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The forward without a host read: each expert on every token, its rows times the weight the token gave it
+        (`torch.where`: 0, not 0 x its output, where the token chose another expert)."""
+        final = torch.zeros_like(hidden_states)
+        for e in range(self.num_experts):
+            chosen = top_k_index == e  # [tokens, top_k]; the padding index num_experts matches none
+            weight = (top_k_weights * chosen).sum(dim=-1, keepdim=True)
+            h = self.down[e](self.gate(self.gate_up[e](hidden_states)))
+            final = final + torch.where(chosen.any(dim=-1, keepdim=True), h * weight, 0).to(final.dtype)
         return final
 
     def extra_repr(self) -> str:

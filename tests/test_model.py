@@ -191,3 +191,45 @@ def test_gpt_oss_experts_quantized_as_transformers_runs_them():
                                                    "--batch", "2", "--prefill", "8", "--decode", "2", "--reps", "1",
                                                    "--device", "cpu", "--no-graphs", "--no-record"]))
     assert rows[1]["variant"] == "mxfp4" and float(rows[1]["kernel_sqnr_db"]) > 40, rows[1]  # the model, end to end
+
+
+def test_experts_without_a_host_read_compile_whole():
+    """While torch.compile traces (or a CUDA graph captures), QuantizedExperts runs every expert on every token and
+    weights its rows by the routing: the loop's answer (Mixtral's and gpt-oss's layouts), exact zeros for a token
+    routed only to the padding index, and `torch.compile(fullgraph=True)` compiles it with no graph break."""
+    import copy
+
+    import torch
+    import transformers
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from blockscaled.nn import QuantizedExperts, quantize_model_
+
+    gen = torch.Generator().manual_seed(0)
+    config, base = bench_model.build("tiny-mixtral", 1, torch.device("cpu"))
+    q = copy.deepcopy(base)
+    quantize_model_(q, "mxfp4")
+    mixtral = q.model.layers[0].mlp.experts
+    oss_config = transformers.GptOssConfig(hidden_size=64, intermediate_size=96, num_local_experts=4,
+                                           num_experts_per_tok=2, num_hidden_layers=1, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=16, vocab_size=256)
+    oss = GptOssExperts(oss_config)
+    with torch.no_grad():
+        for p in oss.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) / 8)
+    for quantized in (mixtral, QuantizedExperts.from_experts(oss, "mxfp4")):
+        assert isinstance(quantized, QuantizedExperts) and quantized.num_experts == 4
+        hidden = quantized.gate_up[0].in_features
+        x = torch.randn(5, hidden, generator=gen)
+        top_k = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(5)])
+        top_k[3] = 4  # routed to the padding index only (expert parallelism): no expert's rows
+        weights = torch.rand(5, 2, generator=gen)
+        with torch.no_grad():
+            loop, every = quantized(x, top_k, weights), quantized.every_expert(x, top_k, weights)
+            graphs = []
+            compiled = torch.compile(quantized, fullgraph=True,
+                                     backend=lambda gm, _: graphs.append(gm) or gm)(x, top_k, weights)
+        assert float(loop.abs().max()) > 0 and torch.equal(every[3], torch.zeros_like(every[3]))
+        torch.testing.assert_close(every, loop, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(compiled, every, rtol=1e-5, atol=1e-6)
+        assert len(graphs) == 1  # one graph: no break
