@@ -3,8 +3,8 @@
 The model is built from a config with random weights (nothing is downloaded): "llama3-8b" has Llama-3-8B's
 dimensions, "qwen2.5-7b" Qwen2.5-7B's (biased q / k / v projections; `--layers` cuts the depth to save time: every
 layer is alike), "mixtral-8x7b" Mixtral's (8 experts, 2 a token: `blockscaled.nn.QuantizedExperts`, captured as
-every expert on every token; transformers' bf16 experts loop reads the host, so bf16 decodes eagerly: the
-`decode_mode` column), "gpt-oss-20b" gpt-oss-20b's (32 experts, 4 a token, biased and
+every expert on every token; bf16 runs transformers' default experts implementation; the `decode_mode` column says
+whether each variant's step was captured), "gpt-oss-20b" gpt-oss-20b's (32 experts, 4 a token, biased and
 transposed), "tiny", "tiny-qwen2", "tiny-mixtral" and "tiny-gpt-oss" are CI's. Per variant (bf16, then
 each `--formats` entry as WEIGHT, WEIGHT:ACTIVATION, or WEIGHT:nvfp4:static, whose activation scales are calibrated
 on another random prompt first, `blockscaled.nn.calibrate`):
