@@ -133,6 +133,9 @@ def tune_cell(pair: tuple[str, str], m: int, n: int, k: int, measure, device="cu
                  us=round(times[best_key] if keep else default_us, 2), default_us=round(default_us, 2), cold=True)
     log(f"{name} M={m} {n}x{k}: default {default_us:.2f} us, best {best_key} {times.get(best_key, float('nan')):.2f} us"
         f" -> {entry['config']}")
+    # every candidate's time, fastest first: the data a rule for shapes off the table is fitted to
+    log(f"{name} M={m} {n}x{k} all (us): " + "; ".join(f"{key} {us:.2f}" for key, us in sorted(times.items(),
+                                                                                              key=lambda kv: kv[1])))
     return entry
 
 

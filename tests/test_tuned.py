@@ -140,6 +140,7 @@ def test_autotune_run_checks_times_writes_and_resumes(tmp_path, monkeypatch):
     assert timed == [{}, {"max_split": 2}, {"split": 2}]  # split 10**6 refused unrun, max_split 4: wrong, untimed
     assert poisoned == [True, False, True, False, True, False, True]  # each checked call wrote a NaN-filled buffer
     assert any('{"max_split": 4}: max_rel_err' in line for line in log), log
+    assert 'bf16xnvfp4 M=1 128x128 all (us): {"split": 2} 10.00; {"max_split": 2} 20.00' in log, log  # fastest first
     assert entries == json.loads(path.read_text())["entries"]
     (e,) = entries
     assert (e["pair"], e["m"], e["n"], e["k"]) == ("bf16xnvfp4", 1, 128, 128)
