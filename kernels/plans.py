@@ -550,8 +550,8 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                                            max_split=1, programs_per_sm=0) if staged else {}))
         # where split-K has no 8-way split either (8192 x 29568, 462 windows: 162.5 -> 66.1 us; at 3584 x 18944, 296
         # windows, split 8 stays: 16 uneven warps were not the fastest there), B unstaged and unshared, the tail's warps
-        windows_8 = (k // 64) % 8 == 0
-        uneven = 0 if staged or windows_8 else _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True)
+        split_8 = (k // 64) % MMA_SPLIT_UNEVEN_BELOW == 0
+        uneven = 0 if staged or split_8 else _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True)
         if uneven and (k // 64) % uneven:
             options = options._replace(shared_b=False, ahead=0, k_warps=uneven, max_split=1, programs_per_sm=0)
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
