@@ -62,14 +62,17 @@ def candidates(m: int) -> list[dict]:
     # first W mod 16 take one more (`mma_gemv.tail_window`); with fp4 / fp8 activations at M = 1 the only 16-warp
     # plans, staged (the default at 8192^2) or not, which the wave rule leaves out below half a wave (4096 x 14336)
     sixteen = {"k_warps": 16, "shared_b": False}
+    # fp4 / fp8 activations decoded to bf16 rows first, then the bf16 plan (refused for bf16 activations)
+    predecode = [{"predecode": True}]
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
         return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)] + hints
                 + [{"hoist": True, "k_warps": 16}, sixteen | {"stage_b": False},
-                   sixteen | {"stage_b": False, "hoist": True}, sixteen | {"stage_b": True}])
+                   sixteen | {"stage_b": False, "hoist": True}, sixteen | {"stage_b": True}]
+                + predecode + [sixteen | {"predecode": True}])
     if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
                 + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints
-                + [sixteen | {"row_groups": 1}])
+                + [sixteen | {"row_groups": 1}] + predecode)
     # above 64 rows, 128 activation rows a program with split-K too: the activation is re-read from L2 once per 128
     # weight rows whatever the tile, the weights once per tile_m rows (M = 256, 8192^2, tile_m 64: ~411 MB a call)
     # and 16 warps (256 weight rows: the activation's re-reads halved too, docs/MID_M.md)

@@ -183,6 +183,10 @@ LAUNCH_ONLY_KEYS = {"pdl", "pdl_prefetch", "evict", "hoist"}
 # the bf16 plan runs: mma_m64_kernel decoded them again in every program (mxfp4 x mxfp4, M = 32, 10240 x 8192:
 # 41.1 -> 30.6 us). Not at M <= 16 (0.2-1.2 us slower) nor on fp8 weights (0.3-3.1 us slower).
 MMA_PREDECODE_MIN_M = MMA_WARP_M
+# ... and at M = 1 on fp4 weights where the unstaged tail plan would run instead (`_mma_plan`): H200, 8192 x 29568, that
+# plan for nvfp4 x nvfp4 66.2 us, the bf16 one 42.5 (bench/results/h200_k_warps_tail_rule_ab_bf07902_2026-11-30.log);
+# the predecode launch cost 0.2-1.2 us at M <= 16 (H100). Not timed together.
+MMA_PREDECODE_TAIL = True
 
 
 def _mma_predecode(m: int, narrow: bool, fp8_weights: bool) -> bool:
@@ -549,9 +553,14 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         options = options._replace(stage_b=staged, **(dict(row_groups=1, shared_b=False, ahead=0, k_warps=k_warps,
                                                            max_split=1, programs_per_sm=0) if staged else {}))
         # where split-K has no 8-way split either (8192 x 29568, 462 windows: 162.5 -> 66.1 us; at 3584 x 18944, 296
-        # windows, split 8 stays: 16 uneven warps were not the fastest there), B unstaged and unshared, the tail's warps
+        # windows, split 8 stays: 16 uneven warps were not the fastest there), the tail's warps: on fp4 weights over
+        # the activation decoded to bf16 first (`MMA_PREDECODE_TAIL`), else with B unstaged and unshared
         split_8 = (k // 64) % MMA_SPLIT_UNEVEN_BELOW == 0
         uneven = 0 if staged or split_8 else _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True)
+        if uneven and (k // 64) % uneven and MMA_PREDECODE_TAIL and b.fmt.is_packed:
+            bf16 = _default_mma_options(m, n, False, False)._replace(
+                evict=options.evict, hoist=options.hoist, pdl=options.pdl, pdl_prefetch=options.pdl_prefetch)
+            return _mma_plan(a, b, has_bias, m, n, k, bf16._replace(predecode=True))
         if uneven and (k // 64) % uneven:
             options = options._replace(shared_b=False, ahead=0, k_warps=uneven, max_split=1, programs_per_sm=0)
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):

@@ -255,6 +255,10 @@ def test_mma_uneven_k_warps(pair, m, gen):
         run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config=config)
     run_and_check(pair, m, 1024, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
                   config={"k_warps": 4, "shared_b": False})
+    if m == 1:  # by default at 8192 x 1984 (31 windows, >= 0.4 of a wave): 16 warps with a tail; fp4 / fp8
+        # activations on fp4 weights over their rows decoded to bf16 first (`plans.MMA_PREDECODE_TAIL`)
+        run_and_check(pair, 1, 8192, 1984, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True)
+        assert {tail[-2] for tail in mma_plan_tails(pair, 1, 8192, 1984)} == {16}
     assert backend_used(pair, m) == "mma"
 
 

@@ -12,6 +12,7 @@ import torch
 
 import blockscaled as bs
 from blockscaled.kernels import plans
+from blockscaled.kernels.decode import ELEMENT_CODES
 from blockscaled.layouts import arrange_mma_m16k16, factor_value, unarrange_mma_m16k16
 from blockscaled.layouts.mma import ELEMENTS, SLOTS
 
@@ -578,15 +579,20 @@ def test_k_warps_options(monkeypatch):
     plan = plans._mma_plan(a, b, False, 1, 64, 1984, plans._mma_options(None, 1, 64, False))
     # 31 windows: split-K in parts of 1 or 2 windows (no split of 8 divides them)
     assert plan.consts[-2] == 1 and plan.split == plans._mma_split(31, 1, 32, 16, cpu, parts=True) == 16
-    # by default with a tail: bf16 activations at 8192 x 29568 (462 windows); fp4 activations too, unstaged and
-    # unshared, where split-K has no 8-way split (462 % 8), not at 3584 x 3584 (56 windows: split 8)
-    for fa, n, k, want in (("bf16", 8192, 29568, (16, False)), ("nvfp4", 8192, 29568, (16, False)),
-                           ("nvfp4", 3584, 3584, (1, True))):
-        w = bs.quantize(torch.randn(n, k), "nvfp4").with_data_layout("mma_m16k16")
+    # by default with a tail: bf16 activations at 8192 x 29568 (462 windows); fp4 activations too where split-K has no
+    # 8-way split (462 % 8): on fp4 weights over the activation decoded to bf16 first (the bf16 plan), on fp8 weights
+    # with B unstaged and unshared; not at 3584 x 3584 (56 windows: split 8)
+    for fa, fb, n, k, want, predecoded in (("bf16", "nvfp4", 8192, 29568, (16, False), False),
+                                           ("nvfp4", "nvfp4", 8192, 29568, (16, False), True),
+                                           ("mxfp8", "mxfp8", 8192, 29568, (16, False), False),
+                                           ("nvfp4", "nvfp4", 3584, 3584, (1, True), False)):
+        w = bs.quantize(torch.randn(n, k), fb).with_data_layout("mma_m16k16")
         x = torch.randn(1, k).to(torch.bfloat16) if fa == "bf16" else bs.quantize(torch.randn(1, k), fa)
         plan = plans._mma_plan(x if fa != "bf16" else None, w, False, 1, n, k, plans.mma_options_for(None, x, w, 1, n))
         assert (plan.consts.K_WARPS, plan.consts.SHARED_B, plan.consts.STAGE_B) == (*want, False), (fa, n, k)
-        assert (plan.split == 1) == (want[0] == 16)
+        assert (plan.split == 1) == (want[0] == 16) and (plan.predecode is not None) == predecoded, (fa, n, k)
+        if predecoded:  # the bf16 rows of the activation in the call's scratch, as above M = 16
+            assert plan.workspace.rows == (1, k // 16, 16) and plan.consts.ACT_ELEM == ELEMENT_CODES["bf16"]
     # resolved to k_warps > 1: split 1 and no workspace, although the options keep split-K's cap
     b = bs.quantize(torch.randn(8192, 1024), "mxfp4").with_data_layout("mma_m16k16")
     monkeypatch.setattr(plans, "_mma_k_warps", lambda windows, programs, device, uneven=False: 8)

@@ -106,7 +106,7 @@ def test_autotune_candidates_pass_the_checks_somewhere():
         x = torch.randn(m, 128)
         b = bs.quantize(torch.randn(256, 128), "nvfp4").with_data_layout("mma_m16k16")
         for config in autotune.candidates(m):
-            if config.get("stage_b"):  # fp4 / fp8 activations only
+            if config.get("stage_b") or config.get("predecode"):  # fp4 / fp8 activations only
                 plans.mma_options_for(config, bs.quantize(x, "nvfp4"), b, m, 8192)
             else:
                 plans.mma_options_for(config, x.to(torch.bfloat16), b, m, 8192)
