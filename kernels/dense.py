@@ -127,8 +127,8 @@ def dense_decode_config() -> helion.Config:
 # 28672 x 8192, 2048-row chunks against one 0.99-1.01x (bench/results/h200_dense_decode_chunks_08d5118_2026-11-28.log).
 DENSE_CHUNK_BYTES = 256 << 20
 # Chunk i + 1 decoded on a side stream while cuBLAS multiplies chunk i (two buffers, events) did not pay: H200, M =
-# 2048, 8192^2 nvfp4 441.7 us in one chunk against 441.9 in four overlapped, Llama-3-8B's shapes 0.94-1.04 of in-order
-# (bench/results/h200_dense_overlap_0cb04ac_2026-11-30.log): cuBLAS holds every SM, so the decode waits for it.
+# 2048, 8192^2 nvfp4 441.7 us in one chunk against 441.9 in four overlapped, Llama-3-8B's shapes 0.91-1.07x the
+# in-order speed (bench/results/h200_dense_overlap_0cb04ac_2026-11-30.log): cuBLAS holds every SM, so the decode waits.
 PLAN_KEYS = ("chunk_rows",)
 
 _LAUNCHES: dict[tuple, object] = {}
