@@ -423,6 +423,11 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligne
     return _mma_options({}, m, n, narrow, fp8_weights, aligned)
 
 
+def _split_starved(windows: int) -> bool:
+    """Whether no split-K of MMA_SPLIT_UNEVEN_BELOW divides the K / 64 windows (where uneven parts and warps pay)."""
+    return windows % MMA_SPLIT_UNEVEN_BELOW != 0
+
+
 def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm: int, device: torch.device,
                unsplit_waves: float = 0, uneven: bool = False, parts: bool = False) -> int:
     """Split-K factor: a power of two <= max_split dividing the 64-K windows (with `parts`, where 8 does not
@@ -431,7 +436,7 @@ def _mma_split(windows: int, row_programs: int, max_split: int, programs_per_sm:
     (else the fullest), and 1 where the unsplit programs fill `unsplit_waves` (if given) of a wave.
     With `uneven` (mma_m64_kernel), where that split leaves one wave under 90% full, the largest factor
     <= max_split whose programs still fit one wave if they fill 90% of it (`MMA_M64_UNEVEN_SPLIT`)."""
-    any_part = parts and windows % MMA_SPLIT_UNEVEN_BELOW != 0
+    any_part = parts and _split_starved(windows)
     splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= min(max_split, windows) and (any_part or windows % s == 0)]
     if not programs_per_sm:
         return splits[-1]
@@ -555,13 +560,13 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         # where split-K has no 8-way split either (8192 x 29568, 462 windows: 162.5 -> 66.1 us; at 3584 x 18944, 296
         # windows, split 8 stays: 16 uneven warps were not the fastest there), the tail's warps: on fp4 weights over
         # the activation decoded to bf16 first (`MMA_PREDECODE_TAIL`), else with B unstaged and unshared
-        split_8 = (k // 64) % MMA_SPLIT_UNEVEN_BELOW == 0
-        uneven = 0 if staged or split_8 else _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True)
-        if uneven and (k // 64) % uneven and MMA_PREDECODE_TAIL and b.fmt.is_packed:
-            bf16 = _default_mma_options(m, n, False, False)._replace(
-                evict=options.evict, hoist=options.hoist, pdl=options.pdl, pdl_prefetch=options.pdl_prefetch)
-            return _mma_plan(a, b, has_bias, m, n, k, bf16._replace(predecode=True))
-        if uneven and (k // 64) % uneven:
+        starved = not staged and _split_starved(k // 64)
+        uneven = _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True) if starved else 1
+        if (k // 64) % uneven:
+            if MMA_PREDECODE_TAIL and b.fmt.is_packed:
+                bf16 = _default_mma_options(m, n, False, False)._replace(
+                    evict=options.evict, hoist=options.hoist, pdl=options.pdl, pdl_prefetch=options.pdl_prefetch)
+                return _mma_plan(a, b, has_bias, m, n, k, bf16._replace(predecode=True))
             options = options._replace(shared_b=False, ahead=0, k_warps=uneven, max_split=1, programs_per_sm=0)
     if options.stage_b and not _mma_stage_b(m, k, options.k_warps):
         raise ValueError(f"config: stage_b needs M x (2 K + 16) <= {MMA_STAGED_B_MAX_BYTES} bytes and M x K / 64 / k_warps "
@@ -584,7 +589,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
             options = options._replace(k_warps=1, row_groups=1, split=one_group, ahead=1)
         else:  # split-K; fp8 weights at 8 < M <= 16 with long K load one window ahead
             fp8_ahead = (not b.fmt.is_packed and _mma_column_groups(m) == 2 and k >= MMA_FP8_M16_AHEAD_K
-                         and (k // 64) % MMA_SPLIT_UNEVEN_BELOW == 0)  # else uneven parts, which load none ahead
+                         and not _split_starved(k // 64))  # else uneven parts, which load none ahead
             options = options._replace(k_warps=1, ahead=1 if fp8_ahead else options.ahead)
     elif not options.k_warps:
         uneven = not (options.shared_b or options.stage_b or options.ahead)
