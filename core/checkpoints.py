@@ -167,7 +167,7 @@ def _fused_linear(tensors, parent_name, parent, names, checkpoint_format, activa
                and (filter_fn is None or filter_fn(p[:-1], m)) for m, p in zip(modules, prefixes)):
         return None
     key = _GLOBAL_SCALE_KEYS[checkpoint_format]  # read before the weights: siblings of other global scales load once
-    if not all(torch.equal(tensors[prefixes[0] + key], tensors[p + key]) for p in prefixes[1:]):
+    if not all(torch.equal(_get(tensors, prefixes[0] + key), _get(tensors, p + key)) for p in prefixes[1:]):
         return None
     loaded = [load_weight(tensors, p, checkpoint_format) for p in prefixes]
     for (w, _), m, p in zip(loaded, modules, prefixes):
