@@ -271,6 +271,7 @@ def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: i
     the default's outputs and timed against it by `measure(fn) -> ms`. None where the launch is not tuned, or its
     kernel's entry (`quantize_key`) is in `done`."""
     from blockscaled.kernels.api import _compile
+    from blockscaled.kernels.quantize import table_name
 
     captured = quantize_launch(fmt, rows, k, decoded, device)
     what = f"quantize {fmt} {'decoded rows' if decoded else 'codes'} {rows}x{k}"
@@ -278,7 +279,8 @@ def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: i
         log(f"{what}: the grid barrier's variant: not tuned")
         return None
     kernel, args, default = captured
-    if (kernel.name, fmt, decoded, "bfloat16", rows, k) in done:  # the kernel the call runs now, not a former one
+    kernel_key = table_name(kernel, args)
+    if (kernel_key, fmt, decoded, "bfloat16", rows, k) in done:  # the kernel the call runs now, not a former one
         return None
     bound = kernel.bind(args)
     knobs = dict(autotune_effort="quick", autotune_budget_seconds=budget, autotune_progress_bar=False,
@@ -303,7 +305,7 @@ def tune_quantize(fmt: str, rows: int, k: int, decoded: bool, measure, budget: i
     same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(want, got))
     times = {name: measure(lambda f=launch: f(*args)) * 1e3 for name, launch in launches.items()}
     keep = same and times["tuned"] < times["default"] * (1 - KEEP_MARGIN)
-    entry = dict(kernel=kernel.name, format=fmt, decoded=decoded, dtype="bfloat16", rows=rows, k=k,
+    entry = dict(kernel=kernel_key, format=fmt, decoded=decoded, dtype="bfloat16", rows=rows, k=k,
                  config=dict(best.config) if keep else None, us=round(times["tuned" if keep else "default"], 2),
                  default_us=round(times["default"], 2))
     log(f"{what}: default {times['default']:.2f} us, Helion's {times['tuned']:.2f} us"

@@ -26,6 +26,7 @@ import torch
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 import blockscaled as bs  # noqa: E402
+from blockscaled.kernels import quantize as _kq  # noqa: E402
 from blockscaled.kernels.quantize import quantize_decoded  # noqa: E402
 from blockscaled.reference import dequantize  # noqa: E402
 
@@ -45,17 +46,19 @@ def compile_sm90(folder: Path) -> int:
 
     from .sass import compile_launch
 
-    def both(x, fmt, stem, suffix=""):  # the codes-and-scales kernel and the decoded-rows one of the same input
+    def both(x, fmt, stem, suffix="", codes=True):  # the codes-and-scales kernel and the decoded-rows one of an input
         f = bs.get_format(fmt)
-        compile_launch(lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None), kq, folder, f"{stem}_codes{suffix}")
+        if codes:
+            compile_launch(lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None), kq, folder,
+                           f"{stem}_codes{suffix}")
         compile_launch(lambda: kq.quantize_decoded(x, f, "floor", None), kq, folder, f"{stem}_decoded{suffix}")
 
-    hw, blocks, pdl = kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl
+    hw, blocks, pdl, pairs = kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl, kq._pairs
     kq.QUANTIZE_BLOCKS = frozenset()  # quantize_kernel up to the "_blocks" variants
     try:
         _compile_variants(kq, both)
     finally:
-        kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl = hw, blocks, pdl
+        kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl, kq._pairs = hw, blocks, pdl, pairs
     return 0
 
 
@@ -81,6 +84,10 @@ def _compile_variants(kq, both) -> None:
     both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp4", "quantize_mxfp4_bfloat16", "_blocks_pdl")
     with amax_way("barrier"):
         both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_barrier_pdl")
+    # the mx formats over bf16 pairs as on an sm_90+ GPU, with PDL (`QUANTIZE_PAIRS`; mxfp8 codes: the hardware E4M3)
+    kq._pairs = lambda x, fmt, rows_out: not fmt.global_scale and (rows_out or fmt.element == "e2m1")
+    both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp4", "quantize_mxfp4_bfloat16", "_pairs_pdl")
+    both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_pairs_pdl", codes=False)
 
 
 def _use_config(config) -> str:
@@ -94,14 +101,20 @@ def _use_config(config) -> str:
     return "[r{}k{}w{}]".format(*config)
 
 
+_DEFAULT_BLOCKS = _kq.QUANTIZE_BLOCKS
+
+
 def _use_kernel(kind) -> str:
-    """Set `QUANTIZE_BLOCKS` for the next calls ("chunks": no format, "blocks": every format; None: as it is); its
-    label."""
+    """Set `QUANTIZE_BLOCKS` and `QUANTIZE_PAIRS` for the next calls ("chunks": no format, "blocks": every format,
+    both without the bf16 pairs; "pairs": the module's formats with the pairs; None: as it is); its label."""
     from blockscaled.kernels import quantize as kq
 
     if kind is None:
         return ""
-    kq.QUANTIZE_BLOCKS = EVERY_FORMAT if kind == "blocks" else frozenset()
+    if kind == "pairs":
+        kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS = _DEFAULT_BLOCKS, True
+    else:
+        kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS = EVERY_FORMAT if kind == "blocks" else frozenset(), False
     return f"[{kind}]"
 
 
@@ -154,7 +167,7 @@ def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
     p.add_argument("--no-record", action="store_true")
-    p.add_argument("--kernels", nargs="+", choices=["chunks", "blocks"],
+    p.add_argument("--kernels", nargs="+", choices=["chunks", "blocks", "pairs"],
                    help="time these codes-and-scales kernels (`quantize_kernel`, `quantize_blocks_kernel`) instead "
                         "of the one `QUANTIZE_BLOCKS` picks")
     p.add_argument("--decoded", action="store_true",

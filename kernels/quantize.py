@@ -20,6 +20,7 @@ bit (below 1 by adding 2^23), and nvfp4's three divisions as IEEE `div_rn` (Trit
 
 from __future__ import annotations
 
+import struct
 import warnings
 from typing import NamedTuple
 
@@ -51,24 +52,35 @@ def _f32(bits):
     return bits.view(torch.float32)
 
 
-def _e8m0_scale(amax, FP8: bool, RCEIL: bool):
+def _e8m0_scale(amax, FP8: bool, RCEIL: bool, SHORT: bool = False):
     """(E8M0 code, the multiplier its elements are scaled by) per block from amax >= 0 (NaN: code 255).
     floor: 2^(floor(log2 amax) - emax), the multiplier 1 / max(scale, 2^-126) (0 where the scale is Inf);
-    rceil: 2^ceil(log2(amax / elem_max)), the multiplier as the reference's (1 at code 0, NaN at 255)."""
-    if FP8:  # E4M3: emax 8, largest 448
+    rceil: 2^ceil(log2(amax / elem_max)), the multiplier as the reference's (1 at code 0, NaN at 255). With SHORT
+    (amax a bf16 value: 8 significant bits) rceil's code comes from amax's bits, no division: amax / elem_max rounded
+    to fp32 lands on a power of two only where it is one, so its ceil(log2) is amax's exponent - emax, plus 1 where
+    amax's significand is above elem_max's (1.5 for E2M1, 1.75 for E4M3); below fp32's normal range that gives code
+    1 exactly where amax / elem_max > 2^-127, as the division's subnormal does."""
+    if FP8:  # E4M3: emax 8, largest 448 = 1.75 x 2^8
         emax = 8
         elem_max = 448.0
-    else:  # E2M1: emax 2, largest 6
+        elem_mantissa = 0x600000
+    else:  # E2M1: emax 2, largest 6 = 1.5 x 2^2
         emax = 2
         elem_max = 6.0
+        elem_mantissa = 0x400000
     nan = amax != amax
     if RCEIL:
-        descale = _div_rn(amax, torch.full_like(amax, elem_max))
-        bits = descale.view(torch.int32)
-        exp_field = (bits >> 23) & 0xFF
-        mantissa = bits & 0x7FFFFF
-        subnormal = (mantissa > 0x400000).to(torch.int32) - 127  # d < 2^-126: -126 above 2^-127, else <= -127
-        ceil_log2 = torch.where(exp_field == 0, subnormal, exp_field - 127 + (mantissa != 0).to(torch.int32))
+        if SHORT:
+            bits = amax.view(torch.int32)
+            exp_field = (bits >> 23) & 0xFF
+            ceil_log2 = exp_field - 127 - emax + ((bits & 0x7FFFFF) > elem_mantissa).to(torch.int32)
+        else:
+            descale = _div_rn(amax, torch.full_like(amax, elem_max))
+            bits = descale.view(torch.int32)
+            exp_field = (bits >> 23) & 0xFF
+            mantissa = bits & 0x7FFFFF
+            subnormal = (mantissa > 0x400000).to(torch.int32) - 127  # d < 2^-126: -126 above 2^-127, else <= -127
+            ceil_log2 = torch.where(exp_field == 0, subnormal, exp_field - 127 + (mantissa != 0).to(torch.int32))
         code = torch.clamp(ceil_log2, -127, 127) + 127
         code = torch.where(exp_field == 255, 254, code)  # Inf (NaN below)
         multiplier = _f32(torch.where(code == 254, 0x400000, (254 - code) << 23))
@@ -313,6 +325,102 @@ def _store_block_codes(data, tile_r, tile_b, parts: list, multiplier, FP8: bool,
         data[tile_r, tile_b, w] = (words[2 * w].to(torch.int64) & 0xFFFFFFFF) | (words[2 * w + 1].to(torch.int64) << 32)
 
 
+# bf16 pairs (`quantize_blocks_kernel` with PAIRS): two bf16 elements in one 32-bit word, each op one instruction
+# for both (sm_90: add / sub / mul .bf16x2, max.u16x2). An mx block's multiplier is a power of two, so x times it is
+# exact in bf16 (as in fp32, whose result the reference rounds), and one bf16 addition rounds |y| to the element
+# grid: in binade 2^e, |y| + 2^(e + 7 - MANTISSA) has an ulp of 2^(e - MANTISSA), the grid's spacing there (below the
+# smallest normal binade, the subnormal spacing), rounded to nearest even as `_e2m1_codes` / `_e4m3_bits` round.
+#
+#   word:   | 31 ........ 16 | 15 ......... 0 |
+#           |  element 2i+1  |   element 2i   |     (little-endian: the even element in the low half)
+#   code:   |  0..0  s c c c |  0..0  s c c c |     (E2M1 per half before the nibbles are packed)
+BF16X2_SIGNS = 0x80008000
+BF16X2_MAGNITUDES = 0x7FFF7FFF
+BF16X2_EXPONENTS = 0x7F807F80
+
+
+def _bf16x2(op: str, a, b):
+    """`op`.bf16x2 (PTX: "mul.rn", "add.rn", "sub.rn", "min", "max") of two words of bf16 pairs, lane by lane."""
+    return hl.inline_asm_elementwise(f"{op}.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=torch.int32, is_pure=True,
+                                     pack=1)
+
+
+def _bf16x2_const(value: float, like):
+    """The word of two bf16 `value`s (positive, exact in bf16: an fp32 whose low 16 bits are zero), shaped like `like`."""
+    half = struct.unpack("<I", struct.pack("<f", value))[0] >> 16
+    return torch.full_like(like, half << 16 | half)
+
+
+def _max_u16x2(a, b):
+    """max.u16x2: the larger of each 16-bit lane of two words, as unsigned integers."""
+    return hl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=torch.int32, is_pure=True, pack=1)
+
+
+def _pairs_amax(parts: list):
+    """Each block's largest magnitude (fp32) from its words of bf16 pairs: the halves' bits maximized as u16 lanes
+    (NaN above Inf, as `_block_amax`), then the two halves of the last word."""
+    top = parts[0] & BF16X2_MAGNITUDES
+    for part in parts[1:]:
+        top = _max_u16x2(top, part & BF16X2_MAGNITUDES)
+    top = torch.amax(torch.maximum(top & 0xFFFF, (top >> 16) & 0xFFFF), dim=-1)
+    return (top << 16).view(torch.float32)
+
+
+def _pairs_rounded(y, FP8: bool):
+    """(|y| rounded to the element grid, the magic word added) per bf16 lane of `y` (NaN: 6 / 448, the block's NaN
+    scale decides): min(|y|, largest), then + 2^(e + 7 - MANTISSA) with 2^e the binade of max(|y|, smallest normal)."""
+    if FP8:  # E4M3: 3 mantissa bits, normal from 2^-6, largest 448
+        largest, smallest, shift = 448.0, 2.0**-6, 4
+    else:  # E2M1: 1 mantissa bit, normal from 1, largest 6
+        largest, smallest, shift = 6.0, 1.0, 6
+    a = _bf16x2("min", y & BF16X2_MAGNITUDES, _bf16x2_const(largest, y))
+    magic = (_bf16x2("max", a, _bf16x2_const(smallest, y)) & BF16X2_EXPONENTS) + (shift << 7 | shift << 23)
+    return _bf16x2("add.rn", a, magic), magic
+
+
+def _pairs_decoded(part, multiplier, scale_value, FP8: bool):
+    """The decoded words (element value x block scale, bf16 pairs) of one part's words `part` [rows, blocks, 4]:
+    `multiplier` and `scale_value` words of bf16 pairs [rows, blocks, 1]; each product exact (powers of two)."""
+    y = _bf16x2("mul.rn", part, multiplier)
+    rounded, magic = _pairs_rounded(y, FP8)
+    return _bf16x2("mul.rn", _bf16x2("sub.rn", rounded, magic) | (y & BF16X2_SIGNS), scale_value)
+
+
+def _pairs_e2m1_bytes(part, multiplier):
+    """One part's E2M1 codes from its words `part` [rows, blocks, 4]: each word's two codes in its low byte (the even
+    element's in the low nibble), int32 [rows, blocks, 4]. A NaN lane
+    (only in a NaN block: x NaN, or Inf times the floor rounding's 0, or the rceil rounding's NaN multiplier) gets code
+    0 as `_e2m1_codes` gives it; -0 keeps its sign."""
+    y = _bf16x2("mul.rn", part, multiplier)
+    magnitude = y & BF16X2_MAGNITUDES
+    nan = (magnitude + 0x007F007F) & BF16X2_SIGNS  # bit 15 of a lane: above Inf's bits
+    rounded, magic = _pairs_rounded(_bf16x2("max", magnitude, torch.zeros_like(y)), False)  # max(NaN, 0) = 0
+    # code = q + 2e: q = rounded - magic (the grid step), 2e = (binade >> 6) - 254, binade = magic - (6 << 7)
+    code = rounded - magic + ((magic - (6 << 7 | 6 << 23)) >> 6) - (254 | 254 << 16)
+    code = code | ((((y & ~nan) & BF16X2_SIGNS) >> 12) & 0x00080008)  # the sign at bit 3 of each lane
+    return (code | (code >> 12)) & 0xFF
+
+
+def _pair_parts(x, tile_r, tile_b, PARTS: int) -> list:
+    """A tile's blocks as PARTS int32 [rows, blocks, 4] words of bf16 pairs, one 16-byte load each."""
+    return [x[tile_r, tile_b, p, :] for p in range(PARTS)]
+
+
+def _store_pairs_codes(data, tile_r, tile_b, words: list, multiplier) -> None:
+    """`_store_block_codes`'s fp4 data from words of bf16 pairs: each part's 8 codes an int32, two an int64."""
+    shifts = hl.arange(4) * 8
+    fp4 = [torch.sum(_pairs_e2m1_bytes(w, multiplier) << shifts[None, None, :], dim=-1) for w in words]
+    for w in range(len(fp4) // 2):
+        data[tile_r, tile_b, w] = (fp4[2 * w].to(torch.int64) & 0xFFFFFFFF) | (fp4[2 * w + 1].to(torch.int64) << 32)
+
+
+def _pairs_word(e8m0_bits):
+    """A block's power-of-two (or 0 / NaN) fp32 multiplier or scale value as a word of two bf16 (its low 16 bits are
+    zero), [rows, blocks]."""
+    bits = e8m0_bits.view(torch.int32)
+    return bits | ((bits >> 16) & 0xFFFF)
+
+
 @helion.kernel(**KERNEL_SETTINGS)
 def quantize_blocks_kernel(
     x: torch.Tensor,
@@ -331,35 +439,50 @@ def quantize_blocks_kernel(
     HW_E4M3: hl.constexpr,
     PARTS: hl.constexpr,
     PDL: hl.constexpr,
+    PAIRS: hl.constexpr,
 ) -> torch.Tensor:
     """`quantize_kernel`'s codes and scales, or with DECODED its bf16 rows (`decoded` [rows, blocks, PARTS, 8]), where
     it needs no amax of its own or grid barrier, with every block in one thread: x [rows, blocks, PARTS, 8] is read as PARTS loads of [rows, blocks, 8] (8 contiguous elements a thread
     each, a warp's lanes over consecutive blocks), so each block's amax, scale and packing stay in its thread: no
     shuffle, no layout conversion through shared memory, and the per-block arithmetic once per block, not once per 8
     elements. data: fp4 [rows, blocks, PARTS // 2] int64 (each int64 16 codes, code j in bits 4j..4j+3), fp8 [rows,
-    blocks, PARTS, 8] uint8."""
+    blocks, PARTS, 8] uint8. With PAIRS (mx formats, bf16 in: `QUANTIZE_PAIRS`) x is int32 [rows, blocks, PARTS, 4]
+    (bf16 pairs) and so is `decoded`: each op on two elements (`_pairs_decoded`, `_pairs_e2m1_bytes`)."""
     rows, blocks = x.size(0), x.size(1)
     for tile_r, tile_b in hl.tile([rows, blocks]):
-        parts = _block_parts(x, tile_r, tile_b, PARTS, BF16_BITS)
-        amax = _dependents_may_launch(_block_amax(parts), PDL)
-        if NV:  # the global scale and its reciprocal once a program (a scalar), not once a block
-            g = global_scale[0]
-            if FROM_AMAX:
-                g = _global_from_amax(g)
-                first = (tile_r.index[:, None] == 0) & (tile_b.index[None, :] == 0)
-                hl.store(global_out, [tile_r.index[:, None] * 0 + tile_b.index[None, :] * 0],
-                         torch.full_like(amax, 1.0) * g, extra_mask=first)
-            inv_g = _div_rn(torch.full_like(g, 1.0), g)
-            code, multiplier = _nvfp4_scale(amax, torch.full_like(amax, 1.0) * g, torch.full_like(amax, 1.0) * inv_g)
+        if PAIRS:
+            words = _pair_parts(x, tile_r, tile_b, PARTS)
+            amax = _dependents_may_launch(_pairs_amax(words), PDL)
+            code, multiplier = _e8m0_scale(amax, FP8, RCEIL, True)
+            m2 = _pairs_word(multiplier)[:, :, None]
+            if DECODED:
+                s2 = _pairs_word(_scale_value(code, False))[:, :, None]
+                for p in hl.static_range(PARTS):
+                    decoded[tile_r, tile_b, p, :] = _pairs_decoded(words[p], m2, s2, FP8)
+            else:  # E2M1 codes (E4M3's: the hardware's conversion, HW_E4M3)
+                _store_pairs_codes(data, tile_r, tile_b, words, m2)
         else:
-            code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
-        if DECODED:
-            scale_value = _scale_value(code, NV)[:, :, None]
-            for p in hl.static_range(PARTS):
-                values = _element_values(parts[p] * multiplier[:, :, None], FP8, HW_E4M3) * scale_value
-                decoded[tile_r, tile_b, p, :] = values.to(torch.bfloat16)
-        else:
-            _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
+            parts = _block_parts(x, tile_r, tile_b, PARTS, BF16_BITS)
+            amax = _dependents_may_launch(_block_amax(parts), PDL)
+            if NV:  # the global scale and its reciprocal once a program (a scalar), not once a block
+                g = global_scale[0]
+                if FROM_AMAX:
+                    g = _global_from_amax(g)
+                    first = (tile_r.index[:, None] == 0) & (tile_b.index[None, :] == 0)
+                    hl.store(global_out, [tile_r.index[:, None] * 0 + tile_b.index[None, :] * 0],
+                             torch.full_like(amax, 1.0) * g, extra_mask=first)
+                inv_g = _div_rn(torch.full_like(g, 1.0), g)
+                code, multiplier = _nvfp4_scale(amax, torch.full_like(amax, 1.0) * g, torch.full_like(amax, 1.0) * inv_g)
+            else:
+                code, multiplier = _e8m0_scale(amax, FP8, RCEIL)
+            if DECODED:
+                scale_value = _scale_value(code, NV)[:, :, None]
+                for p in hl.static_range(PARTS):
+                    values = _element_values(parts[p] * multiplier[:, :, None], FP8, HW_E4M3) * scale_value
+                    decoded[tile_r, tile_b, p, :] = values.to(torch.bfloat16)
+            else:
+                _store_block_codes(data, tile_r, tile_b, parts, multiplier[:, :, None], FP8, HW_E4M3)
+        if not DECODED:
             r = tile_r.index[:, None]
             c = tile_b.index[None, :]
             hl.store(scale, [scale_offset(SCALE_LAYOUTS[LAYOUT], r, c, blocks)], code.to(torch.uint8),
@@ -478,6 +601,22 @@ def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
             and plans._capability(x.device) >= (8, 9))
 
 
+# mx formats from bf16 on sm_90+ in words of two bf16 (`_pairs_decoded`, `_pairs_e2m1_bytes`): instructions a thread of
+# 32 elements (sm_90, bf16 in, `bench.quantize --compile-sm90`) mxfp4 decoded rows 840 -> PAIRS_DECODED_INSTR,
+# codes 624 -> PAIRS_CODES_INSTR.
+QUANTIZE_PAIRS = True
+
+
+def _pairs(x: torch.Tensor, fmt: BlockFormat, rows_out: bool) -> bool:
+    """Whether `quantize_blocks_kernel` runs over bf16 pairs (PAIRS): QUANTIZE_PAIRS, bf16 in, an mx format (a
+    power-of-two multiplier: exact in bf16), decoded rows or E2M1 codes, an NVIDIA sm_90+ GPU (add / mul .bf16x2,
+    max.u16x2; never the interpreter), more than one block a row (`_blocks_kernel_runs`) and 4-byte aligned rows."""
+    return (QUANTIZE_PAIRS and x.dtype == torch.bfloat16 and not fmt.global_scale
+            and (rows_out or fmt.element == "e2m1") and plans._has_pdl(x.device)
+            and x.shape[1] // fmt.block_size > 1 and x.shape[1] % 2 == 0
+            and (x.is_contiguous() and x.data_ptr() % 4 == 0 or not x.is_contiguous()))
+
+
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:
     """The kernel's NV (nvfp4: E4M3 scales over a global scale) and FP8 (E4M3 elements) constexprs; neither: mxfp4.
     (Booleans: Helion passes module-level constants compared in the kernel as arguments, so both branches compile.)"""
@@ -509,23 +648,26 @@ def _blocks_kernel_runs(fmt: BlockFormat, amax: _Amax, cols: int) -> bool:
 
 
 def _launch_blocks(x, fmt: BlockFormat, amax: _Amax, scale_rounding: str, hw: bool, pdl: bool, data=None, scale=None,
-                   layout: str = "rowmajor", decoded=None) -> None:
-    """`quantize_blocks_kernel` on x [rows, K]: the codes into `data` (k_order) and `scale` (`layout`), or the rows
-    into `decoded` (bf16 [rows, K])."""
+                   layout: str = "rowmajor", decoded=None, pairs: bool = False) -> None:
+    """`quantize_blocks_kernel` on x [rows, K] (contiguous): the codes into `data` (k_order) and `scale` (`layout`),
+    or the rows into `decoded` (bf16 [rows, K]); with `pairs` (`_pairs`) over words of two bf16."""
     rows, k = x.shape
     cols, parts = k // fmt.block_size, fmt.block_size // 8
-    xb = x.contiguous().view(rows, cols, parts, 8)
+    per_part = 4 if pairs else 8
+    xb = (x.view(torch.int32) if pairs else x.view(torch.int16) if x.dtype == torch.bfloat16 else x)
+    xb = xb.view(rows, cols, parts, per_part)
     rows_out = decoded is not None
     if rows_out:  # the codes' arguments unread: the global scale stands in for them
-        data, scale, decoded = amax.g, amax.g, decoded.view(rows, cols, parts, 8)
+        decoded = (decoded.view(torch.int32) if pairs else decoded).view(rows, cols, parts, per_part)
+        data, scale = amax.g, amax.g
     else:
         data = (data.view(torch.uint8).view(rows, cols, parts, 8) if fmt.element == "e4m3"
                 else data.view(torch.int64).view(rows, cols, parts // 2))
         scale, decoded = scale.view(torch.uint8).view(-1), amax.g
-    args = (xb.view(torch.int16) if x.dtype == torch.bfloat16 else xb, data, scale, amax.g_in, amax.g, decoded,
-            *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16,
-            amax.from_amax, hw, parts, pdl)
-    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw, pdl)
+    args = (xb, data, scale, amax.g_in, amax.g, decoded, *_format_flags(fmt), scale_rounding == "rceil",
+            LAYOUT_CODES[layout], rows_out, x.dtype == torch.bfloat16, amax.from_amax, hw, parts, pdl, pairs)
+    key = ("blocks", fmt.name, rows, k, x.dtype, scale_rounding, layout, rows_out, x.device, amax.from_amax, hw, pdl,
+           pairs)
     _launch_tuned(key, quantize_blocks_kernel, args, fmt, rows_out, x, quantize_blocks_config(fmt, cols))
 
 
@@ -536,6 +678,12 @@ def _launch(args: tuple, fmt: BlockFormat, key: tuple, x: torch.Tensor, amax: _A
         _launch_tuned(key, quantize_kernel, args, fmt, decoded, x, quantize_config(fmt))
 
 
+def table_name(kernel, args: tuple) -> str:
+    """A quantize launch's kernel as the tuned table names it: `quantize_blocks_kernel` over bf16 pairs (its last
+    argument, PAIRS) is "quantize_blocks_kernel[pairs]" (its own loads: a config's per-load fields differ)."""
+    return kernel.name + "[pairs]" if kernel is quantize_blocks_kernel and args[-1] else kernel.name
+
+
 def _launch_tuned(key: tuple, kernel, args: tuple, fmt: BlockFormat, decoded: bool, x: torch.Tensor,
                   default: helion.Config) -> None:
     """`kernel(*args)` with the GPU's tuned config for this input (`tuned.quantize_config_for`: `python -m
@@ -543,7 +691,8 @@ def _launch_tuned(key: tuple, kernel, args: tuple, fmt: BlockFormat, decoded: bo
     default runs (a hand-edited or stale table never fails a call)."""
     if key not in _LAUNCHES:
         gpu = _tuned_gpu(x.device)
-        found = gpu and tuned.quantize_config_for(gpu, kernel.name, fmt.name, decoded, str(x.dtype)[6:], *x.shape)
+        found = gpu and tuned.quantize_config_for(gpu, table_name(kernel, args), fmt.name, decoded, str(x.dtype)[6:],
+                                                  *x.shape)
         if found:
             try:
                 return _launch_cached(_LAUNCHES, key, kernel, args, lambda: helion.Config.from_dict(found), x.device)
@@ -570,8 +719,10 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
-    if _blocks_kernel_runs(fmt, amax, cols):
-        _launch_blocks(x, fmt, amax, scale_rounding, hw, pdl, data=data, scale=scale, layout=layout)
+    pairs = _pairs(x, fmt, False)
+    if pairs or _blocks_kernel_runs(fmt, amax, cols):
+        _launch_blocks(x.contiguous(), fmt, amax, scale_rounding, hw, pdl, data=data, scale=scale, layout=layout,
+                       pairs=pairs)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     args = (_blocks(x, fmt), _chunks(data.view(torch.uint8), k, fmt), scale.view(torch.uint8).view(-1), amax.g_in,
             amax.g, amax.sync, amax.g, *_format_flags(fmt), scale_rounding == "rceil", LAYOUT_CODES[layout], False,
@@ -589,8 +740,9 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     amax = _global_scale(x, fmt, global_scale)
     hw, pdl = _hw_e4m3(x, fmt), _pdl(x)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
-    if _blocks_kernel_runs(fmt, amax, cols):
-        _launch_blocks(x, fmt, amax, scale_rounding, hw, pdl, decoded=decoded)
+    pairs = _pairs(x, fmt, True)
+    if pairs or _blocks_kernel_runs(fmt, amax, cols):
+        _launch_blocks(x.contiguous(), fmt, amax, scale_rounding, hw, pdl, decoded=decoded, pairs=pairs)
         return decoded, amax.g
     args = (_blocks(x, fmt), amax.g, amax.g, amax.g_in, amax.g, amax.sync, _chunks(decoded, k, fmt), *_format_flags(fmt),
             scale_rounding == "rceil", LAYOUT_CODES["rowmajor"], True, x.dtype == torch.bfloat16, amax.from_amax,

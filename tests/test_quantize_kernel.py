@@ -39,14 +39,30 @@ def _assert_same_codes(q, r):
                                    equal_nan=True)
 
 
+def _set_kernel_kind(kind: str, monkeypatch) -> str:
+    from blockscaled.kernels import quantize as kq
+
+    if kind == "pairs":  # the module's choice, bf16 pairs where they run (`QUANTIZE_PAIRS`)
+        monkeypatch.setattr(kq, "QUANTIZE_PAIRS", True)
+        return kind
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS", False)
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", ALL_FORMATS if kind == "blocks" else frozenset())
+    return kind
+
+
 @pytest.fixture(params=["chunks", "blocks"])
 def kernel_kind(request, monkeypatch):
     """Both quantize kernels: `quantize_kernel` (a block over 2-4 lanes) and `quantize_blocks_kernel` (a block in one
-    thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax."""
-    from blockscaled.kernels import quantize as kq
+    thread, `QUANTIZE_BLOCKS`), where the call takes no grid barrier and no own amax. (The interpreter never takes
+    the bf16 pairs: `gpu_kernel_kind`.)"""
+    return _set_kernel_kind(request.param, monkeypatch)
 
-    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", ALL_FORMATS if request.param == "blocks" else frozenset())
-    return request.param
+
+@pytest.fixture(params=["chunks", "blocks", "pairs"])
+def gpu_kernel_kind(request, monkeypatch):
+    """`kernel_kind` on the GPU, and the bf16-pairs path of `quantize_blocks_kernel` (mx formats from bf16 on
+    sm_90+: `QUANTIZE_PAIRS`; other inputs take the module's choice there)."""
+    return _set_kernel_kind(request.param, monkeypatch)
 
 
 @interpreter
@@ -206,6 +222,74 @@ def test_e4m3_rounding_equals_torch_on_every_bf16_and_next_to_every_subnormal_ti
     assert torch.equal(got, want), y[got != want][:8]
 
 
+def _emulate_pairs(monkeypatch):
+    """The PTX of the bf16-pairs path (`quantize.QUANTIZE_PAIRS`) as torch on CPU: add / sub / mul .bf16x2 as
+    bf16 torch arithmetic (one rounding of the exact result: the operands here leave no double rounding through
+    fp32), min / max .bf16x2 returning the non-NaN operand (torch.fmin / fmax, as PTX's min / max without .NaN),
+    max.u16x2 on the 16-bit lanes. What runs on the GPU is checked there (`test_pairs_every_bf16_pattern_gpu`)."""
+    from blockscaled.kernels import quantize as kq
+
+    ops = {"mul.rn": torch.mul, "add.rn": torch.add, "sub.rn": torch.sub, "min": torch.fmin, "max": torch.fmax}
+
+    def bf16x2(op, a, b):
+        a, b = torch.broadcast_tensors(a, b)
+        return ops[op](a.contiguous().view(torch.bfloat16), b.contiguous().view(torch.bfloat16)).view(torch.int32)
+
+    def max_u16x2(a, b):
+        a, b = torch.broadcast_tensors(a, b)
+        lanes = torch.maximum(a.contiguous().view(torch.int16).int() & 0xFFFF, b.contiguous().view(torch.int16).int() & 0xFFFF)
+        return lanes.to(torch.int16).view(torch.int32)
+
+    monkeypatch.setattr(kq, "_bf16x2", bf16x2)
+    monkeypatch.setattr(kq, "_max_u16x2", max_u16x2)
+    return kq
+
+
+@pytest.mark.parametrize("multiplier", [2.0**-127, 2.0**-126, 2.0**-40, 0.25, 1.0, 8.0, 2.0**60, 2.0**126, 0.0])
+def test_bf16_pairs_round_every_bf16_as_the_reference(multiplier, monkeypatch):
+    """The pairs path's per-element rounding (`_pairs_e2m1_bytes`, `_pairs_decoded`), emulated on CPU, against the
+    reference's fp32 arithmetic: every bf16 pattern x times each power-of-two block multiplier (the range an E8M0
+    scale's reciprocal takes, its subnormal 2^-127 and the floor rounding's 0 of a NaN block included): the E2M1 codes
+    of clamp(x m, +-6) (NaN products: code 0), and the decoded E2M1 and E4M3 values (a scale value of 1), where the
+    product is not NaN (a NaN block's scale value makes its rows NaN)."""
+    from blockscaled.reference.codecs import decode_e2m1, encode_e2m1
+
+    kq = _emulate_pairs(monkeypatch)
+    x = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)  # every bf16, exactly in fp32
+    words = x.to(torch.bfloat16).view(torch.int32).reshape(-1, 4, 4)  # [blocks, 4 words, ...] of pairs: 16 a row
+    words = words.reshape(1, -1, 4)
+    m2 = kq._pairs_word(torch.tensor([[multiplier]], dtype=torch.float32))[:, :, None]
+    y = x * multiplier
+    codes = kq._pairs_e2m1_bytes(words, m2).flatten()
+    got = torch.stack([codes & 0xF, codes >> 4], dim=-1).flatten().to(torch.uint8)
+    want = torch.where(y.isnan(), 0, encode_e2m1(y.clamp(-6.0, 6.0)).to(torch.int32)).to(torch.uint8)
+    assert torch.equal(got, want), (x[got != want][:8], got[got != want][:8], want[got != want][:8])
+    one = kq._pairs_word(torch.ones(1, 1))[:, :, None]
+    finite = ~y.isnan()
+    for fp8 in (False, True):
+        rows = kq._pairs_decoded(words, m2, one, fp8).view(torch.bfloat16).flatten().float()
+        want = (y.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() if fp8
+                else decode_e2m1(encode_e2m1(y.clamp(-6.0, 6.0)))).to(torch.bfloat16).float()
+        assert torch.equal(rows[finite], want[finite]), (fp8, x[finite][rows[finite] != want[finite]][:8])
+
+
+def test_bf16_amax_rceil_scale_without_a_division():
+    """rceil's E8M0 code from a bf16 amax's bits (`_e8m0_scale(..., SHORT=True)`, what the pairs path runs) against
+    the reference's fp32 division, for every non-negative bf16 amax (subnormals, Inf and NaN included), E2M1 and
+    E4M3; and its multiplier against the division's path."""
+    from blockscaled.kernels.quantize import _e8m0_scale
+    from blockscaled.reference import mx_scale_rceil
+
+    amax = (torch.arange(1 << 15, dtype=torch.int32) << 16).view(torch.float32)  # sign bit clear: every |bf16|
+    for fp8, fmt in ((False, "mxfp4"), (True, "mxfp8")):
+        code, multiplier = _e8m0_scale(amax, fp8, True, True)
+        want = mx_scale_rceil(amax, bs.get_format(fmt)).to(torch.int32)
+        assert torch.equal(code, want), amax[code != want][:8]
+        reciprocal = torch.exp2(127 - want.double())  # the reference's multiplier (1 at code 0, 2^-127 at 254)
+        reciprocal = torch.where(want == 0, 1.0, torch.where(want == 255, float("nan"), reciprocal)).float()
+        torch.testing.assert_close(multiplier, reciprocal, rtol=0, atol=0, equal_nan=True)
+
+
 def test_quantize_errors_name_the_argument():
     x = torch.randn(4, 64)
     cases = [(dict(global_scale=0.0), "global_scale"), (dict(global_scale=float("inf")), "global_scale"),
@@ -270,7 +354,7 @@ def test_activation_format_quantizes_to_decoded_rows_where_mma_runs(gen, monkeyp
 @pytest.mark.parametrize("fmt,rounding", CASES)
 @pytest.mark.parametrize("layout", ["rowmajor", "swizzle_32_4_4", "cdna4_32"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen, kernel_kind):
+def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen, gpu_kernel_kind):
     """At size, odd rows, NaN included (nvfp4 too: its device global scale turns NaN, as the reference's)."""
     x = _hostile(1000, 4096, gen).to(dtype)
     q = bs.quantize(x.cuda(), fmt, scale_rounding=rounding, layout=layout)
@@ -282,7 +366,7 @@ def test_kernel_codes_equal_the_reference_gpu(fmt, rounding, layout, dtype, gen,
 @pytest.mark.parametrize("hw", [True, False], ids=["hardware", "integer"])
 @pytest.mark.parametrize("rounding", ["floor", "rceil"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, monkeypatch, kernel_kind):
+def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, monkeypatch, gpu_kernel_kind):
     """mxfp8 both ways on the GPU: with `QUANTIZE_HW_E4M3` (the default; the hardware's cvt.rn.satfinite.e4m3x2, two
     elements an instruction, byte order and NaN's code made by the kernel) and with the integer rounding the
     interpreter runs: codes, scales and decoded rows the reference's on the hostile rows, and every bf16 pattern once
@@ -303,8 +387,34 @@ def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, 
 
 
 @cuda
+@pytest.mark.parametrize("rounding", ["floor", "rceil"])
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_pairs_every_bf16_pattern_gpu(fmt, rounding, gen, monkeypatch):
+    """The bf16-pairs path as the GPU runs it (`QUANTIZE_PAIRS`: add / sub / mul .bf16x2, max.u16x2): every bf16
+    pattern once, as rows of 32 (NaN of both signs and payloads, +-Inf, subnormals, past every range), then the
+    hostile rows and the same patterns shuffled into blocks of mixed magnitude; mxfp4's codes and scales, and both
+    formats' decoded rows, against the reference."""
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS", True)
+    every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(torch.bfloat16)
+    shuffled = every[torch.randperm(1 << 16, generator=gen)]
+    f = bs.get_format(fmt)
+    for x in (every.reshape(2048, 32), shuffled.reshape(256, 256), _hostile(1000, 4096, gen).to(torch.bfloat16)):
+        xc = x.cuda()
+        assert kq._pairs(xc, f, True) and kq._pairs(xc, f, False) == (fmt == "mxfp4")
+        r = bs.quantize(x, fmt, scale_rounding=rounding, layout="swizzle_32_4_4")
+        if fmt == "mxfp4":
+            _assert_same_codes(bs.quantize(xc, fmt, scale_rounding=rounding, layout="swizzle_32_4_4"), r)
+        rows, _ = quantize_decoded(xc, f, rounding, None)
+        want = dequantize(r, torch.float64).to(torch.bfloat16)
+        assert torch.equal(rows.cpu().isnan(), want.isnan())
+        assert torch.equal(rows.cpu().nan_to_num(), want.nan_to_num())
+
+
+@cuda
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
-def test_decoded_rows_gpu(fmt, gen, kernel_kind):
+def test_decoded_rows_gpu(fmt, gen, gpu_kernel_kind):
     x = _hostile(77, 2048, gen).to(torch.bfloat16)
     r = bs.quantize(x, fmt, global_scale=0.01 if fmt == "nvfp4" else None)
     want = dequantize(r, torch.float64) / (r.global_scale.double() if r.global_scale is not None else 1.0)
@@ -320,7 +430,7 @@ DYNAMIC_PAIRS = [("nvfp4", "nvfp4"), ("mxfp4", "mxfp4"), ("mxfp8", "mxfp4"), ("m
 @cuda
 @pytest.mark.parametrize("fa,fb", DYNAMIC_PAIRS)
 @pytest.mark.parametrize("m", [1, 16, 64, 300, 600])
-def test_scaled_mm_activation_format_gpu(fa, fb, m, gen, kernel_kind):
+def test_scaled_mm_activation_format_gpu(fa, fb, m, gen, gpu_kernel_kind):
     """The fused path (quantize kernel writing decoded rows, the bf16-activation plan) against quantize-then-GEMM:
     the fp64 reference of the same codes, and where both run the same plan (predecode: fp4 / fp8 activations on fp4
     weights above M = 16, up to the dense plan's M = 512) bit for bit. M = 600: the rows, then the dense plan (the
@@ -464,8 +574,9 @@ def test_tuned_quantize_configs_equal_the_reference(gpu, entry, direct_scratch, 
     real = kapi._compile
     monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, *rest: compiled.append(dict(cfg)) or
                         real(kernel, args, cfg, *rest))
-    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", kq.QUANTIZE_BLOCKS | {fmt} if entry["kernel"] == "quantize_blocks_kernel"
+    monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", kq.QUANTIZE_BLOCKS | {fmt} if entry["kernel"].startswith("quantize_blocks_kernel")
                         else kq.QUANTIZE_BLOCKS - {fmt})
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS", entry["kernel"] == "quantize_blocks_kernel[pairs]")
     rows_taking_it = [r for r in sorted({1, 3, entry["rows"] - 1, entry["rows"], entry["rows"] + 5, 2 * entry["rows"] + 7})
                       if r > 0 and tuned.quantize_config_for(gpu, entry["kernel"], fmt, entry["decoded"], "bfloat16",
                                                              r, k) == entry["config"]]
