@@ -167,6 +167,8 @@ def main(argv=None) -> int | None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=["8192x8192", "16384x8192"], help="rows x K")
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--formats", nargs="+", choices=["nvfp4", "mxfp4", "mxfp8"], default=["nvfp4", "mxfp4", "mxfp8"])
+    p.add_argument("--roundings", nargs="+", choices=["floor", "rceil"], default=["floor", "rceil"])
     p.add_argument("--kernels", nargs="+", choices=["chunks", "blocks", "pairs"],
                    help="time these codes-and-scales kernels (`quantize_kernel`, `quantize_blocks_kernel`) instead "
                         "of the one `QUANTIZE_BLOCKS` picks")
@@ -198,7 +200,8 @@ def main(argv=None) -> int | None:
         copy_ms = time_ms(lambda: copy_dst.copy_(x), False)
         copy_bw = 2 * x.numel() * 2 / copy_ms / 1e6
         print(f"{shape}: device-to-device copy {copy_ms * 1e3:.1f} us, {copy_bw:.0f} GB/s (read + write)")
-        for (fmt, rounding, static), config, kind in itertools.product(CASES, configs, args.kernels or [None]):
+        cases = [c for c in CASES if c[0] in args.formats and c[1] in args.roundings]
+        for (fmt, rounding, static), config, kind in itertools.product(cases, configs, args.kernels or [None]):
             label_config = _use_config(config) + _use_kernel(kind)
             g = {"global_scale": bs.quantize(x, fmt).global_scale} if static else {}
             g_cpu = {k: v.cpu() for k, v in g.items()}

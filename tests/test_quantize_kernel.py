@@ -391,7 +391,7 @@ def test_mxfp8_hardware_e4m3_equals_the_reference_gpu(hw, rounding, dtype, gen, 
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
 def test_pairs_every_bf16_pattern_gpu(fmt, rounding, gen, monkeypatch):
     """The bf16-pairs path as the GPU runs it (`QUANTIZE_PAIRS`: add / sub / mul .bf16x2, max.u16x2): every bf16
-    pattern once, as rows of 32 (NaN of both signs and payloads, +-Inf, subnormals, past every range), then the
+    pattern once, as rows of 64 (NaN of both signs and payloads, +-Inf, subnormals, past every range), then the
     hostile rows and the same patterns shuffled into blocks of mixed magnitude; mxfp4's codes and scales, and both
     formats' decoded rows, against the reference."""
     from blockscaled.kernels import quantize as kq
@@ -400,7 +400,7 @@ def test_pairs_every_bf16_pattern_gpu(fmt, rounding, gen, monkeypatch):
     every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(torch.bfloat16)
     shuffled = every[torch.randperm(1 << 16, generator=gen)]
     f = bs.get_format(fmt)
-    for x in (every.reshape(2048, 32), shuffled.reshape(256, 256), _hostile(1000, 4096, gen).to(torch.bfloat16)):
+    for x in (every.reshape(1024, 64), shuffled.reshape(256, 256), _hostile(1000, 4096, gen).to(torch.bfloat16)):
         xc = x.cuda()
         assert kq._pairs(xc, f, True) and kq._pairs(xc, f, False) == (fmt == "mxfp4")
         r = bs.quantize(x, fmt, scale_rounding=rounding, layout="swizzle_32_4_4")
