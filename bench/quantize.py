@@ -105,16 +105,18 @@ _DEFAULT_BLOCKS = _kq.QUANTIZE_BLOCKS
 
 
 def _use_kernel(kind) -> str:
-    """Set `QUANTIZE_BLOCKS` and `QUANTIZE_PAIRS` for the next calls ("chunks": no format, "blocks": every format,
-    both without the bf16 pairs; "pairs": the module's formats with the pairs; None: as it is); its label."""
+    """Set `QUANTIZE_BLOCKS` and the bf16 pairs' switches for the next calls ("chunks": no format, "blocks": every
+    format, both without the pairs; "pairs": the module's formats with the pairs wherever they run; None: as it
+    is); its label."""
     from blockscaled.kernels import quantize as kq
 
     if kind is None:
         return ""
     if kind == "pairs":
-        kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS = _DEFAULT_BLOCKS, True
+        kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS, kq.QUANTIZE_PAIRS_DECODED = _DEFAULT_BLOCKS, True, True
     else:
-        kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS = EVERY_FORMAT if kind == "blocks" else frozenset(), False
+        kq.QUANTIZE_BLOCKS = EVERY_FORMAT if kind == "blocks" else frozenset()
+        kq.QUANTIZE_PAIRS = kq.QUANTIZE_PAIRS_DECODED = False
     return f"[{kind}]"
 
 

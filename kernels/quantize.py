@@ -601,18 +601,23 @@ def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
             and plans._capability(x.device) >= (8, 9))
 
 
-# mx formats from bf16 on sm_90+ in words of two bf16 (`_pairs_decoded`, `_pairs_e2m1_bytes`): instructions a thread of
-# 32 elements (sm_90, bf16 in, `bench.quantize --compile-sm90`) mxfp4 decoded rows 840 -> PAIRS_DECODED_INSTR,
-# codes 624 -> PAIRS_CODES_INSTR.
+# mxfp4 codes from bf16 on sm_90+ in words of two bf16 (`_pairs_e2m1_bytes`): 624 -> 400 sm_90 instructions a thread
+# of 32 elements; H200, 16384 x 8192, blocks -> pairs: floor 132.4 -> 105.8 us (0.63 -> 0.79 of a copy), rceil 140.8
+# -> 107.8 (bench/results/h200_quantize_pairs_codes_e761f36_2026-11-30.log).
 QUANTIZE_PAIRS = True
+# The decoded rows (`_pairs_decoded`, mxfp4 and mxfp8) the same way: 840 / 728 -> 264 instructions, but slower: H200,
+# 16384 x 8192, mxfp4 floor 180.3 -> 198.9 us, mxfp8 floor 163.3 (quantize_kernel) -> 198.9; at 8192^2 every mx case
+# ~105 us against 85-94 (h200_quantize_pairs_decoded_e761f36). Off: not instruction-bound there (not understood yet).
+QUANTIZE_PAIRS_DECODED = False
 
 
 def _pairs(x: torch.Tensor, fmt: BlockFormat, rows_out: bool) -> bool:
-    """Whether `quantize_blocks_kernel` runs over bf16 pairs (PAIRS): QUANTIZE_PAIRS, bf16 in, an mx format (a
-    power-of-two multiplier: exact in bf16), decoded rows or E2M1 codes, an NVIDIA sm_90+ GPU (add / mul .bf16x2,
-    max.u16x2; never the interpreter), more than one block a row (`_blocks_kernel_runs`) and 4-byte aligned rows."""
-    return (QUANTIZE_PAIRS and x.dtype == torch.bfloat16 and not fmt.global_scale
-            and (rows_out or fmt.element == "e2m1") and plans._has_pdl(x.device)
+    """Whether `quantize_blocks_kernel` runs over bf16 pairs (PAIRS): bf16 in, an mx format (a power-of-two
+    multiplier: exact in bf16), E2M1 codes (QUANTIZE_PAIRS) or decoded rows (QUANTIZE_PAIRS_DECODED), an NVIDIA sm_90+
+    GPU (add / mul .bf16x2, max.u16x2; never the interpreter), more than one block a row (`_blocks_kernel_runs`) and
+    4-byte aligned rows."""
+    wanted = QUANTIZE_PAIRS_DECODED if rows_out else QUANTIZE_PAIRS and fmt.element == "e2m1"
+    return (wanted and x.dtype == torch.bfloat16 and not fmt.global_scale and plans._has_pdl(x.device)
             and x.shape[1] // fmt.block_size > 1 and x.shape[1] % 2 == 0
             and (x.is_contiguous() and x.data_ptr() % 4 == 0 or not x.is_contiguous()))
 

@@ -42,10 +42,12 @@ def _assert_same_codes(q, r):
 def _set_kernel_kind(kind: str, monkeypatch) -> str:
     from blockscaled.kernels import quantize as kq
 
-    if kind == "pairs":  # the module's choice, bf16 pairs where they run (`QUANTIZE_PAIRS`)
+    if kind == "pairs":  # the module's choice, bf16 pairs wherever they run (codes and decoded rows)
         monkeypatch.setattr(kq, "QUANTIZE_PAIRS", True)
+        monkeypatch.setattr(kq, "QUANTIZE_PAIRS_DECODED", True)
         return kind
     monkeypatch.setattr(kq, "QUANTIZE_PAIRS", False)
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_DECODED", False)
     monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", ALL_FORMATS if kind == "blocks" else frozenset())
     return kind
 
@@ -397,6 +399,7 @@ def test_pairs_every_bf16_pattern_gpu(fmt, rounding, gen, monkeypatch):
     from blockscaled.kernels import quantize as kq
 
     monkeypatch.setattr(kq, "QUANTIZE_PAIRS", True)
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_DECODED", True)
     every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(torch.bfloat16)
     shuffled = every[torch.randperm(1 << 16, generator=gen)]
     f = bs.get_format(fmt)
@@ -577,6 +580,7 @@ def test_tuned_quantize_configs_equal_the_reference(gpu, entry, direct_scratch, 
     monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", kq.QUANTIZE_BLOCKS | {fmt} if entry["kernel"].startswith("quantize_blocks_kernel")
                         else kq.QUANTIZE_BLOCKS - {fmt})
     monkeypatch.setattr(kq, "QUANTIZE_PAIRS", entry["kernel"] == "quantize_blocks_kernel[pairs]")
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_DECODED", entry["kernel"] == "quantize_blocks_kernel[pairs]")
     rows_taking_it = [r for r in sorted({1, 3, entry["rows"] - 1, entry["rows"], entry["rows"] + 5, 2 * entry["rows"] + 7})
                       if r > 0 and tuned.quantize_config_for(gpu, entry["kernel"], fmt, entry["decoded"], "bfloat16",
                                                              r, k) == entry["config"]]
