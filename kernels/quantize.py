@@ -1,6 +1,7 @@
 """Quantization on the GPU: nvfp4, mxfp4 and mxfp8 in two Helion kernels, bit-exact with `reference.quantize`:
 `quantize_kernel` (a block over 2-4 lanes; nvfp4's own-amax and grid-barrier variants, mxfp8) and
-`quantize_blocks_kernel` (a block in one thread; nvfp4 and mxfp4 elsewhere, `QUANTIZE_BLOCKS`). Configs: the module's
+`quantize_blocks_kernel` (a block in one thread; nvfp4 and mxfp4 elsewhere, `QUANTIZE_BLOCKS`; mxfp4 codes from bf16
+on sm_90+ over words of two bf16, `QUANTIZE_PAIRS`). Configs: the module's
 defaults, or the GPU's table (`kernels/tuned/<gpu>.json`, `python -m bench.autotune --quantize`). On sm_90+ each
 program lets the next kernel launch early (`QUANTIZE_PDL`): the mma kernels launched with PDL overlap it.
 
@@ -619,7 +620,7 @@ def _pairs(x: torch.Tensor, fmt: BlockFormat, rows_out: bool) -> bool:
     wanted = QUANTIZE_PAIRS_DECODED if rows_out else QUANTIZE_PAIRS and fmt.element == "e2m1"
     return (wanted and x.dtype == torch.bfloat16 and not fmt.global_scale and plans._has_pdl(x.device)
             and x.shape[1] // fmt.block_size > 1 and x.shape[1] % 2 == 0
-            and (x.is_contiguous() and x.data_ptr() % 4 == 0 or not x.is_contiguous()))
+            and (not x.is_contiguous() or x.data_ptr() % 4 == 0))  # (a non-contiguous x is copied, aligned)
 
 
 def _format_flags(fmt: BlockFormat) -> tuple[bool, bool]:

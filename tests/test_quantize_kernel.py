@@ -275,6 +275,27 @@ def test_bf16_pairs_round_every_bf16_as_the_reference(multiplier, monkeypatch):
         assert torch.equal(rows[finite], want[finite]), (fp8, x[finite][rows[finite] != want[finite]][:8])
 
 
+def test_pairs_run_where_documented(monkeypatch):
+    """`_pairs` on an sm_90+ GPU (stood in for): bf16 mxfp4 codes by default, decoded rows only with
+    QUANTIZE_PAIRS_DECODED (mxfp8's too), never nvfp4 (its multiplier is not a power of two), fp16 / fp32, rows of one
+    block or rows not 4-byte aligned; never without the GPU (the interpreter has no PTX)."""
+    from blockscaled.kernels import plans, quantize as kq
+
+    mx4, mx8, nv = (bs.get_format(f) for f in ("mxfp4", "mxfp8", "nvfp4"))
+    x = torch.zeros(4, 128, dtype=torch.bfloat16)
+    assert not kq._pairs(x, mx4, False)  # the CPU
+    monkeypatch.setattr(plans, "_has_pdl", lambda device: True)
+    assert kq._pairs(x, mx4, False) and not kq._pairs(x, mx4, True) and not kq._pairs(x, mx8, False)
+    assert not kq._pairs(x, nv, False) and not kq._pairs(x.float(), mx4, False) and not kq._pairs(x.half(), mx4, False)
+    assert not kq._pairs(x[:, :32], mx4, False)  # one block a row
+    assert kq._pairs(x[:, 64:], mx4, False)  # not contiguous: copied
+    assert not kq._pairs(torch.zeros(4 * 128 + 1, dtype=torch.bfloat16)[1:].view(4, 128), mx4, False)  # 2-byte aligned
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_DECODED", True)
+    assert kq._pairs(x, mx4, True) and kq._pairs(x, mx8, True) and not kq._pairs(x, nv, True)
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS", False)
+    assert not kq._pairs(x, mx4, False) and kq._pairs(x, mx4, True)
+
+
 def test_bf16_amax_rceil_scale_without_a_division():
     """rceil's E8M0 code from a bf16 amax's bits (`_e8m0_scale(..., SHORT=True)`, what the pairs path runs) against
     the reference's fp32 division, for every non-negative bf16 amax (subnormals, Inf and NaN included), E2M1 and
