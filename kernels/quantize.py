@@ -389,9 +389,9 @@ def _pairs_decoded(part, multiplier, scale_value, FP8: bool):
 
 def _pairs_e2m1_bytes(part, multiplier):
     """One part's E2M1 codes from its words `part` [rows, blocks, 4]: each word's two codes in its low byte (the even
-    element's in the low nibble), int32 [rows, blocks, 4]. A NaN lane
-    (only in a NaN block: x NaN, or Inf times the floor rounding's 0, or the rceil rounding's NaN multiplier) gets code
-    0 as `_e2m1_codes` gives it; -0 keeps its sign."""
+    element's in the low nibble), int32 [rows, blocks, 4]. A NaN lane (only in a NaN block: x NaN, Inf times the
+    floor rounding's 0, or the rceil rounding's NaN multiplier) gets code 0 as `_e2m1_codes` gives it; -0 keeps its
+    sign."""
     y = _bf16x2("mul.rn", part, multiplier)
     magnitude = y & BF16X2_MAGNITUDES
     nan = (magnitude + 0x007F007F) & BF16X2_SIGNS  # bit 15 of a lane: above Inf's bits
