@@ -563,7 +563,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         starved = not staged and _split_starved(k // 64)
         uneven = _mma_k_warps(k // 64, n // (16 * options.row_groups), b.device, True) if starved else 1
         if (k // 64) % uneven:
-            if MMA_PREDECODE_TAIL and b.fmt.is_packed:
+            if MMA_PREDECODE_TAIL and fp4_on_fp4:
                 bf16 = _default_mma_options(m, n, False, False)._replace(
                     evict=options.evict, hoist=options.hoist, pdl=options.pdl, pdl_prefetch=options.pdl_prefetch)
                 return _mma_plan(a, b, has_bias, m, n, k, bf16._replace(predecode=True))

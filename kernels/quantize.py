@@ -619,7 +619,7 @@ def _pairs(x: torch.Tensor, fmt: BlockFormat, rows_out: bool) -> bool:
     4-byte aligned rows."""
     wanted = QUANTIZE_PAIRS_DECODED if rows_out else QUANTIZE_PAIRS and fmt.element == "e2m1"
     return (wanted and x.dtype == torch.bfloat16 and not fmt.global_scale and plans._has_pdl(x.device)
-            and x.shape[1] // fmt.block_size > 1 and x.shape[1] % 2 == 0
+            and x.shape[1] // fmt.block_size > 1
             and (not x.is_contiguous() or x.data_ptr() % 4 == 0))  # (a non-contiguous x is copied, aligned)
 
 
