@@ -408,7 +408,7 @@ def test_split_fills_the_last_wave(monkeypatch):
         monkeypatch.setattr(plans, "_has_wgmma", lambda device, has=has_wgmma: has)
         b = bs.quantize(torch.randn(128, 8192), w).with_data_layout("mma_m16k16")
         plan = plans._mma_plan(x, b, False, 64, 10240, 8192, plans.mma_options_for(config, x, b, 64, 10240))
-        assert (plan.split, plan.consts[-6]) == (split, has_wgmma), (has_wgmma, w)
+        assert (plan.split, plan.consts.WGMMA) == (split, has_wgmma), (has_wgmma, w)
     # 8192^2: split 6 (uneven, in the workspace) where 3 per SM are counted, else 4
     for has_wgmma, (x, w), config, split in [
             (True, (bf16, "mxfp4"), None, 6), (True, (mxfp8, "mxfp8"), None, 6), (True, (nvfp4, "nvfp4"), in_kernel, 4),
@@ -432,7 +432,7 @@ def test_m64_workspace_in_fragment_order(monkeypatch, m, groups):
     for fragment_sums, sums in ((True, 1024 // 128 * -(-m // 64) * groups * 1024), (False, m * 1024)):
         config = {"max_split": 4, "fragment_sums": fragment_sums}
         plan = plans._mma_plan(x, b, False, m, 1024, 2048, plans.mma_options_for(config, x, b, m, 1024))
-        assert (plan.split, plan.consts[-2], plan.workspace.sums) == (4, fragment_sums, sums), config
+        assert (plan.split, plan.consts.FRAGMENT_SUMS, plan.workspace.sums) == (4, fragment_sums, sums), config
         assert plan.consts.CLUSTER is False and plans._mma_cluster_size(plan) == 1  # 32 programs
 
 
@@ -479,8 +479,8 @@ def test_uneven_split(monkeypatch):
     x64 = torch.randn(64, 8192).to(torch.bfloat16)
     for config, split in (({"split": 6}, 6), ({"split": 6, "ahead": 2}, 6), ({"split": 128}, 128), (None, 4)):
         m64 = plans._mma_plan(x64, b, False, 64, 8192, 8192, plans.mma_options_for(config, x64, b, 64, 8192))
-        # (SPLIT, WGMMA, AHEAD, TILE_M, CLUSTER, FRAGMENT_SUMS, WIDE_B); no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
-        assert m64.split == split and m64.consts[-7] == split and m64.consts.CLUSTER is False, config
+        # no cluster sum of 6 parts (`decode.MMA_CLUSTER_SUM_PTX`)
+        assert m64.split == split and m64.consts.SPLIT == split and m64.consts.CLUSTER is False, config
     with pytest.raises(ValueError, match="at most the K / 64 = 128"):
         plans._mma_plan(x64, b, False, 64, 8192, 8192, plans.mma_options_for({"split": 129}, x64, b, 64, 8192))
 
@@ -767,7 +767,7 @@ def test_wide_b_options():
     assert plans.mma_options_for({"max_split": 2}, x, b, 64, 128).wide_b is True
     assert plans.mma_options_for({"evict": True}, x, b, 64, 128).wide_b is False  # the hinted loads
     plan = plans._mma_plan(x, b, False, 64, 128, 1024, plans.mma_options_for(None, x, b, 64, 128))
-    assert plan.consts[-1] is True
+    assert plan.consts.WIDE_B is True
     for bad, a, m in (({"wide_b": True}, shifted, 64), ({"wide_b": True, "predecode": False}, x4, 64),
                       ({"wide_b": True}, x[:16], 16),
                       ({"wide_b": 1}, x, 64), ({"wide_b": True, "evict": True}, x, 64)):
@@ -834,8 +834,8 @@ def test_tile_m_options(monkeypatch):
     for m, tile_m in ((300, 128), (300, 64), (100, 128)):
         x = torch.randn(m, 1024, dtype=torch.bfloat16)
         plan = plans._mma_plan(x, b, False, m, 256, 1024, plans._mma_options({"tile_m": tile_m, "max_split": 1}, m, 256, False))
-        assert plan.consts[-4] == tile_m and plan.split == 1
-        assert plan.consts[-6:-4] == (True, 1)  # WGMMA, AHEAD
+        assert plan.consts.TILE_M == tile_m and plan.split == 1
+        assert (plan.consts.WGMMA, plan.consts.AHEAD) == (True, 1)
     # 128 rows: 2 resident per SM for the wave rule whatever the pair (127 registers): 10240 x 8192 splits by 8
     x = torch.randn(128, 1024, dtype=torch.bfloat16)
     plan = plans._mma_plan(x, b, False, 128, 10240, 8192, plans._mma_options({}, 128, 10240, False))
