@@ -8,7 +8,9 @@ written by `python -m bench.autotune` (`--quantize`: Helion's autotuner).
 |            | config of the candidates timed (None: the default plan was fastest); times in us         |
 | rules      | [{"pair", "m", "config", "shapes"}]: a config that ran faster than the default plan at   |
 |            | every shape timed, `shapes` [[n, k, default_us, us], ...]: for the shapes with no entry  |
-|            | (written by hand from the `bench.autotune` logs and `bench.variants` runs behind them)   |
+|            | (written by hand from the `bench.autotune` logs and `bench.variants` runs behind them);  |
+|            | optional "min_m" (the fewest rows it serves, else 1) and "min_weights" (the smallest     |
+|            | N x K it serves, else any): where it was timed to win                                    |
 | quantize   | [{"kernel", "format", "decoded", "dtype", "rows", "k", "config", "us", "default_us"}]:   |
 |            | `config` the Helion config (`helion.Config` fields) Helion's autotuner found for that    |
 |            | kernel and input, None where it did not beat the module's default by the keep margin     |
@@ -18,8 +20,9 @@ Lookup (`config_for`), once per (GPU, pair, M, N, K):
 - of those, the entries of the same K, and of these the nearest N, if within a factor of 2 (K decides the split and
   the warps a K; carried across K, a 14336 x 4096 entry of M = 16 ran 8192 x 8192 nvfp4 x nvfp4 at 1.57x cuBLAS bf16
   against the rules' 1.91x on an H200);
-- none of these: the config of the GPU's rule for the pair at the smallest M >= M it has (`rules`), where the rule
-  exists; an entry's None (the default plan was fastest at that shape) is not overridden by a rule;
+- none of these: the config of the GPU's rule for the pair at the smallest M >= M it has (`rules`) among those whose
+  "min_m" and "min_weights" admit the call, where the rule exists; an entry's None (the default plan was fastest at
+  that shape) is not overridden by a rule;
 - none of these: None, and the default plan (`plans._mma_options`'s rules). A config the shape refuses (say a split
   above K / 64) also falls back to the default, in `api._mma_launch`.
 Quantize configs (`quantize_config_for`): the entry of the same kernel, format, output (codes or decoded rows),
@@ -103,15 +106,16 @@ def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
     return best
 
 
-def rule(rules_, pair: str, m: int) -> dict | None:
-    """The rule `config_for` takes for (pair, m) among `rules_` where no entry serves the shape: the pair's at the
-    smallest M >= m, or None."""
-    same = [r for r in rules_ if r["pair"] == pair and r["m"] >= m]
+def rule(rules_, pair: str, m: int, n: int, k: int) -> dict | None:
+    """The rule `config_for` takes for (pair, m, n, k) among `rules_` where no entry serves the shape: the pair's at
+    the smallest M >= m of those that serve m rows ("min_m") and n x k weights ("min_weights"), or None."""
+    same = [r for r in rules_ if r["pair"] == pair and r.get("min_m", 1) <= m <= r["m"]
+            and n * k >= r.get("min_weights", 0)]
     return min(same, key=lambda r: r["m"]) if same else None
 
 
 @functools.lru_cache(maxsize=4096)
 def config_for(gpu: str, pair: str, m: int, n: int, k: int) -> dict | None:
     """The tuned config for one call's plan, or None for the default plan."""
-    entry = nearest(table(gpu), pair, m, n, k) or rule(rules(gpu), pair, m)
+    entry = nearest(table(gpu), pair, m, n, k) or rule(rules(gpu), pair, m, n, k)
     return None if entry is None or not entry["config"] else dict(entry["config"])

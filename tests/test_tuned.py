@@ -71,6 +71,23 @@ def test_a_rule_serves_the_shapes_no_entry_serves(table_dir):
         "rules_only", "bf16xnvfp4", 1, 8192, 8192) == {"hoist": True}
 
 
+def test_a_rule_serves_only_the_rows_and_sizes_it_names(table_dir):
+    """A rule with "min_m" serves min_m .. m rows only, and with "min_weights" only N x K >= min_weights: fewer rows
+    or smaller layers fall to the next rule that admits them, else to the default plan."""
+    rules = [dict(pair="nvfp4xnvfp4", m=1, config={"hoist": True}, shapes=[]),
+             dict(pair="nvfp4xnvfp4", m=16, min_m=9, min_weights=200_000_000, config={"predecode": True}, shapes=[]),
+             dict(pair="mxfp4xmxfp4", m=16, min_weights=100, config={"max_split": 8}, shapes=[])]
+    (table_dir / "sized.json").write_text(json.dumps({"rules": rules}))
+    pick = lambda *key: tuned.config_for("sized", *key)  # noqa: E731
+    assert pick("nvfp4xnvfp4", 16, 12288, 28672) == {"predecode": True}  # 352M weights
+    assert pick("nvfp4xnvfp4", 9, 12288, 28672) == {"predecode": True}
+    assert pick("nvfp4xnvfp4", 8, 12288, 28672) is None  # below min_m, and the M = 1 rule serves 1 row only
+    assert pick("nvfp4xnvfp4", 1, 12288, 28672) == {"hoist": True}
+    assert pick("nvfp4xnvfp4", 16, 5120, 27648) is None  # 141M weights
+    assert pick("nvfp4xnvfp4", 17, 12288, 28672) is None  # above the rule's M
+    assert pick("mxfp4xmxfp4", 1, 10, 10) == {"max_split": 8} and pick("mxfp4xmxfp4", 1, 9, 10) is None
+
+
 def test_the_h200_rule_reaches_the_plan_of_an_untuned_shape():
     """On an H200 nvfp4 x nvfp4 at M = 1 hoists its L2 policies at a K no entry has (Qwen2.5's 5120), not at a tuned
     shape whose entry kept the default (8192^2), through the same path as a call (`api._tuned_options_of`)."""
@@ -78,7 +95,17 @@ def test_the_h200_rule_reaches_the_plan_of_an_untuned_shape():
     hoisted = api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 5120, 5120, True, False, True)
     assert hoisted is not None and hoisted.hoist and hoisted.evict
     assert api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 8192, 8192, True, False, True) is None
-    assert api._tuned_options_of("nvidia_h200", "bf16xnvfp4", 1, 5120, 5120, False, False, True) is None
+
+
+def test_the_h200_predecode_rule_serves_large_untuned_layers_at_m16():
+    """On an H200 nvfp4 x nvfp4 at 9 .. 16 rows predecodes its activation on a layer of >= 2e8 weights of a K that no
+    entry holds (Llama-3-405B's 16384 x 16384, 2.7e8), not on a smaller one, nor at 8 rows or fewer."""
+    assert not [e for e in tuned.table("nvidia_h200") if e["k"] in (16384, 6144)]  # what makes them untuned
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 16384, 16384) == {"predecode": True}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 9, 16384, 16384) == {"predecode": True}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 16384, 16384) is None
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 6144, 6144) is None  # 38M weights
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 5120, 27648) is None  # its own entry: the default
 
 
 def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
@@ -193,10 +220,10 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
                 continue
             takes(e["pair"], e["config"], e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
-        for r in data.get("rules", []):  # faster than the default at every shape it names
+        for r in data.get("rules", []):  # faster than the default at every shape it names, each one it serves
             takes(r["pair"], r["config"], r["m"], 256)
-            assert r["pair"] in plans.MMA_PAIRS and len(r["shapes"]) >= 3, r
-            assert all(us < default_us for _, _, default_us, us in r["shapes"]), r
+            assert r["pair"] in plans.MMA_PAIRS and len(r["shapes"]) >= 3 and 1 <= r.get("min_m", 1) <= r["m"], r
+            assert all(us < default_us and n * k >= r.get("min_weights", 0) for n, k, default_us, us in r["shapes"]), r
 
 
 QUANTIZE_ENTRIES = [
