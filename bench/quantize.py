@@ -85,9 +85,11 @@ def _compile_variants(kq, both) -> None:
     with amax_way("barrier"):
         both(torch.randn(16, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_barrier_pdl")
     # the mx formats over bf16 pairs as on an sm_90+ GPU, with PDL (`QUANTIZE_PAIRS`; mxfp8 codes: the hardware E4M3)
-    kq._pairs = lambda x, fmt, rows_out: not fmt.global_scale and (rows_out or fmt.element == "e2m1")
+    kq._pairs = lambda x, fmt, rows_out: not rows_out if fmt.global_scale else rows_out or fmt.element == "e2m1"
     both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp4", "quantize_mxfp4_bfloat16", "_pairs_pdl")
     both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_pairs_pdl", codes=False)
+    # nvfp4 codes over bf16 pairs (`QUANTIZE_PAIRS_NVFP4`; its amax reduced by a launch first, as the blocks kernel's)
+    both(torch.randn(64, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_pairs_pdl", codes=True)
 
 
 def _use_config(config) -> str:
@@ -114,9 +116,10 @@ def _use_kernel(kind) -> str:
         return ""
     if kind == "pairs":
         kq.QUANTIZE_BLOCKS, kq.QUANTIZE_PAIRS, kq.QUANTIZE_PAIRS_DECODED = _DEFAULT_BLOCKS, True, True
+        kq.QUANTIZE_PAIRS_NVFP4 = True
     else:
         kq.QUANTIZE_BLOCKS = EVERY_FORMAT if kind == "blocks" else frozenset()
-        kq.QUANTIZE_PAIRS = kq.QUANTIZE_PAIRS_DECODED = False
+        kq.QUANTIZE_PAIRS = kq.QUANTIZE_PAIRS_DECODED = kq.QUANTIZE_PAIRS_NVFP4 = False
     return f"[{kind}]"
 
 

@@ -242,9 +242,57 @@ def _emulate_pairs(monkeypatch):
         lanes = torch.maximum(a.contiguous().view(torch.int16).int() & 0xFFFF, b.contiguous().view(torch.int16).int() & 0xFFFF)
         return lanes.to(torch.int16).view(torch.int32)
 
+    f16_ops = {"add.rn": torch.add, "min": torch.fmin, "max": torch.fmax}
+
+    def f16x2(op, a, b):  # (an f16 sum of two f16 values is exact in fp32 first: one rounding)
+        a, b = torch.broadcast_tensors(a, b)
+        return f16_ops[op](a.contiguous().view(torch.float16), b.contiguous().view(torch.float16)).view(torch.int32)
+
+    def f16x2_rz(high, low):  # fp32 bits truncated to f16 (past f16's range: its largest, as cvt.rz gives)
+        def rz(bits):
+            t = bits.contiguous().view(torch.float32)
+            r = t.to(torch.float16)
+            down = r.float().abs() > t.abs()  # rounded away from zero: one f16 step back
+            return torch.where(down, r.view(torch.int16) - 1, r.view(torch.int16)).int() & 0xFFFF
+        high, low = torch.broadcast_tensors(high, low)
+        return rz(low) | (rz(high) << 16)
+
     monkeypatch.setattr(kq, "_bf16x2", bf16x2)
     monkeypatch.setattr(kq, "_max_u16x2", max_u16x2)
+    monkeypatch.setattr(kq, "_f16x2", f16x2)
+    monkeypatch.setattr(kq, "_f16x2_rz", f16x2_rz)
     return kq
+
+
+@pytest.mark.parametrize("multiplier", [1.0, 1 / 3, 0.1, 6.1e-5, 2.0**-133, 3.4e3, 7.9e28, 1e-30, float("nan")])
+def test_nvfp4_pairs_round_every_bf16_as_the_reference(multiplier, monkeypatch):
+    """nvfp4 codes over bf16 pairs (`_pairs_nvfp4_bytes`: fp32 products, f16 pairs rounded to odd, E2M1 on the f16
+    lanes), emulated on CPU, against the reference's fp32 arithmetic: every bf16 pattern x times fp32 multipliers that
+    are not powers of two (a NaN block's NaN included): the E2M1 codes of clamp(x m, +-6) (NaN products: code 0), -0
+    keeping its sign. Then the rounding to odd alone against the reference on fp32 values within 2^14 ulps of every
+    E2M1 decision point and of the f16 range's end (65504), where a plain f16 rounding would decide some wrong."""
+    from blockscaled.reference.codecs import encode_e2m1
+
+    kq = _emulate_pairs(monkeypatch)
+    x = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32)  # every bf16, exactly in fp32
+    words = x.to(torch.bfloat16).view(torch.int32).reshape(1, -1, 4)
+    m = torch.tensor([[[multiplier]]], dtype=torch.float32)
+    y = x * multiplier
+    codes = kq._pairs_nvfp4_bytes(words, m).flatten()
+    got = torch.stack([codes & 0xF, codes >> 4], dim=-1).flatten().to(torch.uint8)
+    want = torch.where(y.isnan(), 0, encode_e2m1(y.clamp(-6.0, 6.0)).to(torch.int32)).to(torch.uint8)
+    assert torch.equal(got, want), (x[got != want][:8], got[got != want][:8], want[got != want][:8])
+
+    points = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 65504.0]
+    near = torch.cat([torch.tensor([p], dtype=torch.float32).view(torch.int32) + torch.arange(-(1 << 14), 1 << 14)
+                      for p in points]).view(torch.float32)
+    near = torch.cat([near, -near])
+    words = near.view(torch.int32).reshape(1, -1, 1)  # as if the products: multiplier 1 on words of two fp32 ...
+    pairs = kq._f16x2_rz(kq._round_to_odd_f16(words[:, 1::2]), kq._round_to_odd_f16(words[:, 0::2]))
+    lanes = pairs.view(torch.float16).flatten().float()  # ... the f16 pairs the kernel rounds
+    assert torch.equal(encode_e2m1(lanes.clamp(-6.0, 6.0)), encode_e2m1(near.clamp(-6.0, 6.0)))
+    plain = near.to(torch.float16).float()  # round to nearest: some decisions change (so the test can fail)
+    assert not torch.equal(encode_e2m1(plain.clamp(-6.0, 6.0)), encode_e2m1(near.clamp(-6.0, 6.0)))
 
 
 @pytest.mark.parametrize("multiplier", [2.0**-127, 2.0**-126, 2.0**-40, 0.25, 1.0, 8.0, 2.0**60, 2.0**126, 0.0])
@@ -287,6 +335,9 @@ def test_pairs_run_where_documented(monkeypatch):
     monkeypatch.setattr(plans, "_has_pdl", lambda device: True)
     assert kq._pairs(x, mx4, False) and not kq._pairs(x, mx4, True) and not kq._pairs(x, mx8, False)
     assert not kq._pairs(x, nv, False) and not kq._pairs(x.float(), mx4, False) and not kq._pairs(x.half(), mx4, False)
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_NVFP4", True)  # nvfp4 codes only where asked (off until timed)
+    assert kq._pairs(x, nv, False) and not kq._pairs(x, nv, True)
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_NVFP4", False)
     assert not kq._pairs(x[:, :32], mx4, False)  # one block a row
     assert kq._pairs(x[:, 64:], mx4, False)  # not contiguous: copied
     assert not kq._pairs(torch.zeros(4 * 128 + 1, dtype=torch.bfloat16)[1:].view(4, 128), mx4, False)  # 2-byte aligned
@@ -434,6 +485,32 @@ def test_pairs_every_bf16_pattern_gpu(fmt, rounding, gen, monkeypatch):
         want = dequantize(r, torch.float64).to(torch.bfloat16)
         assert torch.equal(rows.cpu().isnan(), want.isnan())
         assert torch.equal(rows.cpu().nan_to_num(), want.nan_to_num())
+
+
+@cuda
+@pytest.mark.parametrize("global_scale", [None, 0.01, 3e-7], ids=["device", "given", "given_small"])
+def test_nvfp4_pairs_every_bf16_pattern_gpu(global_scale, gen, monkeypatch):
+    """nvfp4 codes over bf16 pairs as the GPU runs them (`QUANTIZE_PAIRS_NVFP4`: fp32 products, cvt.rz.f16x2 rounded
+    to odd, E2M1 on f16 lanes): every bf16 pattern once as rows of 64, shuffled into mixed blocks, and the hostile
+    rows, codes and scales against the reference, with the input's global scale (reduced by a launch first) or a
+    given one (3e-7: products far past E2M1's range, and past f16's, saturating)."""
+    from blockscaled.kernels import quantize as kq
+
+    monkeypatch.setattr(kq, "QUANTIZE_PAIRS_NVFP4", True)
+    # the device's global scale by a reduction launched first (the blocks kernel's way: no grid barrier, no own amax)
+    monkeypatch.setattr(kq, "QUANTIZE_OWN_AMAX_ELEMENTS", 0)
+    monkeypatch.setattr(kq, "_barrier_programs", lambda device: 0)
+    every = (torch.arange(1 << 16, dtype=torch.int32) << 16).view(torch.float32).to(torch.bfloat16)
+    finite = every[~every.isnan() & ~every.isinf()]  # (a NaN or Inf input makes the device's global scale NaN / Inf)
+    rows = finite[: finite.numel() // 256 * 256]
+    hostile = _hostile(1000, 4096, gen).to(torch.bfloat16)
+    for x in (rows.reshape(-1, 64), rows[torch.randperm(rows.numel(), generator=gen)].reshape(-1, 256),
+              hostile if global_scale is not None else hostile.nan_to_num(0.0, 0.0, 0.0)):
+        r = bs.quantize(x, "nvfp4", layout="swizzle_32_4_4", global_scale=global_scale)
+        kq._LAUNCHES.clear()
+        _assert_same_codes(bs.quantize(x.cuda(), "nvfp4", layout="swizzle_32_4_4", global_scale=global_scale), r)
+        # the launch was the pairs kernel's (its key: "blocks", the format, rows, K, ..., PAIRS last)
+        assert [k[-1] for k in kq._LAUNCHES if k[:4] == ("blocks", "nvfp4", *x.shape)] == [True], list(kq._LAUNCHES)
 
 
 @cuda
