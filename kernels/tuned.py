@@ -5,7 +5,8 @@ written by `python -m bench.autotune` (`--quantize`: Helion's autotuner).
 |------------|------------------------------------------------------------------------------------------|
 | file name  | the GPU model: `gpu_key(torch.cuda.get_device_name())`, e.g. `nvidia_h200.json`          |
 | entries    | [{"pair", "m", "n", "k", "config", "us", "default_us"}]: `config` the fastest `scaled_mm`|
-|            | config of the candidates timed (None: the default plan was fastest); times in us         |
+|            | config of the candidates timed (None: the default plan was fastest); times in us;        |
+|            | optional "min_m": the fewest rows it serves (else 1)                                     |
 | rules      | [{"pair", "m", "config", "shapes"}]: a config that ran faster than the default plan at   |
 |            | every shape timed, `shapes` [[n, k, default_us, us], ...]: for the shapes with no entry  |
 |            | (written by hand from the `bench.autotune` logs and `bench.variants` runs behind them);  |
@@ -16,7 +17,8 @@ written by `python -m bench.autotune` (`--quantize`: Helion's autotuner).
 |            | kernel and input, None where it did not beat the module's default by the keep margin     |
 
 Lookup (`config_for`), once per (GPU, pair, M, N, K):
-- entries of the same GPU model and pair, at the smallest tuned M >= M (a plan tuned for M rows serves fewer);
+- entries of the same GPU model and pair that serve M rows ("min_m"), at the smallest tuned M >= M (a plan tuned for
+  M rows serves fewer);
 - of those, the entries of the same K, and of these the nearest N, if within a factor of 2 (K decides the split and
   the warps a K; carried across K, a 14336 x 4096 entry of M = 16 ran 8192 x 8192 nvfp4 x nvfp4 at 1.57x cuBLAS bf16
   against the rules' 1.91x on an H200);
@@ -91,7 +93,7 @@ def quantize_config_for(gpu: str, kernel: str, fmt: str, decoded: bool, dtype: s
 
 def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
     """The entry `config_for` takes for (pair, m, n, k) among `entries` (see the module's docstring), or None."""
-    same = [e for e in entries if e["pair"] == pair and e["m"] >= m]
+    same = [e for e in entries if e["pair"] == pair and e.get("min_m", 1) <= m <= e["m"]]
     if not same:
         return None
     m_tuned = min(e["m"] for e in same)

@@ -97,6 +97,17 @@ def test_the_h200_rule_reaches_the_plan_of_an_untuned_shape():
     assert api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 8192, 8192, True, False, True) is None
 
 
+def test_an_entry_serves_only_the_rows_it_names(table_dir):
+    """An entry with "min_m" serves min_m .. m rows: fewer fall past it (to an entry of another N that serves them,
+    the rules, or the default plan), as the H200's predecode entries at M = 16 leave M <= 8 to the default."""
+    entries = [dict(pair="nvfp4xnvfp4", m=16, min_m=9, n=57344, k=8192, config={"predecode": True}),
+               dict(pair="nvfp4xnvfp4", m=16, n=40000, k=8192, config={"max_split": 8})]
+    (table_dir / "e.json").write_text(json.dumps({"entries": entries}))
+    pick = lambda *key: tuned.config_for("e", *key)  # noqa: E731
+    assert pick("nvfp4xnvfp4", 16, 57344, 8192) == pick("nvfp4xnvfp4", 9, 57344, 8192) == {"predecode": True}
+    assert pick("nvfp4xnvfp4", 8, 57344, 8192) == {"max_split": 8}  # the next nearest N that serves 8 rows
+
+
 def test_the_h200_predecode_rule_serves_large_untuned_layers_at_m16():
     """On an H200 nvfp4 x nvfp4 at 9 .. 16 rows predecodes its activation on a layer of >= 2e8 weights of a K that no
     entry holds (Llama-3-405B's 16384 x 16384, 2.7e8), not on a smaller one, nor at 8 rows or fewer."""
@@ -106,6 +117,9 @@ def test_the_h200_predecode_rule_serves_large_untuned_layers_at_m16():
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 16384, 16384) is None
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 6144, 6144) is None  # 38M weights
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 5120, 27648) is None  # its own entry: the default
+    # the tuned entries alike: predecode at 9 .. 16 rows, the default below
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 57344, 8192) == {"predecode": True}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 57344, 8192) is None
 
 
 def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
@@ -218,6 +232,7 @@ def test_committed_tables_hold_configs_the_backend_takes_at_their_shapes():
             assert e["pair"] in pairs and e["pair"] in plans.MMA_PAIRS, e
             if e["config"] is None:
                 continue
+            assert 1 <= e.get("min_m", 1) <= e["m"], e
             takes(e["pair"], e["config"], e["m"], e["n"])
             assert e["config"].get("split", 1) <= e["k"] // 64 and e["us"] < e["default_us"], e
         for r in data.get("rules", []):  # faster than the default at every shape it names, each one it serves
