@@ -1,7 +1,7 @@
 """Quantization on the GPU: nvfp4, mxfp4 and mxfp8 in two Helion kernels, bit-exact with `reference.quantize`:
 `quantize_kernel` (a block over 2-4 lanes; nvfp4's own-amax and grid-barrier variants, mxfp8) and
 `quantize_blocks_kernel` (a block in one thread; nvfp4 and mxfp4 elsewhere, `QUANTIZE_BLOCKS`; mxfp4 codes from bf16
-on sm_90+ over words of two bf16, `QUANTIZE_PAIRS`). Configs: the module's
+on sm_90+ over words of two bf16, `QUANTIZE_PAIRS`; nvfp4's opt-in, `QUANTIZE_PAIRS_NVFP4`). Configs: the module's
 defaults, or the GPU's table (`kernels/tuned/<gpu>.json`, `python -m bench.autotune --quantize`). On sm_90+ each
 program lets the next kernel launch early (`QUANTIZE_PDL`): the mma kernels launched with PDL overlap it.
 
@@ -668,9 +668,10 @@ QUANTIZE_PAIRS_NVFP4 = False
 
 def _pairs(x: torch.Tensor, fmt: BlockFormat, rows_out: bool) -> bool:
     """Whether `quantize_blocks_kernel` runs over bf16 pairs (PAIRS): bf16 in, an mx format (a power-of-two
-    multiplier: exact in bf16), E2M1 codes (QUANTIZE_PAIRS) or decoded rows (QUANTIZE_PAIRS_DECODED), an NVIDIA sm_90+
-    GPU (add / mul .bf16x2, max.u16x2; never the interpreter), more than one block a row (`_blocks_kernel_runs`) and
-    4-byte aligned rows."""
+    multiplier: exact in bf16), E2M1 codes (QUANTIZE_PAIRS) or decoded rows (QUANTIZE_PAIRS_DECODED), or nvfp4 codes
+    (QUANTIZE_PAIRS_NVFP4: fp32 products, f16 lanes rounded to odd; the caller checks the blocks kernel runs), an
+    NVIDIA sm_90+ GPU (add / mul .bf16x2, max.u16x2; never the interpreter), more than one block a row
+    (`_blocks_kernel_runs`) and 4-byte aligned rows."""
     wanted = (QUANTIZE_PAIRS_DECODED and not fmt.global_scale if rows_out
               else QUANTIZE_PAIRS_NVFP4 if fmt.global_scale else QUANTIZE_PAIRS and fmt.element == "e2m1")
     return (wanted and x.dtype == torch.bfloat16 and plans._has_pdl(x.device)
