@@ -46,12 +46,13 @@ def compile_sm90(folder: Path) -> int:
 
     from .sass import compile_launch
 
-    def both(x, fmt, stem, suffix="", codes=True):  # the codes-and-scales kernel and the decoded-rows one of an input
+    def both(x, fmt, stem, suffix="", codes=True, rows=True):  # the codes-and-scales kernel and the decoded-rows one
         f = bs.get_format(fmt)
         if codes:
             compile_launch(lambda: kq.quantize(x, f, "floor", "swizzle_32_4_4", None), kq, folder,
                            f"{stem}_codes{suffix}")
-        compile_launch(lambda: kq.quantize_decoded(x, f, "floor", None), kq, folder, f"{stem}_decoded{suffix}")
+        if rows:
+            compile_launch(lambda: kq.quantize_decoded(x, f, "floor", None), kq, folder, f"{stem}_decoded{suffix}")
 
     hw, blocks, pdl, pairs = kq._hw_e4m3, kq.QUANTIZE_BLOCKS, kq._pdl, kq._pairs
     kq.QUANTIZE_BLOCKS = frozenset()  # quantize_kernel up to the "_blocks" variants
@@ -89,7 +90,7 @@ def _compile_variants(kq, both) -> None:
     both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp4", "quantize_mxfp4_bfloat16", "_pairs_pdl")
     both(torch.randn(64, 8192, dtype=torch.bfloat16), "mxfp8", "quantize_mxfp8_bfloat16", "_pairs_pdl", codes=False)
     # nvfp4 codes over bf16 pairs (`QUANTIZE_PAIRS_NVFP4`; its amax reduced by a launch first, as the blocks kernel's)
-    both(torch.randn(64, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_pairs_pdl", codes=True)
+    both(torch.randn(64, 8192, dtype=torch.bfloat16), "nvfp4", "quantize_nvfp4_bfloat16", "_pairs_pdl", rows=False)
 
 
 def _use_config(config) -> str:

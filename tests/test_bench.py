@@ -209,13 +209,16 @@ def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):
     (3 formats x bf16 / fp32 in x codes / decoded rows), nvfp4's two with the amax reduced in every program, its four
     with the grid barrier (two kinds), mxfp8's two with the hardware's E4M3 conversion (one F2FP per two elements),
     `quantize_blocks_kernel` for each format (codes and decoded rows), both kernels with the dependents' early
-    launch (PDL), and the bf16 pairs (mxfp4's codes and decoded rows, mxfp8's decoded rows): two elements an
-    instruction, under half the instructions of the same rows one element at a time."""
+    launch (PDL), and the bf16 pairs (mxfp4's codes and decoded rows, mxfp8's decoded rows: two elements an
+    instruction, under half the instructions of the same rows one element at a time; nvfp4's codes, opt-in, over f16
+    pairs rounded to odd)."""
     from bench import quantize as bench_quantize
 
     assert bench_quantize.main(["--compile-sm90", str(tmp_path)]) == 0
     lines = [ln for ln in capfd.readouterr().out.splitlines() if "compiled for sm_90" in ln]
-    assert len(lines) == 33 and all(" 0 spilled," in ln for ln in lines), lines
+    assert len(lines) == 34 and all(" 0 spilled," in ln for ln in lines), lines
+    nvfp4_pairs = (tmp_path / "quantize_nvfp4_bfloat16_codes_pairs_pdl.ptx").read_text()
+    assert "cvt.rz.f16x2.f32" in nvfp4_pairs and "add.rn.f16x2" in nvfp4_pairs  # the f16 pairs ran, not the blocks
     for variant in ("_own_amax ", "_barrier ", "_barrier_slots ", "_hw_e4m3 "):
         assert sum(variant in ln for ln in lines) == 2, (variant, lines)
     assert sum("_blocks " in ln for ln in lines) == 6, lines
@@ -230,6 +233,7 @@ def test_quantize_kernel_compiles_for_sm90(capfd, tmp_path):
         assert "add.rn.bf16x2" in ptx and "mul.rn.bf16x2" in ptx and "max.u16x2" in ptx and "div" not in ptx, fmt
         assert count[f"quantize_{fmt}_bfloat16_decoded_pairs_pdl"] < count[f"quantize_{fmt}_bfloat16_decoded_blocks"] / 2
     assert count["quantize_mxfp4_bfloat16_codes_pairs_pdl"] < count["quantize_mxfp4_bfloat16_codes_blocks"]
+    assert count["quantize_nvfp4_bfloat16_codes_pairs_pdl"] < count["quantize_nvfp4_bfloat16_codes_blocks"]
     sass = (tmp_path / "quantize_mxfp8_bfloat16_codes_hw_e4m3.sass").read_text()
     assert sass.count("F2FP.SATFINITE.E4M3.F32.PACK_AB") == 16, "32 elements a thread: 16 conversions"
 
