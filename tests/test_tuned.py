@@ -95,6 +95,7 @@ def test_the_h200_rule_reaches_the_plan_of_an_untuned_shape():
     hoisted = api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 5120, 5120, True, False, True)
     assert hoisted is not None and hoisted.hoist and hoisted.evict
     assert api._tuned_options_of("nvidia_h200", "nvfp4xnvfp4", 1, 8192, 8192, True, False, True) is None
+    assert api._tuned_options_of("nvidia_h200", "bf16xnvfp4", 1, 5120, 5120, False, False, True) is None
 
 
 def test_an_entry_serves_only_the_rows_it_names(table_dir):
