@@ -387,30 +387,45 @@ def _pairs_decoded(part, multiplier, scale_value, FP8: bool):
     return _bf16x2("mul.rn", _bf16x2("sub.rn", rounded, magic) | (y & BF16X2_SIGNS), scale_value)
 
 
-def _pairs_e2m1_bytes(part, multiplier):
-    """One part's E2M1 codes from its words `part` [rows, blocks, 4]: each word's two codes in its low byte (the even
-    element's in the low nibble), int32 [rows, blocks, 4]. A NaN lane (only in a NaN block: x NaN, Inf times the
-    floor rounding's 0, or the rceil rounding's NaN multiplier) gets code 0 as `_e2m1_codes` gives it; -0 keeps its
-    sign."""
-    y = _bf16x2("mul.rn", part, multiplier)
+def _lanes(value: int) -> int:
+    """A 16-bit value in both lanes of a word."""
+    return value | value << 16
+
+
+def _lane_e2m1_bytes(y, op, MANTISSA: int, BIAS: int):
+    """E2M1 codes of words `y` of two 16-bit floats with MANTISSA mantissa bits and exponent bias BIAS (bf16: 7, 127,
+    `op` `_bf16x2`; f16: 10, 15, `_f16x2`): each word's two codes in its low byte (the low lane's in the low nibble).
+    min(|y|, 6) + 2^(e + MANTISSA - 1), 2^e the binade of max(|y|, 1), has an ulp of 2^(e - 1), E2M1's spacing there:
+    the sum less that magic is q, rounded to nearest even, and the code q + 2e. A NaN lane gets code 0 (as
+    `_e2m1_codes`), -0 keeps its sign."""
+    shift = _lanes((MANTISSA - 1) << MANTISSA)
     magnitude = y & BF16X2_MAGNITUDES
-    nan = (magnitude + 0x007F007F) & BF16X2_SIGNS  # bit 15 of a lane: above Inf's bits
-    rounded, magic = _pairs_rounded(_bf16x2("max", magnitude, torch.zeros_like(y)), False)  # max(NaN, 0) = 0
-    # code = q + 2e: q = rounded - magic (the grid step), 2e = (binade >> 6) - 254, binade = magic - (6 << 7)
-    code = rounded - magic + ((magic - (6 << 7 | 6 << 23)) >> 6) - (254 | 254 << 16)
+    nan = (magnitude + _lanes((1 << MANTISSA) - 1)) & BF16X2_SIGNS  # bit 15 of a lane: above Inf's bits
+    six = torch.full_like(y, _lanes((BIAS + 2) << MANTISSA | 1 << (MANTISSA - 1)))
+    a = op("min", op("max", magnitude, torch.zeros_like(y)), six)  # max(NaN, 0) = 0
+    binade = op("max", a, torch.full_like(y, _lanes(BIAS << MANTISSA))) & _lanes(0x7FFF >> MANTISSA << MANTISSA)
+    magic = binade + shift
+    # code = q + 2e: q = rounded - magic (the grid step), 2e = (binade >> (MANTISSA - 1)) - 2 BIAS
+    code = op("add.rn", a, magic) - magic + ((magic - shift) >> (MANTISSA - 1)) - _lanes(2 * BIAS)
     code = code | ((((y & ~nan) & BF16X2_SIGNS) >> 12) & 0x00080008)  # the sign at bit 3 of each lane
     return (code | (code >> 12)) & 0xFF
+
+
+def _pairs_e2m1_bytes(part, multiplier):
+    """One part's E2M1 codes from its words `part` [rows, blocks, 4] (`_lane_e2m1_bytes` on the bf16 products, exact:
+    the multiplier is a power of two), int32 [rows, blocks, 4]. A NaN lane only in a NaN block: x NaN, Inf times the
+    floor rounding's 0, or the rceil rounding's NaN multiplier."""
+    return _lane_e2m1_bytes(_bf16x2("mul.rn", part, multiplier), _bf16x2, 7, 127)
 
 
 # nvfp4 over bf16 pairs: its multiplier is not a power of two, so each element's product is the reference's fp32 one;
 # the two products of a word are then converted to an f16 pair rounding to odd (the fp32 bits below f16's mantissa
 # ORed into its last bit, then truncated: `cvt.rz`), which keeps every E2M1 decision of the fp32 value (f16 has 9
 # more mantissa bits than E2M1, and a value off the f16 grid stays off it on the side it was), and the E2M1 rounding
-# runs on the f16 lanes as `_pairs_rounded` does on bf16's (checked on 20M fp32 values, every one within 2^14 ulps of
+# runs on the f16 lanes as on bf16's (`_lane_e2m1_bytes`; checked on 20M fp32 values, every one within 2^14 ulps of
 # an E2M1 decision point included: `tests/test_quantize_kernel.py`).
 #
 #   fp32 y:  | s | exponent (8) | 10 f16 mantissa bits | 13 bits | -> bit 13 |= (13 bits != 0), then truncated
-F16X2_EXPONENTS = 0x7C007C00
 F16_ROUND_TO_ODD_LOW = 0x1FFF  # the 13 fp32 mantissa bits below an f16's
 
 
@@ -437,15 +452,7 @@ def _pairs_nvfp4_bytes(part, multiplier):
     y_low = (part << 16).view(torch.float32) * multiplier
     y_high = (part & -65536).view(torch.float32) * multiplier
     h = _f16x2_rz(_round_to_odd_f16(y_high.view(torch.int32)), _round_to_odd_f16(y_low.view(torch.int32)))
-    magnitude = h & BF16X2_MAGNITUDES
-    nan = (magnitude + 0x03FF03FF) & BF16X2_SIGNS  # bit 15 of a lane: above Inf's bits
-    a = _f16x2("min", _f16x2("max", magnitude, torch.zeros_like(h)), torch.full_like(h, 0x46004600))  # max(NaN, 0) = 0
-    # + 2^(e + 9), 2^e the binade of max(a, 1): its f16 ulp 2^(e - 1) is E2M1's spacing there
-    magic = (_f16x2("max", a, torch.full_like(h, 0x3C003C00)) & F16X2_EXPONENTS) + (9 << 10 | 9 << 26)
-    # code = q + 2e: q = rounded - magic (the grid step), 2e = (binade >> 9) - 30, binade = magic - (9 << 10)
-    code = _f16x2("add.rn", a, magic) - magic + ((magic - (9 << 10 | 9 << 26)) >> 9) - (30 | 30 << 16)
-    code = code | ((((h & ~nan) & BF16X2_SIGNS) >> 12) & 0x00080008)  # the sign at bit 3 of each lane
-    return (code | (code >> 12)) & 0xFF
+    return _lane_e2m1_bytes(h, _f16x2, 10, 15)
 
 
 def _pair_parts(x, tile_r, tile_b, PARTS: int) -> list:
@@ -653,8 +660,9 @@ def _hw_e4m3(x: torch.Tensor, fmt: BlockFormat) -> bool:
 
 
 # mxfp4 codes from bf16 on sm_90+ in words of two bf16 (`_pairs_e2m1_bytes`): 624 -> 400 sm_90 instructions a thread
-# of 32 elements; H200, 16384 x 8192, blocks -> pairs: floor 132.4 -> 105.8 us (0.63 -> 0.79 of a copy), rceil 140.8
-# -> 107.8 (bench/results/h200_quantize_pairs_codes_e761f36_2026-11-30.log).
+# of 32 elements (384 since its rounding is nvfp4's too, `_lane_e2m1_bytes`: one redundant AND fewer; not re-timed);
+# H200, 16384 x 8192, blocks -> pairs: floor 132.4 -> 105.8 us (0.63 -> 0.79 of a copy), rceil 140.8 -> 107.8
+# (bench/results/h200_quantize_pairs_codes_e761f36_2026-11-30.log).
 QUANTIZE_PAIRS = True
 # The decoded rows (`_pairs_decoded`, mxfp4 and mxfp8) the same way: 840 / 728 -> 264 instructions, but slower: H200,
 # 16384 x 8192, mxfp4 floor 180.3 -> 198.9 us, mxfp8 floor 163.3 (quantize_kernel) -> 198.9; at 8192^2 every mx case
@@ -781,9 +789,10 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
+    blocks = _blocks_kernel_runs(fmt, amax, cols)
     # (nvfp4 over pairs where the blocks kernel runs: a global scale given or the input's amax reduced first)
-    pairs = _pairs(x, fmt, False) and (not fmt.global_scale or _blocks_kernel_runs(fmt, amax, cols))
-    if pairs or _blocks_kernel_runs(fmt, amax, cols):
+    pairs = _pairs(x, fmt, False) and (blocks or not fmt.global_scale)
+    if pairs or blocks:
         _launch_blocks(x.contiguous(), fmt, amax, scale_rounding, hw, pdl, data=data, scale=scale, layout=layout,
                        pairs=pairs)
         return data, scale, amax.g.reshape(()) if fmt.global_scale else None

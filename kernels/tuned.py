@@ -91,9 +91,14 @@ def quantize_config_for(gpu: str, kernel: str, fmt: str, decoded: bool, dtype: s
     return dict(entry["config"]) if entry["config"] else None
 
 
+def _serves(e: dict, pair: str, m: int) -> bool:
+    """Whether an entry or rule `e` serves m rows of `pair`: "min_m" (else 1) .. its M."""
+    return e["pair"] == pair and e.get("min_m", 1) <= m <= e["m"]
+
+
 def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
     """The entry `config_for` takes for (pair, m, n, k) among `entries` (see the module's docstring), or None."""
-    same = [e for e in entries if e["pair"] == pair and e.get("min_m", 1) <= m <= e["m"]]
+    same = [e for e in entries if _serves(e, pair, m)]
     if not same:
         return None
     m_tuned = min(e["m"] for e in same)
@@ -111,8 +116,7 @@ def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
 def rule(rules_, pair: str, m: int, n: int, k: int) -> dict | None:
     """The rule `config_for` takes for (pair, m, n, k) among `rules_` where no entry serves the shape: the pair's at
     the smallest M >= m of those that serve m rows ("min_m") and n x k weights ("min_weights"), or None."""
-    same = [r for r in rules_ if r["pair"] == pair and r.get("min_m", 1) <= m <= r["m"]
-            and n * k >= r.get("min_weights", 0)]
+    same = [r for r in rules_ if _serves(r, pair, m) and n * k >= r.get("min_weights", 0)]
     return min(same, key=lambda r: r["m"]) if same else None
 
 
