@@ -67,10 +67,14 @@ CONFIGS = {
 # positions per sequence whose logits are compared (all 2048 of batch 16 over Llama-3's vocabulary would be 17 GB)
 AGREEMENT_POSITIONS = 256
 FIELDS = ["date", "commit", "gpu", "model", "layers", "variant", "compile", "batch", "prefill", "prefill_ms", "decode_mode",
-          "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db"]
+          "decode_tokens_per_s", "token_agreement", "logits_sqnr_db", "kernel_sqnr_db", "attention"]
+# the attention of rows recorded before the column existed: transformers' own
+ATTENTION_BEFORE_THE_COLUMN = "sdpa"
 
 
-def build(name: str, layers: int | None, device, seed: int = 0):
+def build(name: str, layers: int | None, device, seed: int = 0, attention: str = "sdpa"):
+    """(config, bf16 model) of `name` with random weights on `device`; with attention "packed_gqa" the decode steps'
+    grouped-query attention packed onto the key / value heads (`blockscaled.attention`; every variant copies it)."""
     import transformers
 
     family, cfg = CONFIGS[name]
@@ -82,7 +86,11 @@ def build(name: str, layers: int | None, device, seed: int = 0):
     config = getattr(transformers, f"{prefix}Config")(**cfg)
     with torch.device(device):  # initialized where it runs (8B parameters initialize in minutes on the host)
         model = getattr(transformers, f"{prefix}ForCausalLM")(config).to(dtype=torch.bfloat16).eval()
-    return config, model
+    if attention == "packed_gqa" and model.config._attn_implementation == "sdpa":  # (gpt-oss runs its own)
+        from blockscaled.attention import use_packed_gqa
+
+        use_packed_gqa(model)
+    return model.config, model
 
 
 def quantized(model, variant: str, calibration=None):
@@ -180,7 +188,7 @@ def _time_ms(fn, device, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def write_profile(fn, device, path: Path, rows: int = 30) -> None:
+def write_profile(fn, device, path: Path, rows: int = 60) -> None:
     """`fn()` under torch.profiler (warm: after the timed runs), its kernels by total device time (the top `rows`)
     written to `path`."""
     from torch.profiler import ProfilerActivity, profile
@@ -261,13 +269,13 @@ def agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, fl
 def run(args, on_row=lambda row: None) -> list[dict]:
     """Every (batch, variant) row; `on_row(row)` as each is made (a run cut by a time limit keeps what it finished)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    config, base = build(args.model, args.layers, device)
+    config, base = build(args.model, args.layers, device, attention=args.attention)
     gen = torch.Generator(device="cpu").manual_seed(1)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     from .__main__ import git_commit
 
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, model=args.model,
-                 layers=config.num_hidden_layers)
+                 layers=config.num_hidden_layers, attention=args.attention)
     rows = []
     for batch in args.batch:
         prompt = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
@@ -319,6 +327,14 @@ def record(rows: list[dict], folder: Path) -> Path:
 
     path = folder / f"{result_name(rows[0]['gpu'])}_model.csv"
     new = not path.exists()
+    if not new:  # a file of older columns: rewritten with every column, the new ones filled as they were then
+        with path.open(newline="") as f:
+            old = list(csv.DictReader(f))
+        if old and list(old[0]) != FIELDS:
+            with path.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
+                w.writeheader()
+                w.writerows({"attention": ATTENTION_BEFORE_THE_COLUMN, **r} for r in old)
     with path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")
         if new:
@@ -345,6 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
                         "attention glue fused, each QuantizedLinear one custom op); none: eager")
+    p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="packed_gqa",
+                   help="every variant's attention (bf16's too): transformers' sdpa, or packed_gqa "
+                        "(`blockscaled.attention`: sdpa without repeat_kv's copies of the cache in compiled decode)")
     p.add_argument("--profile", type=Path, help="write each variant's prefill and 8 decode steps' kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)

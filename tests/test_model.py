@@ -233,3 +233,18 @@ def test_experts_without_a_host_read_compile_whole():
         torch.testing.assert_close(every, loop, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(compiled, every, rtol=1e-5, atol=1e-6)
         assert len(graphs) == 1  # one graph: no break
+
+
+def test_a_record_of_older_columns_gains_the_attention_column(tmp_path):
+    """Rows recorded before `attention` existed ran transformers' sdpa: the file is rewritten with the column filled
+    so, and the new row appended under the full header."""
+    import csv
+
+    old = [f for f in bench_model.FIELDS if f != "attention"]
+    path = tmp_path / "h200_model.csv"
+    path.write_text(",".join(old) + "\n" + ",".join(str(i) for i in range(len(old))) + "\n")
+    row = {f: "x" for f in bench_model.FIELDS} | {"gpu": "NVIDIA H200", "attention": "packed_gqa"}
+    assert bench_model.record([row], tmp_path) == path
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == bench_model.FIELDS
+    assert rows[0]["attention"] == "sdpa" and rows[0]["date"] == "0" and rows[1]["attention"] == "packed_gqa"

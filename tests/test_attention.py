@@ -1,0 +1,109 @@
+"""`blockscaled.attention.use_packed_gqa` against transformers' `sdpa` on a tiny Llama (grouped-query attention, 4
+query heads on 2 key / value heads) with a static cache: the same logits eager and compiled, and the compiled decode
+step without `repeat_kv`'s copy of the cache."""
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from blockscaled.attention import NAME, packed_gqa_attention, use_packed_gqa  # noqa: E402
+
+
+def tiny(seed=0, **over):
+    torch.manual_seed(seed)
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, attn_implementation="sdpa")
+    cfg.update(over)
+    config = transformers.LlamaConfig(**cfg)
+    return config, transformers.LlamaForCausalLM(config).eval()
+
+
+def greedy(model, config, prompt, steps, compile_backend=None):
+    """Logits of the prompt's last position and of `steps` greedy decode steps, through a static cache."""
+    cache = transformers.StaticCache(config=config, max_cache_len=prompt.shape[1] + steps + 2)
+    fwd = torch.compile(model, backend=compile_backend, fullgraph=True, dynamic=False) if compile_backend else model
+    out = []
+    with torch.no_grad():
+        n = prompt.shape[1]
+        logits = fwd(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(n), use_cache=True).logits
+        out.append(logits[:, -1])
+        for t in range(steps):
+            ids = logits[:, -1:].argmax(-1)
+            logits = fwd(input_ids=ids, past_key_values=cache, cache_position=torch.tensor([n + t]),
+                         use_cache=True).logits
+            out.append(logits[:, -1])
+    return torch.stack(out, 1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_packed_gqa_gives_sdpa_logits_eager(batch):
+    config, model = tiny()
+    packed = use_packed_gqa(copy.deepcopy(model))
+    assert packed.config._attn_implementation == NAME and model.config._attn_implementation == "sdpa"
+    prompt = torch.randint(0, 256, (batch, 9), generator=torch.Generator().manual_seed(batch))
+    ref = greedy(model, config, prompt, 5)
+    got = greedy(packed, packed.config, prompt, 5)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_gqa_compiled_gives_sdpa_logits_without_repeat_kv():
+    """Compiled (fullgraph, aot_eager: no C++ compiler on the CPU machine), the packed decode gives eager sdpa's
+    logits; the decode step's graph has no expand of the cache (sdpa's compiled decode does: the reason for this)."""
+    config, model = tiny(seed=1)
+    packed = use_packed_gqa(copy.deepcopy(model))
+    prompt = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
+    ref = greedy(model, config, prompt, 4)
+
+    def graphs_of(m):
+        seen = []
+
+        def backend(gm, inputs):
+            seen.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        logits = greedy(m, m.config, prompt, 4, compile_backend=backend)
+        torch._dynamo.reset()
+        return logits, seen
+
+    got, packed_graphs = graphs_of(packed)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    _, sdpa_graphs = graphs_of(model)
+
+    def expands(graphs):  # [prefill graph, decode graph]: expand calls in the decode one
+        decode = graphs[-1]
+        return sum(1 for n in decode.graph.nodes if n.op in ("call_method", "call_function") and "expand" in str(n.target))
+
+    assert len(packed_graphs) == 2 and len(sdpa_graphs) == 2
+    assert expands(sdpa_graphs) >= 2 * config.num_hidden_layers  # repeat_kv of k and v, each layer
+    assert expands(packed_graphs) == expands(sdpa_graphs) - 2 * config.num_hidden_layers
+
+
+def test_packed_gqa_leaves_other_cases_to_sdpa(monkeypatch):
+    """Prefill (several query tokens), no grouping, a mask per head: transformers' sdpa function, unchanged."""
+    import transformers.integrations.sdpa_attention as sdpa
+
+    calls = []
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **k: calls.append(a) or ("sdpa", None))
+
+    class M:
+        num_key_value_groups = 2
+
+    q1, kv = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 5, 8)
+    assert packed_gqa_attention(M(), torch.randn(1, 4, 3, 8), kv, kv, None)[0] == "sdpa"
+    assert packed_gqa_attention(M(), q1, kv, kv, torch.zeros(1, 4, 1, 5))[0] == "sdpa"
+    M.num_key_value_groups = 1
+    assert packed_gqa_attention(M(), torch.randn(1, 2, 1, 8), kv, kv, None)[0] == "sdpa"
+    assert len(calls) == 3
+    M.num_key_value_groups = 2
+    out, _ = packed_gqa_attention(M(), q1, kv, kv, torch.zeros(1, 1, 1, 5, dtype=torch.bool).logical_not())
+    assert out.shape == (1, 1, 4, 8) and len(calls) == 3
+
+
+def test_a_model_not_on_sdpa_is_refused():
+    _, model = tiny(attn_implementation="eager")
+    with pytest.raises(ValueError, match="runs attention 'eager'; expected 'sdpa'"):
+        use_packed_gqa(model)
