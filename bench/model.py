@@ -361,7 +361,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
                         "attention glue fused, each QuantizedLinear one custom op); none: eager")
-    p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="packed_gqa",
+    p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="sdpa",
                    help="every variant's attention (bf16's too): transformers' sdpa, or packed_gqa "
                         "(`blockscaled.attention`: sdpa without repeat_kv's copies of the cache in compiled decode)")
     p.add_argument("--profile", type=Path, help="write each variant's prefill and 8 decode steps' kernels by device time to this folder")

@@ -4,8 +4,9 @@
 |-------------------------|------------------------------------------------------------------------|----------------------------|
 | `blockscaled::linear`   | x [M, K]; the weight's data, scale, global scale (a QTensor's fields), its format, scale layout, data layout, N, K; bias; activation format, scale rounding, static activation global scale; out dtype | [M, N] out dtype |
 | `blockscaled::quantize` | x [rows, K]; format, scale rounding, scale layout, global scale        | (data, scale, global [1])  |
+| `blockscaled::decode_attention` | q [B, Hkv, G, D]; k, v [B, Hkv, S, D]; keep [B, S] bool; scale  | [B, Hkv, G, D] q's dtype   |
 
-Both have fake (meta) implementations: shapes and dtypes only. `QuantizedLinear` calls `linear` while
+Each has a fake (meta) implementation: shapes and dtypes only. `QuantizedLinear` calls `linear` while
 `torch.compile` traces it (eager calls skip the dispatcher). The op rebuilds the weight's QTensor from its fields
 once: weights registered by `register_weight` (every QuantizedLinear's) are looked up by storage, so the per-weight
 caches (kernel views, mma factors) survive across calls.
@@ -130,3 +131,25 @@ def quantize(x: torch.Tensor, fmt: str, *, scale_rounding: str = "floor", layout
     f = get_format(fmt)
     data, scale, g = torch.ops.blockscaled.quantize(x, f.name, scale_rounding, layout, global_scale)
     return QTensor(data, scale, f, layout, g.reshape(()) if f.global_scale else None, (x.shape[0], x.shape[1]))
+
+
+_LIB.define("decode_attention(Tensor q, Tensor k, Tensor v, Tensor keep, float scale) -> Tensor")
+
+
+def _decode_attention(q, k, v, keep, scale):
+    from blockscaled.kernels.decode_attention import decode_attention
+
+    _no_grad_inputs("decode_attention", q, k, v)
+    return decode_attention(q, k, v, keep, scale)
+
+
+_LIB.impl("decode_attention", _decode_attention, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("blockscaled::decode_attention", lib=_LIB)
+def _(q, k, v, keep, scale):
+    from blockscaled.kernels.decode_attention import supported
+
+    why = supported(q, k, v, keep)
+    torch._check(why is None, lambda: f"decode_attention: {why}")
+    return torch.empty_like(q, memory_format=torch.contiguous_format)

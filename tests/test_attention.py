@@ -73,13 +73,18 @@ def test_packed_gqa_compiled_gives_sdpa_logits_without_repeat_kv():
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     _, sdpa_graphs = graphs_of(model)
 
-    def expands(graphs):  # [prefill graph, decode graph]: expand calls in the decode one
+    def expands(graphs):  # [prefill graph, decode graph]: repeat_kv's expands of the cache to 5-D in the decode one
         decode = graphs[-1]
-        return sum(1 for n in decode.graph.nodes if n.op in ("call_method", "call_function") and "expand" in str(n.target))
+        return sum(1 for n in decode.graph.nodes
+                   if n.op in ("call_method", "call_function") and "expand" in str(n.target) and len(n.args) == 6)
+
+    def split_kernel_calls(graphs):
+        return sum(1 for n in graphs[-1].graph.nodes if "decode_attention" in str(n.target))
 
     assert len(packed_graphs) == 2 and len(sdpa_graphs) == 2
-    assert expands(sdpa_graphs) >= 2 * config.num_hidden_layers  # repeat_kv of k and v, each layer
-    assert expands(packed_graphs) == expands(sdpa_graphs) - 2 * config.num_hidden_layers
+    assert expands(sdpa_graphs) == 2 * config.num_hidden_layers  # repeat_kv of k and v, each layer
+    assert expands(packed_graphs) == 0
+    assert split_kernel_calls(packed_graphs) == config.num_hidden_layers and split_kernel_calls(sdpa_graphs) == 0
 
 
 def test_packed_gqa_leaves_other_cases_to_sdpa(monkeypatch):

@@ -1,0 +1,161 @@
+"""Grouped-query attention of one query token per sequence over a static KV cache, split along the keys
+(flash-decoding): the decode step's attention without copying the cache per query head.
+
+At batch 1 a decode step has one query row per head; an attention kernel tiled by query rows and heads runs 8-32
+programs (Llama-3-8B: 32 heads on 8 key / value heads) and reads the whole cache through them. Here each program
+takes one key / value head and CHUNK keys, for all G query heads of that key / value head (so the cache is read
+once, not G times), and a second kernel merges the chunks' softmax partials.
+
+| tensor        | shape                  | dtype          | notes                                              |
+|---------------|------------------------|----------------|----------------------------------------------------|
+| q             | [B, Hkv, G, D]         | bf16/fp16/fp32 | the G query heads of each key / value head        |
+| k, v          | [B, Hkv, S, D]         | q's            | the cache (S = its length; any strides, D last)    |
+| keep          | [B, S]                 | bool           | keys attended (the static cache's mask)           |
+| out           | [B, Hkv, G, D]         | q's            | softmax(q k^T x scale, keys kept) v                |
+
+fp32 scores, softmax and sums (the products of bf16 values are exact in fp32); G and D powers of two. A row with no
+key kept gives NaN (as SDPA).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import helion
+import helion.language as hl
+
+from .configs import KERNEL_SETTINGS
+
+_LAUNCHES: dict = {}
+
+LOG2E = 1.4426950408889634
+# keys a program reads per step: [G, 16, D] fp32 products are 64 registers a thread at G = 4, D = 128, 4 warps
+BLOCK_KEYS = 16
+# programs per SM the split aims for (a 8 MB cache over 132 SMs: ~16 KB a program per key / value tensor)
+PROGRAMS_PER_SM = 2
+
+
+def _exp2(x):
+    """2^x by `tl.math.exp2` (ex2.approx on the GPU): Helion writes torch.exp2 as libdevice's, which the Triton
+    interpreter (3.6) returns untyped."""
+    return hl.inline_triton("tl.math.exp2({0})", args=(x,), output_like=x)
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, m_out: torch.Tensor,
+                     l_out: torch.Tensor, acc_out: torch.Tensor, scale: float, CHUNK: hl.constexpr,
+                     BLOCK: hl.constexpr) -> torch.Tensor:
+    """Chunk c of key / value head (b, h): m_out[b, h, c] (the largest kept score, -inf if none), l_out (sum of
+    exp(score - m)), acc_out (sum of exp(score - m) v)."""
+    B, HKV, G, D = q.shape
+    S = k.size(2)
+    for tile_b, tile_h, tile_c in hl.tile([B, HKV, S], block_size=[1, 1, CHUNK]):
+        b, h = tile_b.begin, tile_h.begin
+        qf = q[b, h, :, :].to(torch.float32) * (scale * LOG2E)  # scores in base 2: exp2 below
+        m_i = hl.full([G], float("-inf"), dtype=torch.float32)
+        l_i = hl.zeros([G], dtype=torch.float32)
+        acc = hl.zeros([G, D], dtype=torch.float32)
+        # a fixed count of steps (bounds from tile_c.end are a runtime range the Triton interpreter cannot run); keys
+        # past S read the last one again (in bounds) and count as not kept
+        for tile_j in hl.tile(CHUNK, block_size=BLOCK):
+            idx = tile_c.begin + tile_j.index
+            kept = idx < S
+            idx = torch.where(kept, idx, S - 1)
+            kf = k[b, h, idx, :].to(torch.float32)
+            s = (qf[:, None, :] * kf[None, :, :]).sum(-1)
+            s = torch.where((keep[b, idx] & kept)[None, :], s, float("-inf"))
+            m_new = torch.maximum(m_i, s.amax(-1))
+            m_use = torch.where(m_new == float("-inf"), 0.0, m_new)  # no key kept yet: every exp below is 0
+            p = _exp2(s - m_use[:, None])
+            alpha = _exp2(m_i - m_use)
+            vf = v[b, h, idx, :].to(torch.float32)
+            l_i = l_i * alpha + p.sum(-1)
+            acc = acc * alpha[:, None] + (p[:, :, None] * vf[None, :, :]).sum(1)
+            m_i = m_new
+        c = tile_c.begin // CHUNK
+        m_out[b, h, c, :] = m_i
+        l_out[b, h, c, :] = l_i
+        acc_out[b, h, c, :, :] = acc
+    return acc_out
+
+
+@helion.kernel(**KERNEL_SETTINGS)
+def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, out: torch.Tensor,
+                  SPLITS_P2: hl.constexpr) -> torch.Tensor:
+    """out[b, h] = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c, M the largest m_c."""
+    B, HKV, splits, G = m_in.shape
+    for tile_b, tile_h in hl.tile([B, HKV], block_size=[1, 1]):
+        b, h = tile_b.begin, tile_h.begin
+        for tile_c in hl.tile(splits, block_size=SPLITS_P2):
+            real = (tile_c.index < splits)[:, None]
+            m = torch.where(real, m_in[b, h, tile_c, :], float("-inf"))
+            top = m.amax(0)
+            top = torch.where(top == float("-inf"), 0.0, top)
+            w = torch.where(real, _exp2(m - top[None, :]), 0.0)
+            l_sum = (w * l_in[b, h, tile_c, :]).sum(0)
+            acc = (w[:, :, None] * acc_in[b, h, tile_c, :, :]).sum(0)
+            out[b, h, :, :] = (acc / l_sum[:, None]).to(out.dtype)
+    return out
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None) -> str | None:
+    """Why `decode_attention` does not take these operands, or None."""
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape:
+        return f"q [B, Hkv, G, D] and k, v [B, Hkv, S, D] expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+    B, HKV, G, D = q.shape
+    if k.shape[0] != B or k.shape[1] != HKV or k.shape[3] != D:
+        return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
+    if G & (G - 1) or D & (D - 1):
+        return f"G = {G} and D = {D} must be powers of two"
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"bf16, fp16 or fp32 q, k, v of one dtype expected, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if keep is not None and (keep.dtype != torch.bool or keep.shape != (B, k.shape[2])):
+        return f"keep: a bool [B, S] = [{B}, {k.shape[2]}] mask expected, got {keep.dtype} {tuple(keep.shape)}"
+    return None
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None,
+                     scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T x scale, keys `keep`) v for q [B, Hkv, G, D] over k, v [B, Hkv, S, D]: the table above."""
+    why = supported(q, k, v, keep)
+    if why:
+        raise ValueError(f"decode_attention: {why}")
+    B, HKV, G, D = q.shape
+    S = k.shape[2]
+    if keep is None:
+        keep = torch.ones(B, S, dtype=torch.bool, device=q.device)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    chunk = max(BLOCK_KEYS, _pow2(-(-S * B * HKV // (PROGRAMS_PER_SM * sms))))
+    splits = -(-S // chunk)
+    m = torch.empty(B, HKV, splits, G, dtype=torch.float32, device=q.device)
+    l_ = torch.empty_like(m)
+    acc = torch.empty(B, HKV, splits, G, D, dtype=torch.float32, device=q.device)
+    out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
+    from .api import _launch_cached
+
+    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale)
+    _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel, (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS),
+                   _config, q.device)
+    _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
+    return out
+
+
+def _config() -> helion.Config:
+    return helion.Config(block_sizes=[], num_warps=4, num_stages=2)
+
+
+def decode_attention_reference(q, k, v, keep=None, scale=None) -> torch.Tensor:
+    """The same in fp64 by torch."""
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+    return (torch.softmax(s, -1) @ v.double()).to(q.dtype)

@@ -1,0 +1,68 @@
+"""`kernels.decode_attention` (split along the keys) against fp64 torch: ragged cache lengths, chunks with no key kept,
+strided caches, every float dtype; bad operands refused by name."""
+
+import pytest
+import torch
+
+from blockscaled.kernels.decode_attention import decode_attention, decode_attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def operands(B, HKV, G, D, S, dtype, gen, cache=None):
+    q = torch.randn(B, HKV, G, D, generator=gen).to(DEVICE, dtype)
+    # a static cache longer than S, sliced: the kernel reads strided k and v
+    full = cache or S
+    k = torch.randn(B, HKV, full, D, generator=gen).to(DEVICE, dtype)[:, :, :S]
+    v = torch.randn(B, HKV, full, D, generator=gen).to(DEVICE, dtype)[:, :, :S]
+    return q, k, v
+
+
+@pytest.mark.parametrize("B,HKV,G,D,S,dtype", [(1, 2, 4, 16, 70, torch.float32), (2, 2, 2, 32, 33, torch.bfloat16),
+                                               (3, 1, 8, 16, 129, torch.float16), (1, 1, 1, 8, 5, torch.float32)])
+def test_equals_the_reference(B, HKV, G, D, S, dtype, gen):
+    q, k, v = operands(B, HKV, G, D, S, dtype, gen, cache=S + 9)
+    lengths = torch.randint(1, S + 1, (B,), generator=gen)
+    lengths[0] = S
+    keep = (torch.arange(S)[None, :] < lengths[:, None]).to(DEVICE)
+    out = decode_attention(q, k, v, keep)
+    ref = decode_attention_reference(q, k, v, keep)
+    assert out.shape == q.shape and out.dtype == dtype and not out.isnan().any()
+    torch.testing.assert_close(out.double(), ref.double(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_keys_kept_only_in_one_chunk_and_scattered(gen):
+    """Most chunks keep no key (their partials are -inf / 0 and weigh nothing); keep need not be a prefix."""
+    q, k, v = operands(1, 2, 4, 16, 200, torch.float32, gen)
+    keep = torch.zeros(1, 200, dtype=torch.bool, device=DEVICE)
+    keep[0, [3, 150, 151, 199]] = True
+    torch.testing.assert_close(decode_attention(q, k, v, keep, scale=0.3),
+                               decode_attention_reference(q, k, v, keep, scale=0.3).float(), rtol=2e-5, atol=2e-5)
+    # scores far below zero: the merge's weights are relative to the largest chunk maximum, not to 0
+    torch.testing.assert_close(decode_attention(q * 40, k, v, keep), decode_attention_reference(q * 40, k, v, keep).float(),
+                               rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda q, k, v, m: (q[..., :3, :], k, v, m), "G = 3 and D = 16 must be powers of two"),
+    (lambda q, k, v, m: (q, k[:, :1], v[:, :1], m), "does not match q"),
+    (lambda q, k, v, m: (q, k, v.double(), m), "one dtype expected"),
+    (lambda q, k, v, m: (q, k, v, m.float()), "keep: a bool"),
+    (lambda q, k, v, m: (q, k, v, m[:, :-1]), "keep: a bool"),
+])
+def test_bad_operands_are_refused_by_name(bad, match, gen):
+    q, k, v = operands(1, 2, 4, 16, 20, torch.float32, gen)
+    keep = torch.ones(1, 20, dtype=torch.bool, device=DEVICE)
+    with pytest.raises(ValueError, match=match):
+        decode_attention(*bad(q, k, v, keep))
+
+
+@pytest.mark.gpu
+def test_llama3_8b_decode_shape_gpu(gen):
+    """Llama-3-8B's decode step on the GPU: 8 key / value heads of 4 query heads, a 2124-key static cache of which
+    2100 are filled, bf16."""
+    q, k, v = operands(1, 8, 4, 128, 2124, torch.bfloat16, gen)
+    keep = (torch.arange(2124) < 2100)[None, :].to(DEVICE)
+    torch.testing.assert_close(decode_attention(q, k, v, keep).double(),
+                               decode_attention_reference(q, k, v, keep).double(), rtol=1e-2, atol=1e-2)
