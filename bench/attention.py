@@ -7,7 +7,9 @@ torch (two bmm and a softmax), and `blockscaled::decode_attention` (split along 
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +38,41 @@ def variants(B, H, HKV, D, S, scale):
             "split_keys": split_keys}
 
 
+def compile_sm90(folder: Path, shape=(1, 32, 8, 128, 2124, 2100)) -> int:
+    """`--compile-sm90`: both kernels of `decode_attention` at `shape`, compiled for sm_90 (no GPU), counted."""
+    from unittest import mock
+
+    from blockscaled.kernels import api, decode_attention as da
+
+    from .sass import compile_sm90 as compile_one
+
+    B, H, HKV, D, S, kept = shape
+    q = torch.randn(B, HKV, H // HKV, D, dtype=torch.bfloat16)
+    k, v = torch.randn(B, HKV, S, D, dtype=torch.bfloat16), torch.randn(B, HKV, S, D, dtype=torch.bfloat16)
+    keep = (torch.arange(S) < kept)[None, :].expand(B, S)
+    seen = []
+    with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((kernel, a, cfg)) or (lambda *_: None)), \
+            mock.patch.object(da, "_LAUNCHES", {}):
+        da.decode_attention(q, k, v, keep)
+    for kernel, args, cfg in seen:
+        name = kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__
+        counts = compile_one(kernel.bind(args).to_triton_code(cfg), kernel.fn, args, cfg, folder, name)
+        print(f"{name:20s} sm_90: {counts['regs']} registers, {counts['spill']} spilled, {counts['smem']} B shared")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__)
     p.add_argument("--shape", type=int, nargs=6, default=[1, 32, 8, 128, 2124, 2100], metavar=("B", "H", "HKV", "D", "S", "KEPT"))
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--compile", nargs="+", default=["none", "inductor"])
+    p.add_argument("--compile-sm90", type=Path, metavar="FOLDER", help="only compile decode_attention's kernels for sm_90 (no GPU)")
     args = p.parse_args(argv)
+    if args.compile_sm90:
+        from .sass import compile_sm90_command
+
+        return compile_sm90_command("bench.attention", argv, os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                    args.compile_sm90, compile_sm90)
     import blockscaled  # noqa: F401 - registers blockscaled::decode_attention
 
     B, H, HKV, D, S, kept = args.shape

@@ -40,8 +40,8 @@ COUNTS = {  # column: SASS opcode pattern
     "ISETP/FSEL": r"(ISETP|FSEL)\b",
 }
 COLUMNS = ["instr", "per_w", *COUNTS, "early", "pre", "regs", "spill", "smem", "rt", "ep_rt"]  # what main prints per variant
-TRITON_TYPES = {torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
-                torch.int16: "*i16", torch.int64: "*i64"}
+TRITON_TYPES = {torch.bool: "*i1", torch.uint8: "*u8", torch.bfloat16: "*bf16", torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.int32: "*i32",
+                torch.int16: "*i16", torch.int64: "*i64", torch.float16: "*fp16"}
 
 
 def parse_args(argv=None):
@@ -152,7 +152,8 @@ def compile_sm90(code: str, kernel_fn, args, cfg, folder: Path, name: str) -> di
     # persistent pid types: the programs the host launches per SM count, as on an H100
     for multiplier in re.findall(r"^\s*_NUM_SM = helion\.runtime\.get_num_sm\([^)]*\)(?: \* (\d+))?$", code, re.M):
         dims["_NUM_SM"] = H100_SMS * int(multiplier or 1)
-    signature = {p: "constexpr" if p in dims else TRITON_TYPES[tensors[p].dtype] for p in names}
+    signature = {p: "constexpr" if p in dims else "fp32" if isinstance(tensors.get(p), float) else
+                 TRITON_TYPES[tensors[p].dtype] for p in names}
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(k),): v for k, v in dims.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i, p in enumerate(names) if p not in dims})
     opts = {"num_warps": cfg.config.get("num_warps", 4), "num_stages": cfg.config.get("num_stages", 2),

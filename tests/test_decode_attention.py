@@ -66,3 +66,17 @@ def test_llama3_8b_decode_shape_gpu(gen):
     keep = (torch.arange(2124) < 2100)[None, :].to(DEVICE)
     torch.testing.assert_close(decode_attention(q, k, v, keep).double(),
                                decode_attention_reference(q, k, v, keep).double(), rtol=1e-2, atol=1e-2)
+
+
+def test_compiles_for_sm90_without_spills(tmp_path, capfd):
+    """Both kernels at Llama-3-8B's decode shape through Triton's sm_90 compiler (no GPU): no spills, and at most 128
+    registers a thread for the partials (4 programs of 4 warps an SM, the split's aim)."""
+    from bench import attention
+
+    assert attention.main(["--compile-sm90", str(tmp_path)]) == 0
+    out = capfd.readouterr().out  # (a child process without the Triton interpreter compiles)
+    rows = {line.split()[0]: line for line in out.splitlines() if "sm_90:" in line}
+    assert set(rows) == {"_partials_kernel", "_merge_kernel"}, out
+    for line in rows.values():
+        assert " 0 spilled" in line, line
+    assert int(rows["_partials_kernel"].split("sm_90: ")[1].split()[0]) <= 128, out
