@@ -4,16 +4,20 @@
     use_packed_gqa(model)          # a transformers model; then torch.compile / CUDA graphs as before
 
 transformers' `sdpa` attention (5.24) packs a decode step's query heads onto their key / value heads (`pack_gqa`) only
-when it is not being compiled; under `torch.compile` with a static cache it copies the whole cache 4x (Llama-3-8B:
-`repeat_kv`, 0.43 ms of a 5.9 ms bf16 decode step on an H200, more than one layer's linears in nvfp4). This attention
-is `sdpa`'s with one change: at one query token per sequence, compiled or not, the G query heads of a key / value head
-are that head's G query rows ([batch, heads, 1, dim] -> [batch, kv heads, G, dim]), the mask shared by every head
-broadcast over them. The same numbers as `sdpa`'s eager decode (which does the same); every other case is `sdpa`'s.
+when it is not being compiled; under `torch.compile` with a static cache it copies the whole cache 4x per step
+(Llama-3-8B on an H200: `repeat_kv`, 0.43 ms of a 5.9 ms bf16 step), and SDPA on packed heads is no better there
+(cuDNN ran one program per key / value head: 47 us a layer). This attention is `sdpa`'s but for one query token per
+sequence, compiled or not: the G query heads of a key / value head become its G query rows ([B, H, 1, D] ->
+[B, H / G, G, D]) and `blockscaled::decode_attention` (`kernels/decode_attention.py`) splits the keys over the GPU.
 
-| query            | key / value                  | mask                              | path                      |
-|------------------|------------------------------|-----------------------------------|---------------------------|
-| [B, H, 1, D]     | [B, H / G, S, D], G > 1      | none, or [B or 1, 1, 1, S]        | packed: SDPA on H / G heads |
-| anything else    |                              |                                   | transformers' `sdpa`      |
+| query            | key / value                  | mask                                   | path                          |
+|------------------|------------------------------|----------------------------------------|-------------------------------|
+| [B, H, 1, D]     | [B, H / G, S, D], G > 1      | none, or bool [B or 1, 1, 1, S]        | `decode_attention`            |
+| [B, H, 1, D]     | [B, H / G, S, D], G > 1      | float [B or 1, 1, 1, S]                | SDPA on the packed heads      |
+| anything else    |                              |                                        | transformers' `sdpa`          |
+
+G and D powers of two and no dropout for the first row (else the second). Not yet timed on a GPU (`python -m
+bench.attention`), so `bench.model` keeps `sdpa` by default.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def packed_gqa_attention(module, query, key, value, attention_mask, dropout: flo
     packed = query.reshape(batch, heads // groups, groups, dim)
     keep = _keep(attention_mask, batch, key.shape[2])
     scale = scaling if scaling is not None else dim ** -0.5
-    if keep is not None and dropout == 0.0 and supported(packed, key, value, keep) is None:
+    if (keep is not None or attention_mask is None) and dropout == 0.0 and supported(packed, key, value, keep) is None:
         # split along the keys: SDPA's kernels run one program per head here (cuDNN's took 47 us a layer on an H200)
         out = torch.ops.blockscaled.decode_attention(packed, key, value, keep, float(scale))
     else:
@@ -53,10 +57,8 @@ def packed_gqa_attention(module, query, key, value, attention_mask, dropout: flo
 
 
 def _keep(mask, batch: int, keys: int):
-    """The [B, S] bool keys of a mask shared by every head ([B or 1, 1, 1, S] bool, or none), else None."""
-    if mask is None:
-        return None  # (every key: made by decode_attention; not on this path, which sdpa serves without a copy)
-    if mask.dtype != torch.bool or mask.shape[-1] != keys:
+    """The [B, S] bool keys of a mask shared by every head ([B or 1, 1, 1, S] bool), else None (no mask: every key)."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[-1] != keys:
         return None
     return mask[:, 0, 0, :].expand(batch, keys)
 

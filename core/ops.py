@@ -4,7 +4,7 @@
 |-------------------------|------------------------------------------------------------------------|----------------------------|
 | `blockscaled::linear`   | x [M, K]; the weight's data, scale, global scale (a QTensor's fields), its format, scale layout, data layout, N, K; bias; activation format, scale rounding, static activation global scale; out dtype | [M, N] out dtype |
 | `blockscaled::quantize` | x [rows, K]; format, scale rounding, scale layout, global scale        | (data, scale, global [1])  |
-| `blockscaled::decode_attention` | q [B, Hkv, G, D]; k, v [B, Hkv, S, D]; keep [B, S] bool; scale  | [B, Hkv, G, D] q's dtype   |
+| `blockscaled::decode_attention` | q [B, Hkv, G, D]; k, v [B, Hkv, S, D]; keep [B, S] bool or None; scale | [B, Hkv, G, D] q's dtype   |
 
 Each has a fake (meta) implementation: shapes and dtypes only. `QuantizedLinear` calls `linear` while
 `torch.compile` traces it (eager calls skip the dispatcher). The op rebuilds the weight's QTensor from its fields
@@ -133,7 +133,7 @@ def quantize(x: torch.Tensor, fmt: str, *, scale_rounding: str = "floor", layout
     return QTensor(data, scale, f, layout, g.reshape(()) if f.global_scale else None, (x.shape[0], x.shape[1]))
 
 
-_LIB.define("decode_attention(Tensor q, Tensor k, Tensor v, Tensor keep, float scale) -> Tensor")
+_LIB.define("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? keep, float scale) -> Tensor")
 
 
 def _decode_attention(q, k, v, keep, scale):

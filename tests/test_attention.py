@@ -112,3 +112,54 @@ def test_a_model_not_on_sdpa_is_refused():
     _, model = tiny(attn_implementation="eager")
     with pytest.raises(ValueError, match="runs attention 'eager'; expected 'sdpa'"):
         use_packed_gqa(model)
+
+
+def test_no_mask_runs_the_split_kernel_over_every_key():
+    class M:
+        num_key_value_groups = 2
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 4, 1, 8, generator=gen), torch.randn(2, 2, 40, 8, generator=gen), torch.randn(2, 2, 40, 8, generator=gen)
+    out, _ = packed_gqa_attention(M(), q, k, v, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
+    torch.testing.assert_close(out, ref.transpose(1, 2), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["inductor", None])
+def test_packed_gqa_on_the_gpu(backend):
+    """bf16 tiny Llama (8 query heads on 2 key / value heads, D = 64) on the GPU, greedy with a static cache,
+    compiled with inductor or eager: the split kernel's logits against sdpa's, and the decode step captured in a CUDA
+    graph replays them."""
+    config, model = tiny(seed=2, hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=256)
+    model = model.to("cuda", torch.bfloat16)
+    packed = use_packed_gqa(copy.deepcopy(model))
+    prompt = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(7)).cuda()
+
+    def run(m):
+        torch._dynamo.reset()
+        cache = transformers.StaticCache(config=m.config, max_cache_len=60)
+        fwd = torch.compile(m, backend=backend, dynamic=False) if backend else m
+        with torch.no_grad():
+            fwd(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(40, device="cuda"), use_cache=True)
+            ids = torch.zeros(2, 1, dtype=torch.long, device="cuda")
+            pos = torch.tensor([40], device="cuda")
+
+            def step():
+                return fwd(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1]
+
+            eager = [step() for _ in range(2)]  # warm-up at position 40 (rewritten by every replay)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step()
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            return eager[-1].float(), out.float()
+
+    ref_eager, ref_graph = run(model)
+    got_eager, got_graph = run(packed)
+    assert not got_graph.isnan().any()
+    torch.testing.assert_close(got_graph, got_eager, rtol=0, atol=0)
+    torch.testing.assert_close(got_eager, ref_eager, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got_graph, ref_graph, rtol=3e-2, atol=3e-2)

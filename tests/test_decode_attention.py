@@ -80,3 +80,43 @@ def test_compiles_for_sm90_without_spills(tmp_path, capfd):
     for line in rows.values():
         assert " 0 spilled" in line, line
     assert int(rows["_partials_kernel"].split("sm_90: ")[1].split()[0]) <= 128, out
+
+
+@pytest.mark.gpu
+def test_two_threads_two_streams_and_a_graph_gpu(gen):
+    """Concurrent calls share nothing: two threads on their own streams with different caches, and a captured call
+    replayed beside them, each equal to its reference."""
+    import threading
+
+    cases = [operands(1, 8, 4, 128, 1000 + 37 * i, torch.bfloat16, gen) for i in range(3)]
+    keeps = [(torch.arange(1000 + 37 * i) < 900 + 10 * i)[None, :].to(DEVICE) for i in range(3)]
+    refs = [decode_attention_reference(*c, keep).double() for c, keep in zip(cases, keeps)]
+    graph = torch.cuda.CUDAGraph()
+    decode_attention(*cases[2], keeps[2])  # compiled before the capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = decode_attention(*cases[2], keeps[2])
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                for _ in range(20):
+                    results[i] = decode_attention(*cases[i], keeps[i])
+            stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        graph.replay()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    for i in range(2):
+        torch.testing.assert_close(results[i].double(), refs[i], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(captured.double(), refs[2], rtol=1e-2, atol=1e-2)
