@@ -19,6 +19,7 @@ key kept gives NaN (as SDPA).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -101,6 +102,11 @@ def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, 
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -132,7 +138,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     if keep is None:
         keep = torch.ones(B, S, dtype=torch.bool, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # (an H100's)
+    sms = _sms(q.device) if q.is_cuda else 132  # (an H100's)
     chunk = max(BLOCK_KEYS, _pow2(-(-S * B * HKV // (PROGRAMS_PER_SM * sms))))
     splits = -(-S // chunk)
     m = torch.empty(B, HKV, splits, G, dtype=torch.float32, device=q.device)

@@ -248,3 +248,19 @@ def test_a_record_of_older_columns_gains_the_attention_column(tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert list(rows[0]) == bench_model.FIELDS
     assert rows[0]["attention"] == "sdpa" and rows[0]["date"] == "0" and rows[1]["attention"] == "packed_gqa"
+
+
+def test_packed_gqa_attention_in_the_model_run(tmp_path):
+    """`--attention packed_gqa`: every variant's decode attention is `blockscaled::decode_attention` (the decode
+    profile names it), the rows say so, and the quantized variant agrees with bf16 as under sdpa."""
+    import torch
+
+    torch._dynamo.reset()
+    rows = bench_model.run(bench_model.parse_args([
+        "--model", "tiny", "--layers", "1", "--formats", "nvfp4", "--batch", "2", "--prefill", "8", "--decode", "2",
+        "--reps", "1", "--device", "cpu", "--no-graphs", "--attention", "packed_gqa", "--profile", str(tmp_path)]))
+    assert [r["attention"] for r in rows] == ["packed_gqa", "packed_gqa"]
+    for variant in ("bf16", "nvfp4"):
+        assert "blockscaled::decode_attention" in (tmp_path / f"decode8_{variant}_none_b2.txt").read_text()
+        assert "blockscaled::decode_attention" not in (tmp_path / f"prefill_{variant}_none_b2.txt").read_text()
+    assert float(rows[1]["kernel_sqnr_db"]) > 40 and float(rows[1]["logits_sqnr_db"]) > 10, rows[1]
