@@ -61,11 +61,31 @@ def compile_sm90(folder: Path, shape=(1, 32, 8, 128, 2124, 2100)) -> int:
     return 0
 
 
+def graph_us(f, q, ks, vs, mask, reps: int = 20) -> float:
+    """Microseconds a layer of `f` over every layer's cache, the layers captured in one CUDA graph."""
+    for i in range(2):
+        f(q, ks[i], vs[i], mask)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(len(ks)):
+            f(q, ks[i], vs[i], mask)
+    graph.replay()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps / len(ks) * 1e6
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__)
     p.add_argument("--shape", type=int, nargs=6, default=[1, 32, 8, 128, 2124, 2100], metavar=("B", "H", "HKV", "D", "S", "KEPT"))
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--compile", nargs="+", default=["none", "inductor"])
+    p.add_argument("--split", nargs=2, type=int, action="append", metavar=("PROGRAMS_PER_SM", "BLOCK_KEYS"),
+                   help="time split_keys with these settings of kernels.decode_attention too (repeatable)")
     p.add_argument("--compile-sm90", type=Path, metavar="FOLDER", help="only compile decode_attention's kernels for sm_90 (no GPU)")
     args = p.parse_args(argv)
     if args.compile_sm90:
@@ -86,28 +106,22 @@ def main(argv=None) -> int:
     ref = (torch.softmax((qq @ ks[0].double().transpose(-1, -2) * scale).masked_fill(~mask, float("-inf")), -1)
            @ vs[0].double()).reshape(B, H, 1, D)
     print(f"{torch.cuda.get_device_name()}: B={B} H={H} HKV={HKV} D={D} S={S} kept={kept}, {args.layers} layers a graph")
-    for backend in args.compile:
-        for name, fn in variants(B, H, HKV, D, S, scale).items():
-            f = fn if backend == "none" else torch.compile(fn, backend=backend, dynamic=False)
-            try:
-                err = ((f(q, ks[0], vs[0], mask).double() - ref).abs().max() / ref.abs().max()).item()
-                for i in range(2):
-                    f(q, ks[i], vs[i], mask)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    for i in range(args.layers):
-                        f(q, ks[i], vs[i], mask)
-                graph.replay()
-                torch.cuda.synchronize()
-                start, reps = time.perf_counter(), 20
-                for _ in range(reps):
-                    graph.replay()
-                torch.cuda.synchronize()
-                us = (time.perf_counter() - start) / reps / args.layers * 1e6
-                print(f"{backend:9s} {name:14s} {us:8.2f} us a layer  max_rel_err {err:.2e}")
-            except Exception as e:  # noqa: BLE001 - one variant's failure is a row, the others still run
-                print(f"{backend:9s} {name:14s} failed: {type(e).__name__}: {str(e)[:200]}")
+    from blockscaled.kernels import decode_attention as da
+
+    default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS)
+    runs = [(backend, name, fn, default) for backend in args.compile for name, fn in variants(B, H, HKV, D, S, scale).items()]
+    runs += [("none", f"split_keys{tuple(split)}", variants(B, H, HKV, D, S, scale)["split_keys"], tuple(split))
+             for split in args.split or []]
+    for backend, name, fn, split in runs:
+        da.PROGRAMS_PER_SM, da.BLOCK_KEYS = split
+        f = fn if backend == "none" else torch.compile(fn, backend=backend, dynamic=False)
+        try:
+            err = ((f(q, ks[0], vs[0], mask).double() - ref).abs().max() / ref.abs().max()).item()
+            us = graph_us(f, q, ks, vs, mask)
+            print(f"{backend:9s} {name:20s} {us:8.2f} us a layer  max_rel_err {err:.2e}")
+        except Exception as e:  # noqa: BLE001 - one variant's failure is a row, the others still run
+            print(f"{backend:9s} {name:20s} failed: {type(e).__name__}: {str(e)[:200]}")
+    da.PROGRAMS_PER_SM, da.BLOCK_KEYS = default
     return 0
 
 

@@ -147,7 +147,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
     from .api import _launch_cached
 
-    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale)
+    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel, (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS),
                    _config, q.device)
     _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
