@@ -40,22 +40,18 @@ def variants(B, H, HKV, D, S, scale):
 
 def compile_sm90(folder: Path, shape=(1, 32, 8, 128, 2124, 2100)) -> int:
     """`--compile-sm90`: both kernels of `decode_attention` at `shape`, compiled for sm_90 (no GPU), counted."""
-    from unittest import mock
+    from blockscaled.kernels import decode_attention as da
 
-    from blockscaled.kernels import api, decode_attention as da
-
-    from .sass import compile_sm90 as compile_one
+    from .sass import compile_sm90 as compile_one, planned_as_h100, recorded_launches
 
     B, H, HKV, D, S, kept = shape
     q = torch.randn(B, HKV, H // HKV, D, dtype=torch.bfloat16)
     k, v = torch.randn(B, HKV, S, D, dtype=torch.bfloat16), torch.randn(B, HKV, S, D, dtype=torch.bfloat16)
     keep = (torch.arange(S) < kept)[None, :].expand(B, S)
-    seen = []
-    with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((kernel, a, cfg)) or (lambda *_: None)), \
-            mock.patch.object(da, "_LAUNCHES", {}):
-        da.decode_attention(q, k, v, keep)
-    for kernel, args, cfg in seen:
-        name = kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__
+    with planned_as_h100():  # the split of 132 SMs
+        launches = recorded_launches(lambda: da.decode_attention(q, k, v, keep), da)
+    for kernel, args, cfg in launches:
+        name = kernel.fn.__name__
         counts = compile_one(kernel.bind(args).to_triton_code(cfg), kernel.fn, args, cfg, folder, name)
         print(f"{name:20s} sm_90: {counts['regs']} registers, {counts['spill']} spilled, {counts['smem']} B shared")
     return 0

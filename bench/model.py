@@ -274,8 +274,12 @@ def run(args, on_row=lambda row: None) -> list[dict]:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     from .__main__ import git_commit
 
+    from blockscaled.attention import NAME as PACKED_GQA
+
+    # the attention the model runs (a family not on sdpa keeps its own under --attention packed_gqa)
+    attention = "packed_gqa" if config._attn_implementation == PACKED_GQA else config._attn_implementation
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, model=args.model,
-                 layers=config.num_hidden_layers, attention=args.attention)
+                 layers=config.num_hidden_layers, attention=attention)
     rows = []
     for batch in args.batch:
         prompt = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)

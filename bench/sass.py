@@ -173,17 +173,23 @@ def compile_sm90_command(module: str, argv, interpreted: bool, folder: str, comp
     return compile_all(Path(folder))
 
 
-def compile_launch(run, module, folder: Path, name: str) -> dict:
-    """Compile for sm_90 (no GPU) the one pre-pass kernel `run()` would launch: `kernels.api._compile` records its
-    arguments and config instead (with `module`'s launcher cache emptied), then `compile_sm90`; prints and returns
-    the counts."""
+def recorded_launches(run, module) -> list[tuple]:
+    """(kernel, arguments, config) of each pre-pass launch `run()` makes through `kernels.api._compile` (with
+    `module`'s launcher cache emptied), recorded instead of compiled or launched."""
     from unittest import mock
 
     seen = []
     with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((kernel, a, cfg)) or (lambda *_: None)), \
             mock.patch.object(module, "_LAUNCHES", {}):
         run()
-    (kernel, args, cfg), = seen
+    return seen
+
+
+def compile_launch(run, module, folder: Path, name: str) -> dict:
+    """Compile for sm_90 (no GPU) the one pre-pass kernel `run()` would launch: `kernels.api._compile` records its
+    arguments and config instead (with `module`'s launcher cache emptied), then `compile_sm90`; prints and returns
+    the counts."""
+    (kernel, args, cfg), = recorded_launches(run, module)
     counts = compile_sm90(kernel.bind(args).to_triton_code(cfg), kernel, args, cfg, folder, name)
     print(f"{name:32s} compiled for sm_90: {counts['regs']} registers, {counts['spill']} spilled, "
           f"{counts['smem']} B shared, {len(instructions((folder / f'{name}.sass').read_text()))} instructions")

@@ -19,7 +19,6 @@ key kept gives NaN (as SDPA).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -102,11 +101,6 @@ def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, 
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -138,15 +132,15 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     if keep is None:
         keep = torch.ones(B, S, dtype=torch.bool, device=q.device)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    sms = _sms(q.device) if q.is_cuda else 132  # (an H100's)
-    chunk = max(BLOCK_KEYS, _pow2(-(-S * B * HKV // (PROGRAMS_PER_SM * sms))))
+    from . import plans
+    from .api import _launch_cached
+
+    chunk = max(BLOCK_KEYS, _pow2(-(-S * B * HKV // (PROGRAMS_PER_SM * plans._sm_count(q.device)))))
     splits = -(-S // chunk)
     m = torch.empty(B, HKV, splits, G, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
     acc = torch.empty(B, HKV, splits, G, D, dtype=torch.float32, device=q.device)
     out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
-    from .api import _launch_cached
-
     key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel, (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS),
                    _config, q.device)
