@@ -13,13 +13,15 @@ once, not G times), and a second kernel merges the chunks' softmax partials.
 | keep          | [B, S]                 | bool           | keys attended (the static cache's mask)           |
 | out           | [B, Hkv, G, D]         | q's            | softmax(q k^T x scale, keys kept) v                |
 
-fp32 scores, softmax and sums (the products of bf16 values are exact in fp32); G and D powers of two. A row with no
-key kept gives NaN (as SDPA).
+fp32 scores, softmax and sums (the products of bf16 values are exact in fp32), the probabilities rounded to the
+cache's dtype for the value MMA (as flash attention's); G and D powers of two, G >= 2 (Helion 1.5.0 stores a size-1 G
+as a scalar), D >= 16. A row with no key kept gives NaN (as SDPA).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -30,11 +32,13 @@ from .configs import KERNEL_SETTINGS
 
 _LAUNCHES: dict = {}
 
-# keys a program reads per step: [G, 16, D] fp32 products are 64 registers a thread at G = 4, D = 128, 4 warps
-BLOCK_KEYS = 16
-# programs per SM the split aims for: Llama-3-8B's 8.7 MB a layer over 132 SMs in 272 programs of 64 keys, ~32 KB
-# each in 4 steps (bytes in flight, not arithmetic, decide here; not yet timed)
+# keys a program reads per step: a [GP, D] x [D, 64] score MMA and a [GP, 64] x [64, D] value MMA, 32 KB of bf16
+# cache (keys and values) in flight per step
+BLOCK_KEYS = 64
+# programs per SM the split aims for; the cache is read once, so programs in flight (not arithmetic) decide the speed
 PROGRAMS_PER_SM = 4
+# the query rows of an MMA: G query heads padded to 16 (the smallest MMA tile); padded rows are zeros, never stored
+MIN_ROWS = 16
 
 
 def _exp2(x):
@@ -43,61 +47,64 @@ def _exp2(x):
     return hl.inline_triton("tl.math.exp2({0})", args=(x,), output_like=x)
 
 
-@helion.kernel(**KERNEL_SETTINGS)
+# dot_precision="ieee": fp32 caches get fp32 products (tf32 would cost ~1e-3); bf16 / fp16 dots are exact products
+# with fp32 sums either way
+@helion.kernel(**KERNEL_SETTINGS, dot_precision="ieee")
 def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, m_out: torch.Tensor,
                      l_out: torch.Tensor, acc_out: torch.Tensor, scale: float, CHUNK: hl.constexpr,
-                     BLOCK: hl.constexpr) -> torch.Tensor:
-    """Chunk c of key / value head (b, h): m_out[b, h, c] (the largest kept score, -inf if none), l_out (sum of
-    exp(score - m)), acc_out (sum of exp(score - m) v)."""
+                     BLOCK: hl.constexpr, ROWS: hl.constexpr) -> torch.Tensor:
+    """Chunk c of key / value head (b, h): m_out[b, h, c] (the largest kept score, base 2, -inf if none), l_out (sum
+    of 2^(score - m)), acc_out (sum of 2^(score - m) v). Scores and sums fp32; the probabilities enter the value MMA
+    in the cache's dtype (as flash attention's)."""
     B, HKV, G, D = q.shape
     S = k.size(2)
-    for tile_b, tile_h, tile_c in hl.tile([B, HKV, S], block_size=[1, 1, CHUNK]):
+    for tile_b, tile_h, tile_c, tile_g in hl.tile([B, HKV, S, G], block_size=[1, 1, CHUNK, ROWS]):
         b, h = tile_b.begin, tile_h.begin
-        qf = q[b, h, :, :].to(torch.float32) * (scale * 1.4426950408889634)  # x log2(e): scores in base 2 for exp2 (a literal:
-        # Helion passes module constants as extra arguments)
-        m_i = hl.full([G], float("-inf"), dtype=torch.float32)
-        l_i = hl.zeros([G], dtype=torch.float32)
-        acc = hl.zeros([G, D], dtype=torch.float32)
+        qt = q[b, h, tile_g, :]  # [ROWS, D]: rows past G masked to zero
+        m_i = hl.full([tile_g], float("-inf"), dtype=torch.float32)
+        l_i = hl.zeros([tile_g], dtype=torch.float32)
+        acc = hl.zeros([tile_g, D], dtype=torch.float32)
         # a fixed count of steps (bounds from tile_c.end are a runtime range the Triton interpreter cannot run); keys
         # past S read the last one again (in bounds) and count as not kept
         for tile_j in hl.tile(CHUNK, block_size=BLOCK):
             idx = tile_c.begin + tile_j.index
             kept = idx < S
             idx = torch.where(kept, idx, S - 1)
-            kf = k[b, h, idx, :].to(torch.float32)
-            s = (qf[:, None, :] * kf[None, :, :]).sum(-1)
+            kt = k[b, h, idx, :]  # [BLOCK, D]
+            vt = v[b, h, idx, :]  # loaded beside the keys: both in flight at once
+            s = hl.dot(qt, kt.T, out_dtype=torch.float32) * (scale * 1.4426950408889634)  # x log2(e): base 2 for
+            # exp2 (a literal: Helion passes module constants as extra arguments)
             s = torch.where((keep[b, idx] & kept)[None, :], s, float("-inf"))
             m_new = torch.maximum(m_i, s.amax(-1))
             m_use = torch.where(m_new == float("-inf"), 0.0, m_new)  # no key kept yet: every exp below is 0
             p = _exp2(s - m_use[:, None])
             alpha = _exp2(m_i - m_use)
-            vf = v[b, h, idx, :].to(torch.float32)
             l_i = l_i * alpha + p.sum(-1)
-            acc = acc * alpha[:, None] + (p[:, :, None] * vf[None, :, :]).sum(1)
+            acc = hl.dot(p.to(vt.dtype), vt, acc=acc * alpha[:, None])
             m_i = m_new
         c = tile_c.begin // CHUNK
-        m_out[b, h, c, :] = m_i
-        l_out[b, h, c, :] = l_i
-        acc_out[b, h, c, :, :] = acc
+        m_out[b, h, c, tile_g] = m_i
+        l_out[b, h, c, tile_g] = l_i
+        acc_out[b, h, c, tile_g, :] = acc
     return acc_out
 
 
 @helion.kernel(**KERNEL_SETTINGS)
 def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, out: torch.Tensor,
                   SPLITS_P2: hl.constexpr) -> torch.Tensor:
-    """out[b, h] = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c, M the largest m_c."""
+    """out[b, h, g] = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c, M the largest m_c: a program per query head."""
     B, HKV, splits, G = m_in.shape
-    for tile_b, tile_h in hl.tile([B, HKV], block_size=[1, 1]):
-        b, h = tile_b.begin, tile_h.begin
+    for tile_b, tile_h, tile_g in hl.tile([B, HKV, G], block_size=[1, 1, 1]):
+        b, h, g = tile_b.begin, tile_h.begin, tile_g.begin
         for tile_c in hl.tile(splits, block_size=SPLITS_P2):
-            real = (tile_c.index < splits)[:, None]
-            m = torch.where(real, m_in[b, h, tile_c, :], float("-inf"))
+            real = tile_c.index < splits
+            m = torch.where(real, m_in[b, h, tile_c, g], float("-inf"))
             top = m.amax(0)
             top = torch.where(top == float("-inf"), 0.0, top)
-            w = torch.where(real, _exp2(m - top[None, :]), 0.0)
-            l_sum = (w * l_in[b, h, tile_c, :]).sum(0)
-            acc = (w[:, :, None] * acc_in[b, h, tile_c, :, :]).sum(0)
-            out[b, h, :, :] = (acc / l_sum[:, None]).to(out.dtype)
+            w = torch.where(real, _exp2(m - top), 0.0)
+            l_sum = (w * l_in[b, h, tile_c, g]).sum(0)
+            acc = (w[:, None] * acc_in[b, h, tile_c, g, :]).sum(0)
+            out[b, h, g, :] = (acc / l_sum).to(out.dtype)
     return out
 
 
@@ -112,8 +119,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
     B, HKV, G, D = q.shape
     if k.shape[0] != B or k.shape[1] != HKV or k.shape[3] != D:
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
-    if G & (G - 1) or D & (D - 1):
-        return f"G = {G} and D = {D} must be powers of two"
+    if G & (G - 1) or D & (D - 1) or D < 16 or G < 2:
+        return f"G = {G} and D = {D} must be powers of two, G >= 2 (grouped heads), D >= 16 (an MMA's depth)"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"bf16, fp16 or fp32 q, k, v of one dtype expected, got {q.dtype}, {k.dtype}, {v.dtype}"
     if keep is not None and (keep.dtype != torch.bool or keep.shape != (B, k.shape[2])):
@@ -135,6 +142,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     from . import plans
     from .api import _launch_cached
 
+    if q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        # Triton 3.6's interpreter gets bf16 tl.dot wrong (a 16 x 16 product off by 1e10): bf16 runs as fp32 there
+        # (on the GPU the bf16 path is tested at the 8B shape). Remove when the interpreter multiplies bf16.
+        return decode_attention(q.float(), k.float(), v.float(), keep, scale).to(q.dtype)
     chunk = max(BLOCK_KEYS, _pow2(-(-S * B * HKV // (PROGRAMS_PER_SM * plans._sm_count(q.device)))))
     splits = -(-S // chunk)
     m = torch.empty(B, HKV, splits, G, dtype=torch.float32, device=q.device)
@@ -142,8 +153,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     acc = torch.empty(B, HKV, splits, G, D, dtype=torch.float32, device=q.device)
     out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
     key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS)
-    _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel, (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS),
-                   _config, q.device)
+    _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel,
+                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G)), _config, q.device)
     _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
     return out
 

@@ -128,9 +128,11 @@ def test_no_mask_runs_the_split_kernel_over_every_key():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["inductor", None])
 def test_packed_gqa_on_the_gpu(backend):
-    """bf16 tiny Llama (8 query heads on 2 key / value heads, D = 64) on the GPU, greedy with a static cache,
-    compiled with inductor or eager: the split kernel's logits against sdpa's, and the decode step captured in a CUDA
-    graph replays them."""
+    """bf16 tiny Llama (8 query heads on 2 key / value heads, D = 64) on the GPU, a static cache, compiled with
+    inductor or eager: the same sequence of decode steps (three run directly, then two replays of a captured step)
+    through the split kernel and through sdpa gives the same logits. transformers 5.24's StaticCache appends at a
+    device-side counter, so every step and every replay is the next position: eager and replayed steps are compared
+    model against model, not with each other."""
     config, model = tiny(seed=2, hidden_size=512, num_attention_heads=8, num_key_value_heads=2, intermediate_size=256)
     model = model.to("cuda", torch.bfloat16)
     packed = use_packed_gqa(copy.deepcopy(model))
@@ -142,24 +144,27 @@ def test_packed_gqa_on_the_gpu(backend):
         fwd = torch.compile(m, backend=backend, dynamic=False) if backend else m
         with torch.no_grad():
             fwd(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(40, device="cuda"), use_cache=True)
-            ids = torch.zeros(2, 1, dtype=torch.long, device="cuda")
+            ids = torch.tensor([[3], [11]], device="cuda")
             pos = torch.tensor([40], device="cuda")
 
             def step():
                 return fwd(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1]
 
-            eager = [step() for _ in range(2)]  # warm-up at position 40 (rewritten by every replay)
+            logits = [step().float() for _ in range(3)]
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 out = step()
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            return eager[-1].float(), out.float()
+            for _ in range(2):
+                out.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                logits.append(out.float())
+            return logits
 
-    ref_eager, ref_graph = run(model)
-    got_eager, got_graph = run(packed)
-    assert not got_graph.isnan().any()
-    torch.testing.assert_close(got_graph, got_eager, rtol=0, atol=0)
-    torch.testing.assert_close(got_eager, ref_eager, rtol=3e-2, atol=3e-2)
-    torch.testing.assert_close(got_graph, ref_graph, rtol=3e-2, atol=3e-2)
+    ref, got = run(model), run(packed)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert not g.isnan().any(), f"step {i}"
+        # one bf16 ulp of the largest logit (~1.5) apart at most, seen 0.0078 on an H200
+        torch.testing.assert_close(g, r, rtol=3e-2, atol=3e-2, msg=lambda m: f"step {i}: {m}")
+    # the steps differ from each other (each attends one key more), so the comparison is not of a constant
+    assert (ref[0] - ref[4]).abs().max() > 1e-2

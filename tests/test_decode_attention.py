@@ -20,7 +20,8 @@ def operands(B, HKV, G, D, S, dtype, gen, cache=None):
 
 
 @pytest.mark.parametrize("B,HKV,G,D,S,dtype", [(1, 2, 4, 16, 70, torch.float32), (2, 2, 2, 32, 33, torch.bfloat16),
-                                               (3, 1, 8, 16, 129, torch.float16), (1, 1, 1, 8, 5, torch.float32)])
+                                               (3, 1, 8, 16, 129, torch.float16), (1, 1, 2, 16, 5, torch.float32),
+                                               (1, 1, 32, 64, 300, torch.float32)])
 def test_equals_the_reference(B, HKV, G, D, S, dtype, gen):
     q, k, v = operands(B, HKV, G, D, S, dtype, gen, cache=S + 9)
     lengths = torch.randint(1, S + 1, (B,), generator=gen)
@@ -46,6 +47,8 @@ def test_keys_kept_only_in_one_chunk_and_scattered(gen):
 
 @pytest.mark.parametrize("bad,match", [
     (lambda q, k, v, m: (q[..., :3, :], k, v, m), "G = 3 and D = 16 must be powers of two"),
+    (lambda q, k, v, m: (q[..., :8], k[..., :8], v[..., :8], m), "D = 8 must be powers of two"),
+    (lambda q, k, v, m: (q[..., :1, :], k, v, m), "G = 1 and D = 16 must be powers of two, G >= 2"),
     (lambda q, k, v, m: (q, k[:, :1], v[:, :1], m), "does not match q"),
     (lambda q, k, v, m: (q, k, v.double(), m), "one dtype expected"),
     (lambda q, k, v, m: (q, k, v, m.float()), "keep: a bool"),
