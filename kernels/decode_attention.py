@@ -121,6 +121,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
     if G & (G - 1) or D & (D - 1) or D < 16 or G < 2:
         return f"G = {G} and D = {D} must be powers of two, G >= 2 (grouped heads), D >= 16 (an MMA's depth)"
+    if k.shape[2] < 2:
+        return f"S = {k.shape[2]}: at least 2 keys expected (Helion 1.5.0 collapses a size-1 dimension)"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"bf16, fp16 or fp32 q, k, v of one dtype expected, got {q.dtype}, {k.dtype}, {v.dtype}"
     if keep is not None and (keep.dtype != torch.bool or keep.shape != (B, k.shape[2])):

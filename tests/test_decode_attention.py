@@ -52,6 +52,7 @@ def test_keys_kept_only_in_one_chunk_and_scattered(gen):
     (lambda q, k, v, m: (q, k[:, :1], v[:, :1], m), "does not match q"),
     (lambda q, k, v, m: (q, k, v.double(), m), "one dtype expected"),
     (lambda q, k, v, m: (q, k, v, m.float()), "keep: a bool"),
+    (lambda q, k, v, m: (q, k[:, :, :1], v[:, :, :1], m[:, :1]), "S = 1: at least 2 keys"),
     (lambda q, k, v, m: (q, k, v, m[:, :-1]), "keep: a bool"),
 ])
 def test_bad_operands_are_refused_by_name(bad, match, gen):
