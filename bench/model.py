@@ -365,9 +365,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
                         "attention glue fused, each QuantizedLinear one custom op); none: eager")
-    p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="sdpa",
-                   help="every variant's attention (bf16's too): transformers' sdpa, or packed_gqa "
-                        "(`blockscaled.attention`: sdpa without repeat_kv's copies of the cache in compiled decode)")
+    # packed_gqa by default: Llama-3-8B compiled on an H200, bf16 158.8 -> 183.6 tokens/s, nvfp4 292.1 -> 371.5
+    p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="packed_gqa",
+                   help="every variant's attention (bf16's too): packed_gqa (`blockscaled.attention`: decode steps' "
+                        "grouped-query attention split along the keys, no copies of the cache per query head), or "
+                        "transformers' sdpa")
     p.add_argument("--profile", type=Path, help="write each variant's prefill and 8 decode steps' kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
