@@ -164,7 +164,7 @@ def test_packed_gqa_on_the_gpu(backend):
     ref, got = run(model), run(packed)
     for i, (g, r) in enumerate(zip(got, ref)):
         assert not g.isnan().any(), f"step {i}"
-        # one bf16 ulp of the largest logit (~1.5) apart at most, seen 0.0078 on an H200
+        # seen 0.0078 apart on an H200 (one bf16 ulp of the largest logit, ~1.5); consecutive steps differ by ~0.07
         torch.testing.assert_close(g, r, rtol=3e-2, atol=3e-2, msg=lambda m: f"step {i}: {m}")
     # the steps differ from each other (each attends one key more), so the comparison is not of a constant
     assert (ref[0] - ref[4]).abs().max() > 1e-2
