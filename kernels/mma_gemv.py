@@ -24,6 +24,7 @@ Constexpr knobs (the plan fills them by name, `plans.mma_constants`; why each de
 | SHARED_B      | the program decodes each window's B once and shares it through shared memory (one barrier)     |
 | STAGE_B       | each warp decodes its K range of the activation into shared memory once, before the K loop     |
 | AHEAD         | windows whose words are loaded before the current one's barrier                                |
+| PRELOAD       | no K loop: a warp loads every word of its few windows before the first mma (B per warp)        |
 | SPLIT         | programs along K; sums added into `workspace` (zero on entry and exit), last ticket stores     |
 | CLUSTER       | the SPLIT parts run as one thread-block cluster and sum through distributed shared memory      |
 | K_WARPS       | K split inside the program (warps, or K slices of 4 warps with SHARED_B), summed in shared mem |
@@ -493,6 +494,7 @@ def mma_gemv_kernel(
     BLOCK_A: hl.constexpr,
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
+    PRELOAD: hl.constexpr,
     EVICT: hl.constexpr,
     PDL: hl.constexpr,
     COL_GROUPS: hl.constexpr,
@@ -514,7 +516,8 @@ def mma_gemv_kernel(
     64 ROW_GROUPS rows), each over its own K_WARPS-th of K, summed through shared memory at the
     end (`k_warp_sums`). STAGE_B (K_WARPS > 1, COL_GROUPS 1, fp4 / fp8 activations): each warp
     decodes its K range of the activation into shared memory once (`staged_b`) and reads its B
-    registers there every window. CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
+    registers there every window. PRELOAD (neither): the warp's windows are straight-line code, every word loaded
+    before the first mma (`preloaded_windows`). CLUSTER (SPLIT > 1): the SPLIT parts of a row of programs are consecutive
     programs, and launched as one thread-block cluster (`launch.DirectLaunch`) they sum through distributed shared
     memory (`gemv_cluster_store`) instead of the workspace, which they take when launched without clusters."""
     row_warps = program_row_warps(K_WARPS, SHARED_B)
@@ -566,7 +569,12 @@ def mma_gemv_kernel(
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS, EVICT)
-        for it in hl.tile(part_windows(part, windows, steps, SPLIT, uneven)[1], block_size=1):
+        if PRELOAD:  # the warp's few windows, every word loaded before the first window's mma
+            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = preloaded_windows(
+                (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), x64, xs, w, f, first, steps, lane, q,
+                g, gr, row_0, row_1, windows, blocks, K, W_ELEM, ENCODING, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, EVICT,
+                COL_GROUPS, ROW_GROUPS)
+        for it in hl.tile(0 if PRELOAD else part_windows(part, windows, steps, SPLIT, uneven)[1], block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
@@ -642,6 +650,28 @@ def tail_window(sums, x64, xs, w, f, tid, gr, win, lane, q, g, row_0, row_1, win
     b_1 = ([torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b1, ACT_ELEM, ACT_SCALE)]
            if COL_GROUPS == 2 else b_0)
     return group_mmas(sums, loads_a0, loads_a1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
+
+
+def preloaded_windows(sums, x64, xs, w, f, first, steps, lane, q, g, gr, row_0, row_1, windows, blocks, K, W_ELEM,
+                      ENCODING, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, EVICT, COL_GROUPS, ROW_GROUPS):
+    """`sums` plus the warp's `steps` windows from `first` (PRELOAD), straight-line code: every window's A and B words
+    are loaded before the first window's mma, so the warp waits for one memory round trip instead of one a window
+    (the K loop's loads of window w + 1 wait behind window w's mma: `bench.sass` rt)."""
+    loaded = []
+    for i in range(steps):
+        win = first + i
+        b_0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+        b_1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2 else b_0
+        loaded.append((b_0, b_1, *row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)))
+    # a warp barrier after the loads, on the first accumulator (an asm whose output goes unused is dropped): ptxas
+    # moves no load past it, where it otherwise sinks each window's loads to just before that window's mma
+    sums = (hl.inline_asm_elementwise("mov.b32 $0, $1; fence.acq_rel.cta;", "=r,r", [sums[0]], dtype=torch.float32,
+                                      is_pure=False, pack=1), *sums[1:])
+    for b_0, b_1, a_0, a_1 in loaded:
+        b_0 = b_registers(b_0, ACT_ELEM, ACT_SCALE)
+        b_1 = b_registers(b_1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+        sums = group_mmas(sums, a_0, a_1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
+    return sums
 
 
 def group_mmas(sums, loads_a0, loads_a1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS):

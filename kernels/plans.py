@@ -131,6 +131,9 @@ MMA_BF16_FP8_M16_SLICES = (4, 1, 2)
 MMA_K_SLICES_MAX_WINDOWS = 128
 # Windows per K-loop iteration (Helion's range_unroll_factors on the K loop) outside `MMA_K_SLICES`.
 MMA_UNROLL = 1
+# PRELOAD: the most 32-bit registers the loaded words of a warp's windows may take (`_mma_preload_registers`; ptxas
+# adds ~30 for addresses and sums): bf16 x fp4 at M = 1, 13 a window, preloads up to 9 windows
+MMA_PRELOAD_MAX_REGISTERS = 128
 # mma_m64_kernel runs two windows per iteration for fp4 weights from this K (bf16 x nvfp4, M = 64, 8192 x 28672:
 # 1.51x -> 1.89x; fp8 weights lost up to 22%).
 MMA_M64_UNROLL_K = 16384
@@ -257,6 +260,7 @@ class MmaOptions(NamedTuple):
     wide_b: bool = False  # M > MMA_WARP_M, bf16 / fp8 activations: a thread's B share in 16-byte loads (WIDE_B)
     predecode: bool = False  # fp4 / fp8 activations decoded to bf16 by a kernel of their own, then the bf16 plan
     warps: int = 8  # M > MMA_WARP_M: warps of mma_m64_kernel, 16 weight rows each (WARPS: 8, or 16 with tile_m 128)
+    preload: bool = False  # M <= MMA_WARP_M: a warp loads all its windows' words before the first mma (PRELOAD)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
@@ -283,6 +287,8 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     | predecode     | any       | bool (fp4/fp8 act.)     | `_mma_predecode`: on fp4 weights above M = 16             |
     | warps         | > 64      | 8, 16 (16: tile_m 128)  | 16 with tile_m 128 from MMA_M64_WARPS_16_MIN_M rows at    |
     |               |           |                         | N % 256 == 0, else 8 (MMA_M64_WARPS); 8 without wgmma     |
+    | preload       | <= 16     | bool (no shared / staged| False (`_mma_plan` checks that a warp's windows' words fit |
+    |               |           | B, no ahead, even parts)|  MMA_PRELOAD_MAX_REGISTERS)                               |
 
     Above M = 16 a warp runs one row group with shared B. With "predecode" the activation is decoded to bf16 rows
     first and the bf16-activation options apply (`mma_options_for` lays the other keys over those). `narrow`: fp4 /
@@ -290,11 +296,12 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if config is None:
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
-            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode", "warps"}
+            "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode", "warps",
+            "preload"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
-                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode' and 'warps', or None, got {config!r}")
+                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode', 'warps' and 'preload', or None, got {config!r}")
     predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights))
     if type(predecode) is not bool or (predecode and not narrow):
         raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations, got {config!r}")
@@ -328,7 +335,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
         if fp8_weights and col_groups == 2:
             default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
-        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups])
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups] and not config.get("preload"))
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
@@ -388,9 +395,13 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
                          f"neither fragment_sums nor cluster, got {config!r} at M = {m}")
     if warps == 16:  # (the fragment-order workspace and the cluster sums are laid out for 256 threads)
         fragment_sums, cluster = False, False
+    preload = config.get("preload", False)
+    if type(preload) is not bool or (preload and (wide_m or shared_b or stage_b or ahead)):
+        raise ValueError(f"config: preload is a bool, True only at M <= {MMA_WARP_M} without shared_b, stage_b or ahead, "
+                         f"got {config!r} at M = {m}")
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums, wide_b, predecode, warps)
+                      fragment_sums, wide_b, predecode, warps, preload)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -621,6 +632,13 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
         k // 64, row_programs, options.max_split, options.programs_per_sm, b.device,
         MMA_M64_UNSPLIT_WAVES if m > MMA_TILE_128_MAX_M else 0, wide_m and MMA_M64_UNEVEN_SPLIT,
         parts=wide_m or not options.ahead))  # (mma_gemv_kernel's windows ahead assume even parts)
+    steps = k // 64 // (split * options.k_warps)
+    if options.preload and (options.shared_b or options.stage_b or options.ahead or (k // 64) % split or steps < 1
+                            or steps * _mma_preload_registers(a, b, m, options.row_groups) > MMA_PRELOAD_MAX_REGISTERS):
+        raise ValueError(f"config: preload needs a split dividing the K / 64 = {k // 64} windows and a warp's windows' "
+                         f"words in at most {MMA_PRELOAD_MAX_REGISTERS} registers "
+                         f"({_mma_preload_registers(a, b, m, options.row_groups)} a window here), without shared_b, "
+                         f"stage_b or ahead, got split {split}, k_warps {options.k_warps}: {steps} windows a warp")
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
@@ -638,7 +656,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                   WIDE_B=options.wide_b, WARPS=options.warps)
     else:
         consts = mma_constants(m)(**common, ROW_GROUPS=options.row_groups, SHARED_B=options.shared_b,
-                                  K_WARPS=options.k_warps, STAGE_B=options.stage_b)
+                                  K_WARPS=options.k_warps, STAGE_B=options.stage_b, PRELOAD=options.preload)
     workspace = None
     if split > 1:  # mma_m64_kernel's fragment order: its column groups (COL_GROUPS x TILE_M / 64) of every output tile
         sums = (fragment_workspace_sums(row_programs, _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS)
@@ -648,6 +666,14 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
     cfg = helion.Config(block_sizes=[], num_warps=options.warps if wide_m else row_warps * options.k_warps, num_stages=1,
                         **({"range_unroll_factors": [0, unroll]} if unroll > 1 else {}))
     return MmaPlan(None, cfg, consts, split, m, workspace)
+
+
+def _mma_preload_registers(a, b: QTensor, m: int, row_groups: int) -> int:
+    """32-bit registers one window's loaded words take per thread of mma_gemv_kernel: per row group 4 A words (fp4:
+    int32, fp8: int64) and a factor word, per column group B's words (bf16: 4 int64; fp4: one int64 and a scale code;
+    fp8: two and a scale code)."""
+    b_regs = (3 if a.fmt.is_packed else 5) if isinstance(a, QTensor) else 8
+    return row_groups * ((4 if b.fmt.is_packed else 8) + 1) + _mma_column_groups(m) * b_regs
 
 
 def _cluster_sum_runs(split: int, values: int, threads: int, programs: int, device: torch.device) -> bool:

@@ -263,6 +263,25 @@ def test_mma_uneven_k_warps(pair, m, gen):
 
 
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
+@pytest.mark.parametrize("m", [1, 9, 16])
+def test_mma_preload(pair, m, gen):
+    """Every window's words loaded before the first mma ("preload", `mma_gemv.preloaded_windows`): 16 warps of 4
+    windows (Llama-3-8B's K = 4096), split-K programs of 4 (and at M = 1 of 7: K = 14336 over 32), 8 warps of 3 and a
+    tail (31 windows), two row groups with the L2 policies hoisted, one window a warp with bias and bf16 out; against
+    the fp64 reference, into NaN-poisoned outputs."""
+    cases = [(1024, 4096, {"k_warps": 16, "row_groups": 1}), (512, 14336, {"split": 56, "row_groups": 1}),
+             (1024, 1984, {"k_warps": 8, "row_groups": 1}), (1024, 2048, {"split": 16, "row_groups": 2, "hoist": True})]
+    if m == 1:
+        cases.append((512, 14336, {"split": 32, "row_groups": 1}))
+    for n, k, config in cases:
+        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config={**config, "preload": True})
+    run_and_check(pair, m, 1024, 512, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
+                  config={"k_warps": 8, "row_groups": 1, "preload": True})
+    assert_split_k_workspaces_zero()
+    assert backend_used(pair, m) == "mma"
+
+
+@pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_m64_uneven_split(pair, gen):
     """mma_m64_kernel with split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1
     windows, loads past a part's end clamped to the last window): parts of 1 or 2 windows (30 of 31), 6 parts of 21 or

@@ -316,18 +316,18 @@ def test_split_fills_the_last_wave(monkeypatch):
     with pytest.raises(ValueError, match="shared_b"):
         plans._mma_options({"shared_b": 1}, 16, 8192, True)
     # (max_split, programs per SM, row groups, shared B, wgmma, windows ahead, k_warps, stage_b: None = by the plan, unroll, tile_m, cluster,
-    # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums)
-    assert plans._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
-    assert plans._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # fp4 / fp8 activations: two row groups
-    assert plans._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # N % 128 != 0: one, the wave rule
+    # split as given, L2 eviction hints, hoisted policies, PDL: None = by the plan, windows prefetched, fragment-order sums, wide B, predecode, warps, preload)
+    assert plans._mma_options({"max_split": 8}, 1, 8192, True) == (8, 0, 2, True, False, 0, 1, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)
+    assert plans._mma_options(None, 1, 8192, True) == (64, 0, 2, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)  # fp4 / fp8 activations: two row groups
+    assert plans._mma_options(None, 1, 8192 + 64, True) == (32, 12, 1, True, False, 0, 1, None, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)  # N % 128 != 0: one, the wave rule
     # bf16 activations: one, B not shared, K over the warps by `_mma_k_warps` once K is known (0)
-    assert plans._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)  # split-K as before if 1
+    assert plans._mma_options(None, 1, 8192, False) == (32, 16, 1, False, False, 0, 0, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)  # split-K as before if 1
     for narrow in (True, False):  # M = 16: two row groups, the wave rule, B shared; K slices by K (0)
-        assert plans._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False, 8)
+        assert plans._mma_options(None, 16, 8192, narrow) == (16, 8, 2, True, False, 0, 0, False, 0, 64, True, 0, True, narrow, None, 2, False, False, False, 8, False)
         # fp8 weights: split up to 8, no wave rule, four windows prefetched; at M = 1 as fp4 weights
-        assert plans._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False, 8)
+        assert plans._mma_options(None, 16, 8192, narrow, True) == (8, 0, 2, True, False, 0, 0, False, 0, 64, True, 0, True, False, None, 4, False, False, False, 8, False)
         assert plans._mma_options(None, 1, 8192, narrow, True) == plans._mma_options(None, 1, 8192, narrow)
-    assert plans._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
+    assert plans._mma_options(None, 16, 8192 + 64, True) == (8, 0, 1, True, False, 0, 0, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8, False)
     assert plans._mma_options({"max_split": 4}, 16, 8192, False).k_warps == 1
     assert plans._mma_options({"evict": False}, 16, 8192, False).evict is False
     with pytest.raises(ValueError, match="evict must be a bool"):
@@ -356,11 +356,11 @@ def test_split_fills_the_last_wave(monkeypatch):
             plans._mma_options(bad, 16, 8192, True)
     with pytest.raises(ValueError, match="pdl_prefetch is"):
         plans._mma_options({"pdl_prefetch": 1}, 64, 8192, True)
-    assert plans._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
+    assert plans._mma_options({"row_groups": 1, "shared_b": False}, 16, 8192, True) == (8, 0, 1, False, False, 0, 1, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8, False)
     # M > 16 (mma_m64_kernel, 128-row programs): only the split may differ
     # M > 16: the options count mma.sync's resident programs, the plan wgmma's where it runs (below)
-    assert plans._mma_options(None, 64, 8192, False) == (plans.MMA_M64_MAX_SPLIT, 2, 1, True, True, plans.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, False, 8)  # (wide_b: `mma_options_for` checks the alignment)
-    assert plans._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True, 8)
+    assert plans._mma_options(None, 64, 8192, False) == (plans.MMA_M64_MAX_SPLIT, 2, 1, True, True, plans.MMA_M64_AHEAD, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, False, 8, False)  # (wide_b: `mma_options_for` checks the alignment)
+    assert plans._mma_options({"max_split": 4, "row_groups": 1, "wgmma": False, "ahead": 3}, 17, 8192, True) == (4, 0, 1, True, False, 3, 1, False, 0, 64, True, 0, False, False, False, 0, True, False, True, 8, False)
     for bad in ({"row_groups": 2}, {"shared_b": False}):
         with pytest.raises(ValueError, match="above M = 16"):
             plans._mma_options(bad, 64, 8192, True)
@@ -543,10 +543,10 @@ def test_k_warps_options(monkeypatch):
         (4096, 4096): 16, (4096, 14336): 1, (3840, 4096): 16, (3776, 4096): 1, (8192, 29568): 16, (3584, 3584): 16,
         (3584, 18944): 16, (3328, 3584): 1}  # 3328: 208 programs, 0.39 of a wave
     assert plans._mma_k_warps(462, 512, cpu) == 1  # without a tail: one warp (split-K over 462's divisors)
-    assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)  # shared B: 8 slices
-    assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)
-    assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
-    assert plans._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8)
+    assert plans._mma_options({"k_warps": 8}, 16, 8192, True) == (1, 0, 2, True, False, 0, 8, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8, False)  # shared B: 8 slices
+    assert plans._mma_options({"k_warps": 16, "shared_b": False}, 16, 8192, True) == (1, 0, 2, False, False, 0, 16, False, 0, 64, True, 0, True, True, None, 2, False, False, False, 8, False)
+    assert plans._mma_options({"k_warps": 4, "ahead": 1}, 1, 8192, True) == (1, 0, 2, True, False, 1, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)
+    assert plans._mma_options({"k_warps": 4, "row_groups": 1}, 1, 8192, False) == (1, 0, 1, False, False, 0, 4, False, 0, 64, True, 0, True, False, None, 2, False, False, False, 8, False)
     for narrow in (True, False):  # not by default: fp4 / fp8 activations at M = 1 (staged or split-K), a split or shared B asked for
         assert plans._mma_options(None, 1, 8192, True).k_warps == 1
         assert plans._mma_options(None, 3, 8192, narrow).k_warps == 0  # 1 < M <= 16: K slices or split-K by the plan
@@ -710,7 +710,7 @@ def test_stage_b_options(monkeypatch):
     assert plans._mma_stage_b(3, 2048, 4) and plans._mma_stage_b(3, 2048, 8)  # 3 x 8 steps / 8 = 3 chunks a lane; 3 x 4 / 8: 2
     assert plans._mma_stage_b(1, 1024, 16) and not plans._mma_stage_b(1, 1024, 32)  # a window a warp; none
     given = {"stage_b": True, "k_warps": 4, "shared_b": False}
-    assert plans._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False, 8)  # two row groups unless given
+    assert plans._mma_options(given, 8, 8192, True) == (1, 0, 2, False, False, 0, 4, True, 0, 64, True, 0, True, True, None, 2, False, False, False, 8, False)  # two row groups unless given
     assert plans._mma_options({"k_warps": 4}, 1, 8192, True).stage_b is False  # another key given: not staged
     for bad, m, narrow in ((given, 9, True), (given, 1, False), ({**given, "k_warps": 1}, 1, True),
                            ({"stage_b": True, "k_warps": 4}, 1, True), ({"stage_b": True}, 1, True)):
