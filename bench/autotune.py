@@ -64,11 +64,14 @@ def candidates(m: int) -> list[dict]:
     sixteen = {"k_warps": 16, "shared_b": False}
     # fp4 / fp8 activations decoded to bf16 rows first, then the bf16 plan (refused for bf16 activations)
     predecode = [{"predecode": True}]
+    # every window's words loaded before the first mma: H200, 4096 x 4096, bf16 x nvfp4 5.0 -> 4.3 us, where the 16-warp
+    # programs fill under a wave; 3-17% slower at the other three Llama-3-8B shapes (its registers cost programs)
+    preload = [{"preload": True}, {"preload": True, "hoist": True}]
     if m == 1:  # a fixed split never beat the cap's wave rule (H200, 4 cells of 8B shapes): not tried
         return ([{"k_warps": w} for w in (2, 4, 8, 16)] + [{"max_split": s} for s in (8, 16, 32, 64)] + hints
                 + [{"hoist": True, "k_warps": 16}, sixteen | {"stage_b": False},
                    sixteen | {"stage_b": False, "hoist": True}, sixteen | {"stage_b": True}]
-                + predecode + [sixteen | {"predecode": True}])
+                + predecode + [sixteen | {"predecode": True}] + preload)
     if m <= plans.MMA_WARP_M:
         return ([{"k_warps": w, "shared_b": True, "ahead": a, "unroll": u} for w in (4, 8) for a in (0, 1) for u in (1, 2)]
                 + [{"max_split": s} for s in (4, 8, 16, 32)] + [{"row_groups": g} for g in (1, 2)] + hints

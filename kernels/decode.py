@@ -508,8 +508,7 @@ def k_warp_sum_rounds(values: int, k_warps: int, group: int, other_bytes: int) -
 
 
 # by (values per thread: `mma_gemv.output_slots`, warps or K slices, threads per group, rounds)
-MMA_K_WARP_SUM_PTX = {(n, w, 32, r): _k_warp_sum(n, w, 32, r) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)
-                      for r in range(1, n + 1) if n % r == 0} | {
+MMA_K_WARP_SUM_PTX = {(n, w, 32, 1): _k_warp_sum(n, w) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8, 16)} | {
     (n, w, 128, r): _k_warp_sum(n, w, 128, r) for n in (2, 4, 6, 8, 12, 16) for w in (2, 4, 8) for r in range(1, n + 1)
     if n % r == 0}
 

@@ -390,13 +390,13 @@ def store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, C
         store_out(out, bias, index, valid if owner is None else valid & owner, sums[r][c][i] * scale, N, HAS_BIAS)
 
 
-def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B, staged_w=0):
+def k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B):
     """`sums` with every output slot summed over the program's K_WARPS warps (K slices of 4 warps
     with shared B), in the first (`decode.MMA_K_WARP_SUM_PTX`; the other slots are never stored)."""
     slots = output_slots(M, ROW_GROUPS, COL_GROUPS)
     n = len(slots)
     group = 32 * program_row_warps(K_WARPS, SHARED_B)
-    other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else staged_w
+    other = shared_b_bytes(COL_GROUPS, K_WARPS) if SHARED_B else staged_b_bytes(M, K) if STAGE_B else 0
     rounds = k_warp_sum_rounds(n, K_WARPS, group, other)
     # pure although it stores and waits, as `shared_b_registers`: one call per output, merged
     totals = hl.inline_asm_elementwise(
@@ -495,7 +495,6 @@ def mma_gemv_kernel(
     A_LAYOUT: hl.constexpr,
     HAS_BIAS: hl.constexpr,
     PRELOAD: hl.constexpr,
-    STAGE_W: hl.constexpr,
     EVICT: hl.constexpr,
     PDL: hl.constexpr,
     COL_GROUPS: hl.constexpr,
@@ -570,15 +569,12 @@ def mma_gemv_kernel(
             e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14 = shared_window_words(
                 x64, xs, w, f, tid, gr, first, lane, q, g, windows, blocks, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS,
                 ROW_GROUPS, EVICT)
-        if STAGE_W:  # the warp's windows copied into shared memory at once, then read there
-            a0, a1, a2, a3 = staged_windows((a0, a1, a2, a3), x64, w, f, tid, first, steps, lane, q, g, gr, row_0,
-                                            windows, blocks, K, M, W_ELEM, ENCODING, threads)
-        elif PRELOAD:  # the warp's few windows, every word loaded before the first window's mma
+        if PRELOAD:  # the warp's few windows, every word loaded before the first window's mma
             a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = preloaded_windows(
                 (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), x64, xs, w, f, first, steps, lane, q,
                 g, gr, row_0, row_1, windows, blocks, K, W_ELEM, ENCODING, ACT_ELEM, ACT_SCALE, BLOCK_A, A_LAYOUT, EVICT,
                 COL_GROUPS, ROW_GROUPS)
-        for it in hl.tile(0 if PRELOAD or STAGE_W else part_windows(part, windows, steps, SPLIT, uneven)[1], block_size=1):
+        for it in hl.tile(0 if PRELOAD else part_windows(part, windows, steps, SPLIT, uneven)[1], block_size=1):
             win = first + it.begin
             # every load of the window before any use: a load that comes after an mma waits for
             # the loads that mma used (`bench.sass` rt, sm_90, M = 1, two row groups: nvfp4 4 -> 1
@@ -620,9 +616,7 @@ def mma_gemv_kernel(
         scale = post[0] * x_post[0]
         sums = (((a0, a1, a2, a3), (b0, b1, b2, b3)), ((c0, c1, c2, c3), (d0, d1, d2, d3)))  # by row group, column group
         if K_WARPS > 1:
-            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B,
-                                 steps * staged_window_bytes(M, W_ELEM, BLOCK) * K_WARPS + STAGE_W_TRITON_SHARED
-                                 if STAGE_W else 0)
+            summed = k_warp_sums(sums, M, K, ROW_GROUPS, COL_GROUPS, SHARED_B, K_WARPS, STAGE_B)
             store_groups(out, bias, summed, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS, tid < 32 * row_warps)
         elif SPLIT == 1:
             store_groups(out, bias, sums, gr, q, g, scale, M, N, HAS_BIAS, ROW_GROUPS, COL_GROUPS)
@@ -677,73 +671,6 @@ def preloaded_windows(sums, x64, xs, w, f, first, steps, lane, q, g, gr, row_0, 
         b_0 = b_registers(b_0, ACT_ELEM, ACT_SCALE)
         b_1 = b_registers(b_1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
         sums = group_mmas(sums, a_0, a_1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
-    return sums
-
-
-# Shared memory Triton allocates for itself beside STAGE_W's buffer (1024 bytes in the 16-warp M = 1 plan of sm_90,
-# `bench.sass` smem): static and Triton's dynamic together must stay within 48 KB, which needs no opt-in at launch
-STAGE_W_TRITON_SHARED = 2048
-
-
-def staged_window_bytes(M, W_ELEM, BLOCK):
-    """Shared bytes one window of a warp takes with STAGE_W: its row group's 4 x 32 weight words, its factor words
-    (2 bytes x 8 lanes x blocks), the M activation rows' 64 bf16."""
-    blocks = 64 // BLOCK
-    return 128 * (4 if W_ELEM == ELEMENT_CODES["e2m1"] else 8) + 16 * blocks + 128 * M
-
-
-def async_copies(dst, ptr, index, chunk, count, lane, total):
-    """A zero token after `count` rounds of `chunk`-byte `cp.async` copies by the warp's lanes: round r's lane l copies
-    chunk 32 r + l (if below `total` chunks) of `ptr` from element `index` to shared address `dst` (16 bytes: .cg, L2
-    only; 8: .ca)."""
-    per = chunk // ptr.element_size()
-    token = torch.zeros_like(lane)
-    kind = "cg" if chunk == 16 else "ca"
-    for r in range(count):
-        c = lane + 32 * r
-        ptx = (f"{{ .reg .pred p; setp.lt.u32 p, $2, {total}; @p cp.async.{kind}.shared.global [$1], [$3], {chunk}; "
-               f"mov.u32 $0, 0; }}")
-        token = token + hl.inline_triton(
-            triton_asm(ptx, "=r,r,r,l", "{0}, {1}, {2} + {3}", "tl.int32"),
-            args=(dst + c * chunk, c, ptr, index + c * per), output_like=lane)
-    return token
-
-
-def staged_windows(sums, x64, w, f, tid, first, steps, lane, q, g, gr, row, windows, blocks, K, M, W_ELEM, ENCODING,
-                   threads):
-    """`sums` (one row group and column group, bf16 activations) plus the warp's `steps` windows from `first`
-    (STAGE_W): the lanes copy the windows' weight words, factor words and activation rows into the warp's part of a
-    shared buffer with `cp.async` (no registers held while the copies fly, so a warp has all its windows in flight at
-    the occupancy of the K loop), wait, and read them there (`ld.shared`), window after window."""
-    wb = 4 if W_ELEM == ELEMENT_CODES["e2m1"] else 8
-    words_bytes, factor_bytes = 128 * wb, 16 * blocks
-    per_warp = steps * (words_bytes + factor_bytes + 128 * M)
-    base = shared_buffer(per_warp * (threads // 32), threads) + (tid >> 5) * per_warp
-    factors = base + steps * words_bytes
-    rows = factors + steps * factor_bytes
-    window = gr * windows + first
-    total = steps * words_bytes // 16
-    token = async_copies(base, w, window * 128, 16, total // 32, lane, total)
-    total = steps * factor_bytes // 16
-    token = token + async_copies(factors, f, window * blocks * 8, 16, -(-total // 32), lane, total)
-    total = steps * 16  # 8-byte words of a row's windows
-    for r in range(M):
-        token = token + async_copies(rows + r * steps * 128, x64, r * (K // 4) + first * 16, 8, -(-total // 32), lane,
-                                     total)
-    token = hl.inline_asm_elementwise("{ cp.async.wait_all; bar.warp.sync -1; mov.u32 $0, $1; }", "=r,r", [token],
-                                      dtype=torch.int32, is_pure=False, pack=1)
-    kind, reg, dtype = ("b32", "r", torch.int32) if wb == 4 else ("b64", "l", torch.int64)
-    read_a = " ".join(f"ld.shared.{kind} ${i}, [$5+{32 * wb * i}];" for i in range(4)) + " ld.shared.u16 $4, [$6];"
-    read_b = "ld.shared.v2.b64 {$0, $1}, [$4]; ld.shared.v2.b64 {$2, $3}, [$4+16];"
-    for i in range(steps):
-        a = hl.inline_asm_elementwise(
-            read_a, ",".join([f"={reg}"] * 4 + ["=r", "r", "r"]),
-            [base + token + i * words_bytes + lane * wb,
-             factors + token + i * factor_bytes + ((q * blocks) >> 2) * 16 + g * 2],
-            dtype=(dtype,) * 4 + (torch.int32,), is_pure=True, pack=1)
-        b = hl.inline_asm_elementwise(read_b, "=l,=l,=l,=l,r", [rows + token + row * (steps * 128) + i * 128 + q * 32],
-                                      dtype=(torch.int64,) * 4, is_pure=True, pack=1)
-        sums = mma_window(a_fragments(a, W_ELEM, ENCODING), b, sums)
     return sums
 
 

@@ -261,7 +261,6 @@ class MmaOptions(NamedTuple):
     predecode: bool = False  # fp4 / fp8 activations decoded to bf16 by a kernel of their own, then the bf16 plan
     warps: int = 8  # M > MMA_WARP_M: warps of mma_m64_kernel, 16 weight rows each (WARPS: 8, or 16 with tile_m 128)
     preload: bool = False  # M <= MMA_WARP_M: a warp loads all its windows' words before the first mma (PRELOAD)
-    stage_w: bool = False  # M <= 8, bf16 activations: a warp copies its windows into shared memory at once (STAGE_W)
 
 
 def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False, aligned: bool = False) -> MmaOptions:
@@ -290,8 +289,6 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     |               |           |                         | N % 256 == 0, else 8 (MMA_M64_WARPS); 8 without wgmma     |
     | preload       | <= 16     | bool (no shared / staged| False (`_mma_plan` checks that a warp's windows' words fit |
     |               |           | B, no ahead, even parts)|  MMA_PRELOAD_MAX_REGISTERS)                               |
-    | stage_w       | <= 8      | bool (as preload, bf16  | False (`_mma_plan` checks that the program's windows fit  |
-    |               |           | act., one row group)    |  its static shared memory)                                |
 
     Above M = 16 a warp runs one row group with shared B. With "predecode" the activation is decoded to bf16 rows
     first and the bf16-activation options apply (`mma_options_for` lays the other keys over those). `narrow`: fp4 /
@@ -300,12 +297,11 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         return _default_mma_options(m, n, narrow, fp8_weights, aligned)
     keys = {"max_split", "split", "row_groups", "shared_b", "wgmma", "ahead", "k_warps", "stage_b", "unroll", "tile_m",
             "cluster", "evict", "hoist", "pdl", "pdl_prefetch", "fragment_sums", "wide_b", "predecode", "warps",
-            "preload", "stage_w"}
+            "preload"}
     if not isinstance(config, dict) or not set(config) <= keys:
         raise ValueError("config: the mma backend takes a dict of 'max_split', 'split', 'row_groups', 'shared_b', 'wgmma', "
                          f"'ahead', 'k_warps', 'stage_b', 'unroll', 'tile_m', 'cluster', 'evict', 'hoist', 'pdl', "
-                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode', 'warps', 'preload' and 'stage_w', or None, "
-                         f"got {config!r}")
+                         f"'pdl_prefetch', 'fragment_sums', 'wide_b', 'predecode', 'warps' and 'preload', or None, got {config!r}")
     predecode = config.get("predecode", _mma_predecode(m, narrow, fp8_weights))
     if type(predecode) is not bool or (predecode and not narrow):
         raise ValueError(f"config: predecode is a bool, True only for fp4 / fp8 activations, got {config!r}")
@@ -339,8 +335,7 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
         programs_per_sm = MMA_PROGRAMS_PER_SM.get((narrow, col_groups, row_groups), 0)
         if fp8_weights and col_groups == 2:
             default_split, programs_per_sm = MMA_FP8_M16_MAX_SPLIT, 0
-        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups]
-                              and not (config.get("preload") or config.get("stage_w")))
+        shared_b = config.get("shared_b", MMA_SHARED_B[narrow, col_groups] and not config.get("preload"))
     max_split = int(config.get("max_split", default_split if k_warps <= 1 else 1))
     if max_split < 1:
         raise ValueError(f"config: max_split must be >= 1, got {max_split}")
@@ -404,16 +399,9 @@ def _mma_options(config, m: int, n: int, narrow: bool, fp8_weights: bool = False
     if type(preload) is not bool or (preload and (wide_m or shared_b or stage_b or ahead)):
         raise ValueError(f"config: preload is a bool, True only at M <= {MMA_WARP_M} without shared_b, stage_b or ahead, "
                          f"got {config!r} at M = {m}")
-    stage_w = config.get("stage_w", False)
-    if type(stage_w) is not bool or (stage_w and (_mma_column_groups(m) != 1 or (narrow and not predecode) or shared_b
-                                                  or stage_b or ahead or preload)):
-        raise ValueError(f"config: stage_w is a bool, True only at M <= 8 with bf16 activations (or predecode), without "
-                         f"shared_b, stage_b, ahead or preload, got {config!r} at M = {m}")
-    if stage_w and "row_groups" not in config:
-        row_groups = 1
     return MmaOptions(max_split, 0 if "max_split" in config or k_warps > 1 else programs_per_sm, row_groups, shared_b,
                       wgmma, ahead, k_warps, stage_b, unroll, tile_m, cluster, split, evict, hoist, pdl, pdl_prefetch,
-                      fragment_sums, wide_b, predecode, warps, preload, stage_w)
+                      fragment_sums, wide_b, predecode, warps, preload)
 
 
 def mma_options_for(config, a, b: QTensor, m: int, n: int) -> MmaOptions:
@@ -651,16 +639,6 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                          f"words in at most {MMA_PRELOAD_MAX_REGISTERS} registers "
                          f"({_mma_preload_registers(a, b, m, options.row_groups)} a window here), without shared_b, "
                          f"stage_b or ahead, got split {split}, k_warps {options.k_warps}: {steps} windows a warp")
-    if options.stage_w:
-        from .mma_gemv import STAGE_W_TRITON_SHARED, staged_window_bytes
-
-        staged = steps * staged_window_bytes(m, operand_codes(b.fmt)[0], b.fmt.block_size) * row_warps * options.k_warps
-        # (beside the smallest buffer of the K warps' sums: one value a round)
-        staged += (options.k_warps - 1) * 128 + STAGE_W_TRITON_SHARED
-        if (options.row_groups != 1 or (k // 64) % split or steps < 1 or staged > STATIC_SHARED_BYTES):
-            raise ValueError(f"config: stage_w needs one row group, a split dividing the K / 64 = {k // 64} windows and "
-                             f"a program's windows in {STATIC_SHARED_BYTES} bytes of shared memory, got row_groups "
-                             f"{options.row_groups}, split {split}, {staged} bytes")
     act_elem, act_scale, block_a, a_layout = operand_codes(a.fmt, a.layout) if isinstance(a, QTensor) else operand_codes(None)
     cluster = options.cluster and (
         wgmma and _mma_cluster(m, split, options.tile_m, row_programs * split, b.device) if wide_m
@@ -678,8 +656,7 @@ def _mma_plan(a, b: QTensor, has_bias: bool, m: int, n: int, k: int, options: Mm
                                   WIDE_B=options.wide_b, WARPS=options.warps)
     else:
         consts = mma_constants(m)(**common, ROW_GROUPS=options.row_groups, SHARED_B=options.shared_b,
-                                  K_WARPS=options.k_warps, STAGE_B=options.stage_b, PRELOAD=options.preload,
-                                  STAGE_W=options.stage_w)
+                                  K_WARPS=options.k_warps, STAGE_B=options.stage_b, PRELOAD=options.preload)
     workspace = None
     if split > 1:  # mma_m64_kernel's fragment order: its column groups (COL_GROUPS x TILE_M / 64) of every output tile
         sums = (fragment_workspace_sums(row_programs, _mma_column_groups(m) * options.tile_m // MMA_M64_B_ROWS)

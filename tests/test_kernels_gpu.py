@@ -281,27 +281,6 @@ def test_mma_preload(pair, m, gen):
     assert backend_used(pair, m) == "mma"
 
 
-@pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("bf16", "nvfp4"), ("bf16", "mxfp8"), ("nvfp4", "nvfp4")],
-                         ids=lambda p: f"{p[0]}x{p[1]}")
-@pytest.mark.parametrize("m", [1, 3, 8])
-def test_mma_stage_w(pair, m, gen):
-    """A warp's windows copied into shared memory at once ("stage_w", `mma_gemv.staged_windows`: cp.async of the
-    weight words, factor words and activation rows, then read there): split-K programs of 4 windows (K = 14336 over 56),
-    8 warps of 2 and a tail (19 windows), 4 warps of 4 with bias and bf16 out, and at M = 1 on fp4 weights 16 warps of 4
-    (Llama-3-8B's K = 4096: 45 KB of the 48); nvfp4 x nvfp4 over its rows decoded to bf16 ("predecode"). Against the
-    fp64 reference, into NaN-poisoned outputs."""
-    extra = {"predecode": True} if pair[0] != "bf16" else {}
-    cases = [(512, 14336, {"split": 56}), (1024, 1216, {"k_warps": 8})]
-    if m == 1 and pair[1] != "mxfp8":
-        cases.append((1024, 4096, {"k_warps": 16}))
-    for n, k, config in cases:
-        run_and_check(pair, m, n, k, "cuda", gen, data_layout="mma_m16k16", config={**config, **extra, "stage_w": True})
-    run_and_check(pair, m, 256, 1024, "cuda", gen, data_layout="mma_m16k16", out_dtype=torch.bfloat16, bias=True,
-                  config={"k_warps": 4, **extra, "stage_w": True})
-    assert_split_k_workspaces_zero()
-    assert backend_used(pair, m) == "mma"
-
-
 @pytest.mark.parametrize("pair", MMA_PAIRS, ids=lambda p: f"{p[0]}x{p[1]}")
 def test_mma_m64_uneven_split(pair, gen):
     """mma_m64_kernel with split-K factors that do not divide the K / 64 windows (parts of W / split or W / split + 1

@@ -724,6 +724,31 @@ def test_stage_b_options(monkeypatch):
         plans._mma_plan(x2, b, False, 2, 64, 16384, plans._mma_options({**given, "k_warps": 2}, 2, 64, True))
 
 
+def test_preload_options(monkeypatch):
+    """"preload" (a warp's windows as straight-line code, every word loaded first): off by default; given, it takes B
+    per warp (shared B off unless given) and the K warps or split of the plan, and is refused by name with shared or
+    staged B, windows ahead, above M = 16, a split that does not divide the windows, or windows whose words pass
+    MMA_PRELOAD_MAX_REGISTERS (bf16 x nvfp4 at M = 1: 13 registers a window, so 9 windows at most)."""
+    monkeypatch.setattr(plans, "_sm_count", lambda device: 132)
+    assert not plans._mma_options(None, 1, 8192, False).preload
+    given = plans._mma_options({"preload": True}, 1, 4096, True)
+    assert given.preload and not given.shared_b
+    b = bs.quantize(torch.randn(64, 4096), "nvfp4").with_data_layout("mma_m16k16")
+    x = torch.randn(1, 4096, dtype=torch.bfloat16)
+    assert plans._mma_preload_registers(x, b, 1, 1) == 13
+    plan = plans._mma_plan(x, b, False, 1, 4096, 4096, plans._mma_options({"preload": True}, 1, 4096, False))
+    assert plan.consts.PRELOAD and plan.consts.K_WARPS == 16 and plan.split == 1  # the default's 16 warps, 4 windows each
+    plan = plans._mma_plan(x, b, False, 1, 4096, 4096, plans._mma_options({"preload": True, "split": 8}, 1, 4096, False))
+    assert plan.consts.PRELOAD and plan.split == 8 and plan.consts.K_WARPS == 1  # 8 windows a program
+    for bad, m in (({"preload": True, "shared_b": True}, 1), ({"preload": True, "ahead": 1, "shared_b": True}, 16),
+                   ({"preload": True}, 17), ({"preload": 1}, 1), ({"preload": True, "stage_b": True, "k_warps": 4}, 1)):
+        with pytest.raises(ValueError, match="preload is a bool"):
+            plans._mma_options(bad, m, 4096, True)
+    for config in ({"split": 3}, {"split": 4}):  # 64 windows: 3 does not divide them; 4 leaves 16 a program (208 registers)
+        with pytest.raises(ValueError, match="preload needs a split dividing the K / 64 = 64 windows"):
+            plans._mma_plan(x, b, False, 1, 4096, 4096, plans._mma_options({**config, "preload": True}, 1, 4096, False))
+
+
 def test_unroll_options():
     """"unroll" 1 or 2 unrolls the K loop (Helion's range_unroll_factors on the loop, index 1); other values
     are refused, naming the key. Above M = 16 fp4 weights take 2 by default from K = MMA_M64_UNROLL_K (16384),
