@@ -178,6 +178,9 @@ def _sync(device):
 
 
 def _time_ms(fn, device, reps: int) -> float:
+    """Median ms of `reps` calls of `fn` after one untimed call (an inductor model compiles there: with --reps 2 the
+    median had been the compiling call, 22 s for a 2048-token prefill of 54 ms)."""
+    fn()
     times = []
     for _ in range(reps):
         _sync(device)
