@@ -301,6 +301,27 @@ def test_mma_split_k_loop_loads_in_one_round_trip(capfd, tmp_path):
         assert hinted["rt"] == 1, (pair, hinted)
 
 
+def test_mma_preload_issues_every_load_before_the_first_mma(capfd, tmp_path):
+    """"preload" at M = 1: every load of the warp's windows (7 at 4096 x 14336, split 32; 4 at 4096 x 4096 with 16 K
+    warps) is issued before its first HMMA, so the warp waits for one round trip. Without the fence after the loads
+    (`mma_gemv.preloaded_windows`) ptxas sank each window's loads to just before that window's mma (13 round trips)."""
+    import re
+
+    from bench import sass
+
+    for n, k, variant in ((4096, 14336, {"preload": True}), (4096, 4096, {"preload": True, "hoist": True})):
+        argv = ["--backend", "mma", "--format", "w4a16-nvfp4", "-M", "1", "-N", str(n), "-K", str(k),
+                "--variants", json.dumps([variant]), "--keep", str(tmp_path)]
+        assert sass.main(argv) == 0
+        capfd.readouterr()
+        code = sass.instructions((tmp_path / "w4a16_nvfp4_0.sass").read_text())
+        mmas = [i for i, (op, _) in enumerate(code) if op.startswith("HMMA")]
+        loads = [i for i, (op, _) in enumerate(code) if re.match(r"LDG\b", op)]
+        assert len(mmas) == 4 * k // 64 // (32 if k == 14336 else 16), (n, k, len(mmas))
+        assert len([i for i in loads if i < mmas[0]]) >= 9 * len(mmas) // 4, (n, k, loads, mmas[0])
+        assert not [i for i in loads if mmas[0] < i < mmas[-1]], (n, k, loads, mmas)
+
+
 def test_mma_split_k_epilogue_reads_its_sums_in_one_batch(capfd, tmp_path):
     """M = 16 with split-K: the last program reads its 8 (two row groups: 16) sums per thread
     back in one batch after the ticket, not one L2 round trip after another (17 before)."""
