@@ -252,6 +252,19 @@ def b_registers(loaded, ACT_ELEM, ACT_SCALE):
     )
 
 
+def own_b_words(x64, xs, row_0, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, COL_GROUPS):
+    """`b_words` of a warp that loads its own B (no shared or staged B): column groups 0 and 1 (activation rows
+    `row_0`, `row_1`), or column group 0's twice with one."""
+    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
+    return loads_b0, b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2 else loads_b0
+
+
+def own_b_registers(loads_b0, loads_b1, ACT_ELEM, ACT_SCALE, COL_GROUPS):
+    """`b_registers` of `own_b_words`' two column groups (column group 0's twice with one)."""
+    b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
+    return b_0, b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+
+
 def shared_b_words(x64, xs, tid, win, K, M, ACT_ELEM, BLOCK_A, A_LAYOUT, COL_GROUPS, EVICT):
     """The thread's share of a window's B (`decode.MMA_SHARED_B_PTX`), as loaded: activation
     row (tid >> 3) mod 8 COL_GROUPS (past M: row M - 1) at K 8 (tid & 7) .. + 8 (bf16: two int64
@@ -591,9 +604,8 @@ def mma_gemv_kernel(
                 loads_b, loads_a0, loads_a1 = shared_window_parts(loaded)
             else:
                 if not STAGE_B:
-                    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
-                    loads_b1 = (b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2
-                                else loads_b0)
+                    loads_b0, loads_b1 = own_b_words(x64, xs, row_0, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT,
+                                                     EVICT, COL_GROUPS)
                 loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
             if SHARED_B:
                 b_0, b_1 = shared_b_registers(loads_b, win, b_addresses, ACT_ELEM, ACT_SCALE, COL_GROUPS, K_WARPS,
@@ -602,8 +614,7 @@ def mma_gemv_kernel(
                 b_0 = staged_b_registers(staged, row_0, win, q, K)
                 b_1 = b_0
             else:
-                b_0 = b_registers(loads_b0, ACT_ELEM, ACT_SCALE)
-                b_1 = b_registers(loads_b1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+                b_0, b_1 = own_b_registers(loads_b0, loads_b1, ACT_ELEM, ACT_SCALE, COL_GROUPS)
             a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3 = group_mmas(
                 (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3), loads_a0, loads_a1, b_0, b_1, W_ELEM,
                 ENCODING, COL_GROUPS, ROW_GROUPS)
@@ -643,8 +654,7 @@ def tail_window(sums, x64, xs, w, f, tid, gr, win, lane, q, g, row_0, row_1, win
     warp's sum too). Once a program, after the loop: no per-window cost."""
     valid = (tid >> 5) < windows % K_WARPS
     win = torch.clamp(win, max=windows - 1)
-    loads_b0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
-    loads_b1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2 else loads_b0
+    loads_b0, loads_b1 = own_b_words(x64, xs, row_0, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, COL_GROUPS)
     loads_a0, loads_a1 = row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)
     b_0 = [torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b0, ACT_ELEM, ACT_SCALE)]
     b_1 = ([torch.where(valid, r, torch.zeros_like(r)) for r in b_registers(loads_b1, ACT_ELEM, ACT_SCALE)]
@@ -660,17 +670,15 @@ def preloaded_windows(sums, x64, xs, w, f, first, steps, lane, q, g, gr, row_0, 
     loaded = []
     for i in range(steps):
         win = first + i
-        b_0 = b_words(x64, xs, row_0, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT)
-        b_1 = b_words(x64, xs, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT) if COL_GROUPS == 2 else b_0
-        loaded.append((b_0, b_1, *row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)))
+        loaded.append((*own_b_words(x64, xs, row_0, row_1, win, q, K, ACT_ELEM, BLOCK_A, A_LAYOUT, EVICT, COL_GROUPS),
+                       *row_group_words(w, f, gr, win, lane, q, g, windows, blocks, ROW_GROUPS, EVICT)))
     # a fence after the loads, on the first accumulator (an asm whose output goes unused is dropped): ptxas moves no
     # load past it, where it otherwise sinks each window's loads to just before that window's mma (13 round trips at
     # 4096 x 14336 over 32 parts; a bar.warp.sync there is optimized away)
     sums = (hl.inline_asm_elementwise("mov.b32 $0, $1; fence.acq_rel.cta;", "=r,r", [sums[0]], dtype=torch.float32,
                                       is_pure=False, pack=1), *sums[1:])
-    for b_0, b_1, a_0, a_1 in loaded:
-        b_0 = b_registers(b_0, ACT_ELEM, ACT_SCALE)
-        b_1 = b_registers(b_1, ACT_ELEM, ACT_SCALE) if COL_GROUPS == 2 else b_0
+    for loads_b0, loads_b1, a_0, a_1 in loaded:
+        b_0, b_1 = own_b_registers(loads_b0, loads_b1, ACT_ELEM, ACT_SCALE, COL_GROUPS)
         sums = group_mmas(sums, a_0, a_1, b_0, b_1, W_ELEM, ENCODING, COL_GROUPS, ROW_GROUPS)
     return sums
 
