@@ -30,6 +30,8 @@ CASES = {
     "split_k_workspace_m32_mixed": ("mxfp8", "mxfp4", 32, {"cluster": False}),
     "split_k_workspace_m16": ("bf16", "mxfp4", 16, {"max_split": 8, "cluster": False}),
     "split_k_workspace_m1": ("bf16", "nvfp4", 1, {"max_split": 16, "cluster": False}),
+    # every window's words loaded before the first mma ("preload"), split-K parts of 4 windows in the workspace
+    "preload_split_k_workspace_m1": ("bf16", "nvfp4", 1, {"preload": True, "split": 32, "cluster": False}),
     # split-K in parts that differ by a window (128 windows / 3), as the rules split K / 64 that 8 does not divide
     "uneven_split_m16": ("nvfp4", "nvfp4", 16, {"split": 3, "cluster": False}),
     # fp4 activations decoded into the call's scratch rows at M = 1, as the rules run fp4 activations where the
