@@ -158,7 +158,7 @@ def test_one_thread_alternating_streams(case):
 @pytest.mark.parametrize("same_capture_stream", [False, True], ids=["captured_on_two_streams", "captured_on_one_stream"])
 @pytest.mark.parametrize("case", ["split_k_workspace_m64", "predecode_m64", "split_k_workspace_m16", "dense_m512_chunks",
                                   "quantize_in_the_call_m16", "quantize_in_the_call_blocks_m64", "uneven_split_m16",
-                                  "predecode_m1"])
+                                  "predecode_m1", "preload_split_k_workspace_m1"])
 def test_two_graphs_replayed_side_by_side(case, same_capture_stream, kept_sets, monkeypatch):
     """Two CUDA graphs of the same plan (CALLS calls each), captured on two streams or on one, replayed at the same
     time on two streams, twice; then each graph replayed alone after the other's inputs changed. `fresh_sets`: no
