@@ -17,11 +17,11 @@ written by `python -m bench.autotune` (`--quantize`: Helion's autotuner).
 |            | kernel and input, None where it did not beat the module's default by the keep margin     |
 
 Lookup (`config_for`), once per (GPU, pair, M, N, K):
-- entries of the same GPU model and pair that serve M rows ("min_m"), at the smallest tuned M >= M (a plan tuned for
-  M rows serves fewer);
-- of those, the entries of the same K, and of these the nearest N, if within a factor of 2 (K decides the split and
-  the warps a K; carried across K, a 14336 x 4096 entry of M = 16 ran 8192 x 8192 nvfp4 x nvfp4 at 1.57x cuBLAS bf16
-  against the rules' 1.91x on an H200);
+- entries of the same GPU model and pair that serve M rows ("min_m"), of the same K and an N within a factor of 2
+  (K decides the split and the warps a K; carried across K, a 14336 x 4096 entry of M = 16 ran 8192 x 8192
+  nvfp4 x nvfp4 at 1.57x cuBLAS bf16 against the rules' 1.91x on an H200);
+- of those, the ones at the smallest tuned M >= M (a plan tuned for M rows serves fewer: the M = 16 entry of a shape
+  serves 2 .. 8 rows where that shape has no M = 2 .. 8 entry, even if other shapes have), and of these the nearest N;
 - none of these: the config of the GPU's rule for the pair at the smallest M >= M it has (`rules`) among those whose
   "min_m" and "min_weights" admit the call, where the rule exists; an entry's None (the default plan was fastest at
   that shape) is not overridden by a rule;
@@ -98,19 +98,12 @@ def _serves(e: dict, pair: str, m: int) -> bool:
 
 def nearest(entries, pair: str, m: int, n: int, k: int) -> dict | None:
     """The entry `config_for` takes for (pair, m, n, k) among `entries` (see the module's docstring), or None."""
-    same = [e for e in entries if _serves(e, pair, m)]
-    if not same:
-        return None
-    m_tuned = min(e["m"] for e in same)
     limit = math.log2(MAX_SHAPE_RATIO)
-    best, best_d = None, math.inf
-    for e in same:
-        if e["m"] != m_tuned or e["k"] != k:
-            continue
-        dn = abs(math.log2(e["n"] / n))
-        if dn <= limit and dn < best_d:
-            best, best_d = e, dn
-    return best
+    near = [e for e in entries if _serves(e, pair, m) and e["k"] == k and abs(math.log2(e["n"] / n)) <= limit]
+    if not near:
+        return None
+    m_tuned = min(e["m"] for e in near)
+    return min((e for e in near if e["m"] == m_tuned), key=lambda e: abs(math.log2(e["n"] / n)))
 
 
 def rule(rules_, pair: str, m: int, n: int, k: int) -> dict | None:

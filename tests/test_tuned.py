@@ -45,6 +45,19 @@ def test_nearest_takes_the_smallest_tuned_m_at_or_above_and_the_nearest_n_of_the
     assert pick("mxfp4xmxfp4", 1, 8192, 8192) == "none"  # another pair's plans never carry over
 
 
+def test_nearest_takes_the_smallest_tuned_m_of_the_shapes_neighbours_not_of_the_table():
+    """An M = 8 entry of another K does not hide this shape's M = 16 entry from 4 rows (M = 16's plan serves them,
+    as before any M = 8 was tuned); at the same K, the smaller tuned M is taken before the nearer N."""
+    entries = ENTRIES + [dict(pair="bf16xnvfp4", m=8, n=4096, k=4096, config={"k_warps": 16}),
+                         dict(pair="bf16xnvfp4", m=8, n=10240, k=8192, config={"hoist": True})]
+    pick = lambda *key: (tuned.nearest(entries, *key) or {}).get("config", "none")  # noqa: E731
+    assert pick("bf16xnvfp4", 4, 4096, 14336) is None  # K = 14336's own M = 16 entry
+    assert pick("bf16xnvfp4", 4, 4096, 4096) == {"k_warps": 16}
+    assert pick("bf16xnvfp4", 4, 8192, 8192) == {"hoist": True}  # M = 8 at 1.25x off in N, before M = 16 at 8192
+    assert pick("bf16xnvfp4", 12, 8192, 8192) == {"max_split": 4}  # 12 rows: M = 8's entries do not serve them
+    assert pick("bf16xnvfp4", 4, 2048, 8192) == "none"  # 10240 is 5x off, 8192 4x: no neighbour at any M
+
+
 def test_config_for_reads_the_gpus_file(table_dir):
     (table_dir / "nvidia_h200.json").write_text(json.dumps({"entries": ENTRIES}))
     assert tuned.config_for("nvidia_h200", "bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8}
@@ -115,12 +128,24 @@ def test_the_h200_predecode_rule_serves_large_untuned_layers_at_m16():
     assert not [e for e in tuned.table("nvidia_h200") if e["k"] in (16384, 6144)]  # what makes them untuned
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 16384, 16384) == {"predecode": True}
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 9, 16384, 16384) == {"predecode": True}
-    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 16384, 16384) is None
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 16384, 16384) == {"max_split": 16}  # 2 .. 8 rows' rule
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 6144, 6144) is None  # 38M weights
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 5120, 27648) is None  # its own entry: the default
     # the tuned entries alike: predecode at 9 .. 16 rows, the default below
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 57344, 8192) == {"predecode": True}
-    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 57344, 8192) is None
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 57344, 8192) == {"max_split": 16}  # 2 .. 8 rows' rule
+
+
+def test_the_h200_rule_for_two_to_eight_rows():
+    """On an H200 nvfp4 x nvfp4 at 2 .. 8 rows splits K at most 16 ways where no entry serves the shape (the default
+    64 parts ran 1.4-2.2x slower at the three K = 4096 shapes timed); 1 row keeps its own rule, 9 .. 16 theirs."""
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 2, 12288, 28672) == {"max_split": 16}  # Mistral-Large
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 12288, 28672) == {"max_split": 16}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 1, 12288, 28672) == {"hoist": True}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 9, 12288, 28672) == {"predecode": True}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 6144, 4096) == {"max_split": 16}  # its entry
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 8192, 8192) is None  # M = 16's entry: the default
+    assert tuned.config_for("nvidia_h200", "bf16xnvfp4", 4, 12288, 28672) is None  # no rule for bf16 activations
 
 
 def test_a_config_the_shape_refuses_falls_back_to_the_default(table_dir):
