@@ -24,7 +24,8 @@ Lookup (`config_for`), once per (GPU, pair, M, N, K):
   serves 2 .. 8 rows where that shape has no M = 2 .. 8 entry, even if other shapes have), and of these the nearest N;
 - none of these: the config of the GPU's rule for the pair at the smallest M >= M it has (`rules`) among those whose
   "min_m" and "min_weights" admit the call, where the rule exists; an entry's None (the default plan was fastest at
-  that shape) is not overridden by a rule;
+  that shape) is not overridden by a rule, but for rows of another `row_class` than its M (the M = 16 default plan
+  being fastest at 16 rows says nothing of the 2 .. 8 rows' default: there the rule, if one serves them);
 - none of these: None, and the default plan (`plans._mma_options`'s rules). A config the shape refuses (say a split
   above K / 64) also falls back to the default, in `api._mma_launch`.
 Quantize configs (`quantize_config_for`): the entry of the same kernel, format, output (codes or decoded rows),
@@ -113,8 +114,17 @@ def rule(rules_, pair: str, m: int, n: int, k: int) -> dict | None:
     return min(same, key=lambda r: r["m"]) if same else None
 
 
+def row_class(m: int) -> int:
+    """Rows whose default plans share a structure (`plans._mma_options`): 1 row (K warps), 2 .. 8 (one column group
+    of 8 activation rows), 9 .. 16 (two), more (mma_m64_kernel). An entry's None ("the default was fastest") speaks
+    for the default of its own class only."""
+    return 0 if m == 1 else 1 if m <= 8 else 2 if m <= 16 else 3
+
+
 @functools.lru_cache(maxsize=4096)
 def config_for(gpu: str, pair: str, m: int, n: int, k: int) -> dict | None:
     """The tuned config for one call's plan, or None for the default plan."""
-    entry = nearest(table(gpu), pair, m, n, k) or rule(rules(gpu), pair, m, n, k)
+    entry = nearest(table(gpu), pair, m, n, k)
+    if entry is None or (not entry["config"] and row_class(entry["m"]) != row_class(m)):
+        entry = rule(rules(gpu), pair, m, n, k) or entry
     return None if entry is None or not entry["config"] else dict(entry["config"])

@@ -77,11 +77,30 @@ def test_a_rule_serves_the_shapes_no_entry_serves(table_dir):
     assert pick("bf16xnvfp4", 1, 1024, 8192) == {"hoist": True}  # an entry of this K, 8x off in N: the rule
     assert pick("bf16xnvfp4", 1, 4096, 4096) is None  # the entry's None (default fastest) stands
     assert pick("bf16xnvfp4", 2, 5120, 5120) is None  # no entry at M >= 2 of this K, and no rule at M >= 2
+    assert pick("nvfp4xnvfp4", 4, 8192, 8192) == {"split": 2}  # an entry's config is carried to fewer rows
     assert pick("nvfp4xnvfp4", 4, 5120, 5120) == {"evict": False}  # M = 16's rule serves 4 rows
     assert pick("mxfp4xmxfp4", 1, 5120, 5120) is None  # another pair's rules never carry over
     (table_dir / "rules_only.json").write_text(json.dumps({"rules": rules}))
     assert pick("bf16xnvfp4", 1, 8192, 8192) == {"k_warps": 8} and tuned.config_for(
         "rules_only", "bf16xnvfp4", 1, 8192, 8192) == {"hoist": True}
+
+
+def test_an_entrys_none_speaks_for_its_own_row_class_only(table_dir):
+    """None ("the default plan was fastest") at M = 16 is the 9 .. 16 rows' default; 2 .. 8 rows have another
+    default, so there a rule that serves them wins over the carried None. None at M = 8 stands for 2 .. 8 rows."""
+    entries = [dict(pair="nvfp4xnvfp4", m=16, n=8192, k=8192, config=None),
+               dict(pair="nvfp4xnvfp4", m=8, n=4096, k=4096, config=None),
+               dict(pair="nvfp4xnvfp4", m=16, n=4096, k=4096, config={"row_groups": 1})]
+    rules = [dict(pair="nvfp4xnvfp4", m=8, min_m=2, config={"max_split": 16}, shapes=[])]
+    (table_dir / "c.json").write_text(json.dumps({"entries": entries, "rules": rules}))
+    pick = lambda *key: tuned.config_for("c", *key)  # noqa: E731
+    assert pick("nvfp4xnvfp4", 4, 8192, 8192) == {"max_split": 16}
+    assert pick("nvfp4xnvfp4", 12, 8192, 8192) is None and pick("nvfp4xnvfp4", 16, 8192, 8192) is None
+    assert pick("nvfp4xnvfp4", 1, 8192, 8192) is None  # no rule serves 1 row: the carried None, the default
+    assert pick("nvfp4xnvfp4", 4, 4096, 4096) is None  # M = 8's own None
+    assert pick("nvfp4xnvfp4", 12, 4096, 4096) == {"row_groups": 1}
+    assert tuned.row_class(1) == 0 and tuned.row_class(2) == tuned.row_class(8) == 1
+    assert tuned.row_class(9) == tuned.row_class(16) == 2 and tuned.row_class(17) == 3
 
 
 def test_a_rule_serves_only_the_rows_and_sizes_it_names(table_dir):
@@ -144,7 +163,10 @@ def test_the_h200_rule_for_two_to_eight_rows():
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 1, 12288, 28672) == {"hoist": True}
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 9, 12288, 28672) == {"predecode": True}
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 6144, 4096) == {"max_split": 16}  # its entry
-    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 8192, 8192) is None  # M = 16's entry: the default
+    # 8192^2's M = 16 entry (None: M = 16's default fastest) does not speak for 2 .. 8 rows' default: the rule
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 8192, 8192) == {"max_split": 16}
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 8192, 8192) is None
+    assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 4, 5120, 5120) == {"row_groups": 1}  # M = 16's, carried
     assert tuned.config_for("nvidia_h200", "bf16xnvfp4", 4, 12288, 28672) is None  # no rule for bf16 activations
 
 
