@@ -23,6 +23,8 @@ Llama-3-8B's decode shape: 8.9 us a layer against 29.9 for compiled sdpa (`pytho
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from blockscaled.kernels.decode_attention import supported
@@ -58,10 +60,19 @@ def packed_gqa_attention(module, query, key, value, attention_mask, dropout: flo
 
 
 def _keep(mask, batch: int, keys: int):
-    """The [B, S] bool keys of a mask shared by every head ([B or 1, 1, 1, S] bool), else None (no mask: every key)."""
-    if mask is None or mask.dtype != torch.bool or mask.shape[-1] != keys:
+    """A bool mask shared by every head ([B or 1, 1, 1, S]) as it is, else None (no mask: every key). Passed whole,
+    not as its [B, S] view: inductor made a copy of the view for each layer (one ~1 us kernel a layer on an H200)."""
+    if mask is None or mask.dtype != torch.bool or mask.shape[-1] != keys or mask.shape[0] not in (1, batch):
         return None
-    return mask[:, 0, 0, :].expand(batch, keys)
+    return mask
+
+
+def _step_mask(make, *args, **kwargs):
+    """`make`'s mask (transformers' `sdpa_mask`, made once a step and passed to every layer) through an op inductor
+    cannot inline: inductor otherwise recomputes the cheap mask expression into a buffer for each layer's attention
+    (the compiled 8B decode step on an H200: a ~1 us kernel a layer, 31 of them redundant)."""
+    mask = make(*args, **kwargs)
+    return torch.ops.blockscaled.step_mask(mask) if isinstance(mask, torch.Tensor) else mask
 
 
 def use_packed_gqa(model):
@@ -75,7 +86,7 @@ def use_packed_gqa(model):
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(NAME, packed_gqa_attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, functools.partial(_step_mask, sdpa_mask))
     model.set_attn_implementation(NAME)
     if model.config._attn_implementation != NAME:
         raise RuntimeError(f"use_packed_gqa: {type(model).__name__} kept attention {model.config._attn_implementation!r}")

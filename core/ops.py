@@ -4,7 +4,8 @@
 |-------------------------|------------------------------------------------------------------------|----------------------------|
 | `blockscaled::linear`   | x [M, K]; the weight's data, scale, global scale (a QTensor's fields), its format, scale layout, data layout, N, K; bias; activation format, scale rounding, static activation global scale; out dtype | [M, N] out dtype |
 | `blockscaled::quantize` | x [rows, K]; format, scale rounding, scale layout, global scale        | (data, scale, global [1])  |
-| `blockscaled::decode_attention` | q [B, Hkv, G, D]; k, v [B, Hkv, S, D]; keep [B, S] bool or None; scale | [B, Hkv, G, D] q's dtype   |
+| `blockscaled::decode_attention` | q [B, Hkv, G, D]; k, v [B, Hkv, S, D]; keep [B, S] or [B or 1, 1, 1, S] bool or None; scale | [B, Hkv, G, D] q's dtype   |
+| `blockscaled::step_mask` | a model step's attention mask (any shape and dtype)                | a copy of it               |
 
 Each has a fake (meta) implementation: shapes and dtypes only. `QuantizedLinear` calls `linear` while
 `torch.compile` traces it (eager calls skip the dispatcher). The op rebuilds the weight's QTensor from its fields
@@ -153,3 +154,19 @@ def _(q, k, v, keep, scale):
     why = supported(q, k, v, keep)
     torch._check(why is None, lambda: f"decode_attention: {why}")
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+_LIB.define("step_mask(Tensor mask) -> Tensor")
+
+
+def _step_mask(mask):
+    _no_grad_inputs("step_mask", mask)
+    return mask.clone()
+
+
+_LIB.impl("step_mask", _step_mask, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("blockscaled::step_mask", lib=_LIB)
+def _(mask):
+    return torch.empty_like(mask)

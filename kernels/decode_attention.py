@@ -10,7 +10,8 @@ once, not G times), and a second kernel merges the chunks' softmax partials.
 |---------------|------------------------|----------------|----------------------------------------------------|
 | q             | [B, Hkv, G, D]         | bf16/fp16/fp32 | the G query heads of each key / value head        |
 | k, v          | [B, Hkv, S, D]         | q's            | the cache (S = its length; any strides, D last)    |
-| keep          | [B, S]                 | bool           | keys attended (the static cache's mask)           |
+| keep          | [B, S] or [B or 1, 1, 1, S] | bool      | keys attended (the static cache's mask, 4-D as    |
+|               |                        |                | transformers passes it: viewed as [B, S] inside)  |
 | out           | [B, Hkv, G, D]         | q's            | softmax(q k^T x scale, keys kept) v                |
 
 fp32 scores, softmax and sums (the products of bf16 values are exact in fp32), the probabilities rounded to the
@@ -125,9 +126,18 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
         return f"S = {k.shape[2]}: at least 2 keys expected (Helion 1.5.0 collapses a size-1 dimension)"
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"bf16, fp16 or fp32 q, k, v of one dtype expected, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if keep is not None and (keep.dtype != torch.bool or keep.shape != (B, k.shape[2])):
-        return f"keep: a bool [B, S] = [{B}, {k.shape[2]}] mask expected, got {keep.dtype} {tuple(keep.shape)}"
+    S = k.shape[2]
+    if keep is not None and (keep.dtype != torch.bool or (keep.shape != (B, S) and (
+            keep.dim() != 4 or keep.shape[0] not in (1, B) or tuple(keep.shape[1:]) != (1, 1, S)))):
+        return (f"keep: a bool [B, S] = [{B}, {S}] or [B or 1, 1, 1, S] mask expected, got {keep.dtype} "
+                f"{tuple(keep.shape)}")
     return None
+
+
+def _keys_kept(keep: torch.Tensor, batch: int) -> torch.Tensor:
+    """`keep` as [B, S] (a view: a 4-D mask is passed whole by `blockscaled.attention`, so that inductor makes the
+    one mask of a step once rather than a [B, S] copy for each layer)."""
+    return keep if keep.dim() == 2 else keep[:, 0, 0, :].expand(batch, keep.shape[-1])
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None = None,
@@ -138,8 +148,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
         raise ValueError(f"decode_attention: {why}")
     B, HKV, G, D = q.shape
     S = k.shape[2]
-    if keep is None:
-        keep = torch.ones(B, S, dtype=torch.bool, device=q.device)
+    keep = torch.ones(B, S, dtype=torch.bool, device=q.device) if keep is None else _keys_kept(keep, B)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     from . import plans
     from .api import _launch_cached
@@ -171,5 +180,5 @@ def decode_attention_reference(q, k, v, keep=None, scale=None) -> torch.Tensor:
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     s = (q.double() @ k.double().transpose(-1, -2)) * scale
     if keep is not None:
-        s = s.masked_fill(~keep[:, None, None, :], float("-inf"))
+        s = s.masked_fill(~_keys_kept(keep, q.shape[0])[:, None, None, :], float("-inf"))
     return (torch.softmax(s, -1) @ v.double()).to(q.dtype)

@@ -85,6 +85,11 @@ def test_packed_gqa_compiled_gives_sdpa_logits_without_repeat_kv():
     assert expands(sdpa_graphs) == 2 * config.num_hidden_layers  # repeat_kv of k and v, each layer
     assert expands(packed_graphs) == 0
     assert split_kernel_calls(packed_graphs) == config.num_hidden_layers and split_kernel_calls(sdpa_graphs) == 0
+    # every layer's split kernel takes the step's one mask, made by `step_mask` (which inductor cannot inline into a
+    # copy per layer, as it did with each layer's [B, S] view of the mask)
+    decode = packed_graphs[-1].graph
+    masks = {n.args[3] for n in decode.nodes if "decode_attention" in str(n.target)}
+    assert len(masks) == 1 and "step_mask" in str(next(iter(masks)).target)
 
 
 def test_packed_gqa_leaves_other_cases_to_sdpa(monkeypatch):

@@ -45,6 +45,26 @@ def test_keys_kept_only_in_one_chunk_and_scattered(gen):
                                rtol=2e-5, atol=2e-5)
 
 
+def test_a_4d_mask_as_transformers_passes_it(gen):
+    """keep [B or 1, 1, 1, S] (a step's mask, passed whole so that inductor makes it once) attends the keys its
+    [B, S] view names: the same output as that view, per row of the batch or one row for all."""
+    q, k, v = operands(2, 2, 4, 16, 40, torch.float32, gen)
+    keep = torch.rand(2, 40, generator=gen).to(DEVICE) < 0.7
+    keep[:, 0] = True
+    want = decode_attention(q, k, v, keep)
+    torch.testing.assert_close(decode_attention(q, k, v, keep[:, None, None, :]), want, rtol=0, atol=0)
+    torch.testing.assert_close(want.double(), decode_attention_reference(q, k, v, keep).double(), rtol=2e-5, atol=2e-5)
+    one = keep[:1, None, None, :]
+    torch.testing.assert_close(decode_attention(q, k, v, one), decode_attention(q, k, v, one[:, 0, 0].expand(2, 40)),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(decode_attention_reference(q, k, v, one), decode_attention_reference(
+        q, k, v, one[:, 0, 0].expand(2, 40)), rtol=0, atol=0)
+    for bad in (keep[:, None, :, None].expand(2, 1, 40, 40), keep[:, None, None, :].expand(2, 2, 1, 40),
+                torch.ones(3, 1, 1, 40, dtype=torch.bool, device=DEVICE)):
+        with pytest.raises(ValueError, match=r"keep: a bool \[B, S\] = \[2, 40\] or \[B or 1, 1, 1, S\]"):
+            decode_attention(q, k, v, bad)
+
+
 @pytest.mark.parametrize("bad,match", [
     (lambda q, k, v, m: (q[..., :3, :], k, v, m), "G = 3 and D = 16 must be powers of two"),
     (lambda q, k, v, m: (q[..., :8], k[..., :8], v[..., :8], m), "D = 8 must be powers of two"),

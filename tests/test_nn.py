@@ -230,6 +230,8 @@ def test_custom_ops_pass_opcheck(gen):
                           test_utils=checks)
     for fmt, layout in (("nvfp4", "swizzle_32_4_4"), ("mxfp4", "rowmajor")):
         torch.library.opcheck(torch.ops.blockscaled.quantize, (xf, fmt, "floor", layout, None), test_utils=checks)
+    torch.library.opcheck(torch.ops.blockscaled.step_mask, (torch.rand(2, 1, 1, 9, generator=gen) < 0.5,),
+                          test_utils=checks)
     # inference only: an input that requires grad is refused by name, not differentiated wrongly
     with pytest.raises(RuntimeError, match="blockscaled::linear has no derivative"):
         torch.ops.blockscaled.linear(xf.requires_grad_(), w.data, w.scale, w.global_scale, None, "nvfp4", w.layout,
