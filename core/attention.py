@@ -70,9 +70,11 @@ def _keep(mask, batch: int, keys: int):
 def _step_mask(make, *args, **kwargs):
     """`make`'s mask (transformers' `sdpa_mask`, made once a step and passed to every layer) through an op inductor
     cannot inline: inductor otherwise recomputes the cheap mask expression into a buffer for each layer's attention
-    (the compiled 8B decode step on an H200: a ~1 us kernel a layer, 31 of them redundant)."""
+    (the compiled 8B decode step on an H200: a ~1 us kernel a layer, 31 of them redundant). Decode steps' masks
+    ([B, 1, 1, S]) only: a prefill's [B, 1, q, S] is left as it was (a copy would cost memory for little)."""
     mask = make(*args, **kwargs)
-    return torch.ops.blockscaled.step_mask(mask) if isinstance(mask, torch.Tensor) else mask
+    decode = isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[2] == 1
+    return torch.ops.blockscaled.step_mask(mask) if decode else mask
 
 
 def use_packed_gqa(model):
