@@ -47,7 +47,9 @@ def packed_gqa_attention(module, query, key, value, attention_mask, dropout: flo
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     packed = query.reshape(batch, heads // groups, groups, dim)
-    keep = _keep(attention_mask, batch, key.shape[2])
+    # a bool mask goes to the kernel whole ([B or 1, 1, 1, S]; `supported` checks its shape): its [B, S] view, made
+    # here, was copied by inductor for each layer (one ~1 us kernel a layer on an H200)
+    keep = attention_mask if attention_mask is not None and attention_mask.dtype == torch.bool else None
     scale = scaling if scaling is not None else dim ** -0.5
     if (keep is not None or attention_mask is None) and dropout == 0.0 and supported(packed, key, value, keep) is None:
         # split along the keys: SDPA's kernels run one program per head here (cuDNN's took 47 us a layer on an H200)
@@ -57,14 +59,6 @@ def packed_gqa_attention(module, query, key, value, attention_mask, dropout: flo
                                                                dropout_p=dropout, scale=scaling)
     # [B, H / G, G, Dv] -> [B, 1, H, Dv], as sdpa_attention_forward returns [B, q_length, H, Dv]
     return out.reshape(out.shape[0], 1, heads, value.shape[-1]), None
-
-
-def _keep(mask, batch: int, keys: int):
-    """A bool mask shared by every head ([B or 1, 1, 1, S]) as it is, else None (no mask: every key). Passed whole,
-    not as its [B, S] view: inductor made a copy of the view for each layer (one ~1 us kernel a layer on an H200)."""
-    if mask is None or mask.dtype != torch.bool or mask.shape[-1] != keys or mask.shape[0] not in (1, batch):
-        return None
-    return mask
 
 
 def _step_mask(make, *args, **kwargs):
