@@ -104,15 +104,12 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: B={B} H={H} HKV={HKV} D={D} S={S} kept={kept}, {args.layers} layers a graph")
     from blockscaled.kernels import decode_attention as da
 
-    default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.MERGE_IN_PARTIALS)
-    split_keys = variants(B, H, HKV, D, S, scale)["split_keys"]
+    default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS)
     runs = [(backend, name, fn, default) for backend in args.compile for name, fn in variants(B, H, HKV, D, S, scale).items()]
-    # the merge as a second kernel (the split's partials then read back by a launch of its own)
-    runs += [("none", "split_keys_merge_kernel" if default[2] else "split_keys_merged", split_keys,
-              default[:2] + (not default[2],))]
-    runs += [("none", f"split_keys{tuple(split)}", split_keys, tuple(split) + default[2:]) for split in args.split or []]
+    runs += [("none", f"split_keys{tuple(split)}", variants(B, H, HKV, D, S, scale)["split_keys"], tuple(split))
+             for split in args.split or []]
     for backend, name, fn, split in runs:
-        da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.MERGE_IN_PARTIALS = split
+        da.PROGRAMS_PER_SM, da.BLOCK_KEYS = split
         f = fn if backend == "none" else torch.compile(fn, backend=backend, dynamic=False)
         try:
             err = ((f(q, ks[0], vs[0], mask).double() - ref).abs().max() / ref.abs().max()).item()
@@ -120,7 +117,7 @@ def main(argv=None) -> int:
             print(f"{backend:9s} {name:20s} {us:8.2f} us a layer  max_rel_err {err:.2e}")
         except Exception as e:  # noqa: BLE001 - one variant's failure is a row, the others still run
             print(f"{backend:9s} {name:20s} failed: {type(e).__name__}: {str(e)[:200]}")
-    da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.MERGE_IN_PARTIALS = default
+    da.PROGRAMS_PER_SM, da.BLOCK_KEYS = default
     return 0
 
 

@@ -4,8 +4,7 @@
 At batch 1 a decode step has one query row per head; an attention kernel tiled by query rows and heads runs 8-32
 programs (Llama-3-8B: 32 heads on 8 key / value heads) and reads the whole cache through them. Here each program
 takes one key / value head and CHUNK keys, for all G query heads of that key / value head (so the cache is read
-once, not G times); the head's last chunk to finish (by an atomic ticket) merges the chunks' softmax partials in the
-same kernel, one launch a layer (`MERGE_IN_PARTIALS`; else a second kernel merges).
+once, not G times), and a second kernel merges the chunks' softmax partials.
 
 | tensor        | shape                  | dtype          | notes                                              |
 |---------------|------------------------|----------------|----------------------------------------------------|
@@ -30,7 +29,6 @@ import torch
 import helion
 import helion.language as hl
 
-from . import scratch
 from .configs import KERNEL_SETTINGS
 
 _LAUNCHES: dict = {}
@@ -42,11 +40,6 @@ BLOCK_KEYS = 64
 PROGRAMS_PER_SM = 4
 # the query rows of an MMA: G query heads padded to 16 (the smallest MMA tile); padded rows are zeros, never stored
 MIN_ROWS = 16
-# the head's last chunk merges the partials in the same kernel (one launch a layer, not two)
-MERGE_IN_PARTIALS = True
-# fp32 partials the in-kernel merge holds a step ([chunks, G, D]): 32 registers a thread of 4 warps (8 chunks a
-# step at Llama-3-8B's G = 4, D = 128)
-MERGE_VALUES = 4096
 
 
 def _exp2(x):
@@ -59,16 +52,13 @@ def _exp2(x):
 # are exact products with fp32 sums either way
 @helion.kernel(**KERNEL_SETTINGS, dot_precision="ieee")
 def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, m_out: torch.Tensor,
-                     l_out: torch.Tensor, acc_out: torch.Tensor, tickets: torch.Tensor, out: torch.Tensor,
-                     scale: float, CHUNK: hl.constexpr, BLOCK: hl.constexpr, ROWS: hl.constexpr,
-                     MERGE: hl.constexpr, MERGE_BLOCK: hl.constexpr) -> torch.Tensor:
+                     l_out: torch.Tensor, acc_out: torch.Tensor, scale: float, CHUNK: hl.constexpr,
+                     BLOCK: hl.constexpr, ROWS: hl.constexpr) -> torch.Tensor:
     """Chunk c of key / value head (b, h): m_out[b, h, c] (the largest kept score, base 2, -inf if none), l_out (sum
     of 2^(score - m)), acc_out (sum of 2^(score - m) v). Scores and sums fp32; the probabilities enter the value MMA
-    in the cache's dtype (as flash attention's). MERGE: the head's last chunk by ticket (tickets[b * HKV + h], zero
-    on entry, left zero) merges every chunk's partials into out[b, h] as `_merge_kernel` would."""
+    in the cache's dtype (as flash attention's)."""
     B, HKV, G, D = q.shape
     S = k.size(2)
-    splits = m_out.size(2)
     for tile_b, tile_h, tile_c, tile_g in hl.tile([B, HKV, S, G], block_size=[1, 1, CHUNK, ROWS]):
         b, h = tile_b.begin, tile_h.begin
         qt = q[b, h, tile_g, :]  # [ROWS, D]: rows past G masked to zero
@@ -97,32 +87,7 @@ def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
         m_out[b, h, c, tile_g] = m_i
         l_out[b, h, c, tile_g] = l_i
         acc_out[b, h, c, tile_g, :] = acc
-        if MERGE:
-            # every thread's partials written before the ticket (as split_k.add_part); the acq_rel ticket orders
-            # them before the last program's reads of the head's other chunks
-            hl.inline_triton("tl.debug_barrier()", args=(), output_like=None)
-            ticket = hl.atomic_add(tickets, [b * HKV + h], 1, sem="acq_rel")
-            if ticket == splits - 1:
-                # out[b, h] from the head's chunks, MERGE_BLOCK a step (their loads in flight together), the
-                # running maximum carried across steps as in the loop above (`_merge_kernel`'s sums)
-                for tile_gm in hl.tile(G, block_size=G):
-                    m_run = hl.full([tile_gm], float("-inf"), dtype=torch.float32)
-                    l_run = hl.zeros([tile_gm], dtype=torch.float32)
-                    acc_run = hl.zeros([tile_gm, D], dtype=torch.float32)
-                    for tile_s in hl.tile(splits, block_size=MERGE_BLOCK):
-                        real = (tile_s.index < splits)[:, None]
-                        m_c = torch.where(real, m_out[b, h, tile_s, tile_gm], float("-inf"))  # [MERGE_BLOCK, G]
-                        m_new = torch.maximum(m_run, m_c.amax(0))
-                        m_use = torch.where(m_new == float("-inf"), 0.0, m_new)
-                        w = torch.where(real, _exp2(m_c - m_use[None, :]), 0.0)
-                        alpha = _exp2(m_run - m_use)
-                        l_run = l_run * alpha + (w * l_out[b, h, tile_s, tile_gm]).sum(0)
-                        acc_run = acc_run * alpha[:, None] + (w[:, :, None] * acc_out[b, h, tile_s, tile_gm, :]).sum(0)
-                        m_run = m_new
-                    out[b, h, tile_gm, :] = (acc_run / l_run[:, None]).to(out.dtype)
-                hl.store(tickets, [b * HKV + h], 0)
     return acc_out
-
 
 
 @helion.kernel(**KERNEL_SETTINGS)
@@ -198,15 +163,10 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     l_ = torch.empty_like(m)
     acc = torch.empty(B, HKV, splits, G, D, dtype=torch.float32, device=q.device)
     out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
-    merge = MERGE_IN_PARTIALS
-    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS, merge)
-    # tickets zero on entry, left zero: a set per stream / capture (`scratch`), so concurrent calls share none
-    tickets = scratch.get(("decode_attention", key), scratch.ScratchSpec(tickets=B * HKV), q.device).tickets
+    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel,
-                   (q, k, v, keep, m, l_, acc, tickets, out, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G), merge,
-                    max(2, min(_pow2(splits), _pow2(MERGE_VALUES // (G * D) + 1) // 2))), _config, q.device)
-    if not merge:
-        _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
+                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G)), _config, q.device)
+    _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
     return out
 
 
