@@ -12,12 +12,14 @@ on another random prompt first, `blockscaled.nn.calibrate`):
 - decode: greedy steps with a static KV cache, one step per CUDA-graph replay where capture works (else eager,
   said in the `decode_mode` column), tokens/s over the batch;
 - agreement with the bf16 model on the prefill's last 256 positions: next-token agreement (argmax at each) and logits
-  SQNR (dB): what the format costs;
+  SQNR (dB): what the format costs, of the eager forward (from 2026-12-01; rows before compared the compiled one, so
+  their bf16 row's agreement was inductor's against eager, e.g. 0.81-0.85 and 23 dB, where it is now 1 and inf);
 - `kernel_sqnr_db`: the kernels' check: every quantized linear's output, on the input it saw in the prefill and in
   one decode step (M = batch), against torch's fp32 product of the same codes (weights dequantized, the activation
   quantized by the same function and dequantized; TF32 off); the worst layer's SQNR (dB). Logit agreement of a
   random-weight model falls with depth at any format (its layers amplify differences), so it is no kernel check.
-`--compile inductor` compiles every variant's forward alike (the decode step is still captured in one CUDA graph):
+`--compile inductor` compiles every variant's forward alike (the decode step is still captured in one CUDA graph;
+two whole-model compiles a variant, the timed prefill and the decode step, a few minutes at 8B on a fresh machine):
 eager Hugging Face layers spend most of a decode step outside the linears. The lm_head stays bf16 (as serving
 engines leave it) unless the variant has "+lm_head"; q / k / v and gate / up run as one layer each, as serving
 engines do (`quantize_model_`'s default from 2026-11-30; "+separate": each its own layer, as rows before it without
@@ -206,9 +208,11 @@ def write_profile(fn, device, path: Path, rows: int = 60) -> None:
 
 
 def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool,
-           profile: Path | None = None) -> tuple[torch.Tensor, float, str]:
+           profile: Path | None = None, prefill_model=None) -> tuple[torch.Tensor, float, str]:
     """Greedy `steps` tokens after `prompt` with a static cache: (tokens [batch, steps], tokens/s, mode); with
-    `profile`, 8 more steps under torch.profiler after the timed ones, their kernels by device time written there."""
+    `profile`, 8 more steps under torch.profiler after the timed ones, their kernels by device time written there.
+    `prefill_model` (else `model`) fills the cache: untimed, so the eager model where `model` is compiled (a
+    compiled forward over the prompt with a cache is one more whole-model compile, minutes at 8B)."""
     from transformers import StaticCache
 
     device = prompt.device
@@ -216,8 +220,8 @@ def decode(model, config, prompt: torch.Tensor, steps: int, graphs: bool,
     # transformers 5 places each step at its own count of steps taken (warm-ups included), not at `cache_position`
     cache = StaticCache(config=config, max_cache_len=length + steps + 4 + (8 if profile is not None else 0))
     with torch.no_grad():
-        logits = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(length, device=device),
-                       use_cache=True).logits
+        logits = (prefill_model or model)(input_ids=prompt, past_key_values=cache,
+                                          cache_position=torch.arange(length, device=device), use_cache=True).logits
     token = logits[:, -1:].argmax(-1)
     ids = token.clone()
     pos = torch.tensor([length], device=device)
@@ -301,7 +305,9 @@ def run(args, on_row=lambda row: None) -> list[dict]:
                 torch._dynamo.reset()
             fwd = torch.compile(model, backend=args.compile, dynamic=False) if args.compile != "none" else model
             with torch.no_grad():
-                logits = fwd(prompt, use_cache=False, logits_to_keep=keep).logits.float()
+                # agreement of the model's own forward (eager: a compiled forward keeping `keep` positions is one
+                # more whole-model compile, and the compiled graph calls the same custom ops)
+                logits = model(prompt, use_cache=False, logits_to_keep=keep).logits.float()
                 # a serving prefill: the last position's logits only
                 prefill_ms = _time_ms(lambda: fwd(prompt, use_cache=False, logits_to_keep=1), device, args.reps)
             same, sqnr = agreement(ref_logits, logits)
@@ -313,7 +319,7 @@ def run(args, on_row=lambda row: None) -> list[dict]:
                 kernel_db = min(kernel_sqnr(model, lambda: model(prompt, use_cache=False, logits_to_keep=1)),
                                 kernel_sqnr(model, lambda: model(prompt[:, -1:], use_cache=False)))
             _, tps, mode = decode(fwd, config, prompt, args.decode, not args.no_graphs,
-                                  args.profile / f"decode8_{name}.txt" if args.profile else None)
+                                  args.profile / f"decode8_{name}.txt" if args.profile else None, prefill_model=model)
             row = dict(stamp, variant=variant, compile=args.compile, batch=batch, prefill=args.prefill,
                        prefill_ms=f"{prefill_ms:.3f}",
                        decode_mode=mode, decode_tokens_per_s=f"{tps:.1f}", token_agreement=f"{same:.4f}",

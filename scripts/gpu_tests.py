@@ -9,7 +9,9 @@ command under the device's time limit run a shard of the ids (round robin over t
 PASS (exit 0, passed, nothing skipped), SKIP (exit 0 with a skip: on a GPU machine a skip is a finding, so its reason
 goes to the log), FAIL (any other exit) or NOTRUN (not started before --deadline seconds). The exit status is 1 when
 any id failed or skipped. `--rerun OLD_LOG` runs the ids an earlier log did not pass (FAIL, SKIP, NOTRUN), as when a
-call's time limit cut a run.
+call's time limit cut a run. Memory is shared: at 14 jobs the large tuned cells (57344 x 8192 with its fp64
+reference, ~20 GB a process) filled an H200's 140 GB and one id failed out of memory; it passed alone. Read an
+out-of-memory FAIL beside the jobs' sizes and rerun it with fewer jobs.
 """
 
 from __future__ import annotations
