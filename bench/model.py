@@ -274,7 +274,18 @@ def agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> tuple[float, fl
 
 
 def run(args, on_row=lambda row: None) -> list[dict]:
-    """Every (batch, variant) row; `on_row(row)` as each is made (a run cut by a time limit keeps what it finished)."""
+    """Every (batch, variant) row; `on_row(row)` as each is made (a run cut by a time limit keeps what it finished).
+    `--compile inductor+pdl`: inductor with its programmatic dependent launch (`triton.enable_pdl`: each generated
+    kernel launched with PDL, waiting before its first read of the kernel before's output)."""
+    if args.compile != "inductor+pdl":
+        return _run(args, on_row)
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch({"triton.enable_pdl": True}):
+        return _run(args, on_row)
+
+
+def _run(args, on_row) -> list[dict]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config, base = build(args.model, args.layers, device, attention=args.attention)
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -297,13 +308,14 @@ def run(args, on_row=lambda row: None) -> list[dict]:
         calibration = torch.randint(0, config.vocab_size, (batch, args.prefill), generator=gen).to(device)
         for variant in ["bf16", *args.formats]:
             model = base if variant == "bf16" else quantized(base, variant, calibration)
-            name = f"{variant.replace(':', '_').replace('+', '_')}_{args.compile}_b{batch}"
+            name = f"{variant.replace(':', '_').replace('+', '_')}_{args.compile.replace('+', '_')}_b{batch}"
             # every variant, bf16 too, compiled alike (static shapes: prefill and decode compile once each); the reset
             # keeps the variants' graphs from filling Dynamo's recompile limit on the shared forward code (8: the
             # fourth variant ran eagerly without it)
             if args.compile != "none":
                 torch._dynamo.reset()
-            fwd = torch.compile(model, backend=args.compile, dynamic=False) if args.compile != "none" else model
+            fwd = (torch.compile(model, backend=args.compile.split("+")[0], dynamic=False) if args.compile != "none"
+                   else model)
             with torch.no_grad():
                 # agreement of the model's own forward (eager: a compiled forward keeping `keep` positions is one
                 # more whole-model compile, and the compiled graph calls the same custom ops)
@@ -373,7 +385,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--compile", default="none",
                    help="torch.compile backend for every variant's forward (inductor: the norms, rotary and "
-                        "attention glue fused, each QuantizedLinear one custom op); none: eager")
+                        "attention glue fused, each QuantizedLinear one custom op; inductor+pdl: its kernels "
+                        "launched with programmatic dependent launch, sm_90+); none: eager")
     # packed_gqa by default: Llama-3-8B compiled on an H200, bf16 158.8 -> 183.6 tokens/s, nvfp4 292.1 -> 371.5
     p.add_argument("--attention", choices=["packed_gqa", "sdpa"], default="packed_gqa",
                    help="every variant's attention (bf16's too): packed_gqa (`blockscaled.attention`: decode steps' "
@@ -382,7 +395,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, help="write each variant's prefill and 8 decode steps' kernels by device time to this folder")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--results", type=Path, default=RESULTS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "+" in args.compile and args.compile != "inductor+pdl":
+        p.error(f"--compile {args.compile}: a torch.compile backend, or inductor+pdl")
+    return args
 
 
 def main(argv=None) -> int:

@@ -264,3 +264,18 @@ def test_packed_gqa_attention_in_the_model_run(tmp_path):
         assert "blockscaled::decode_attention" in (tmp_path / f"decode8_{variant}_none_b2.txt").read_text()
         assert "blockscaled::decode_attention" not in (tmp_path / f"prefill_{variant}_none_b2.txt").read_text()
     assert float(rows[1]["kernel_sqnr_db"]) > 40 and float(rows[1]["logits_sqnr_db"]) > 10, rows[1]
+
+
+def test_inductor_pdl_is_a_compile_option(monkeypatch):
+    """`--compile inductor+pdl` compiles with inductor's programmatic dependent launch on (and only then); another
+    suffix is refused by name."""
+    import torch._inductor.config as inductor_config
+
+    seen = []
+    monkeypatch.setattr(bench_model, "_run", lambda args, on_row: seen.append(inductor_config.triton.enable_pdl) or [])
+    monkeypatch.setattr(inductor_config.triton, "enable_pdl", False)
+    bench_model.run(bench_model.parse_args(["--compile", "inductor+pdl"]))
+    bench_model.run(bench_model.parse_args(["--compile", "inductor"]))
+    assert seen == [True, False] and inductor_config.triton.enable_pdl is False
+    with pytest.raises(SystemExit):
+        bench_model.parse_args(["--compile", "inductor+fast"])

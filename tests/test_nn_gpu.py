@@ -72,20 +72,27 @@ def test_calibrated_static_scales_on_the_gpu(m, gen):
     assert max_rel_err(model[0](x), _want(model[0], x)) < BF16_BOUND
 
 
+@pytest.mark.parametrize("pdl", [False, True], ids=["no_pdl", "inductor_pdl"])
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("weight_format,activation_format", [("nvfp4", None), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp8")])
-def test_torch_compile_inductor_matches_eager(weight_format, activation_format, mode, gen):
+def test_torch_compile_inductor_matches_eager(weight_format, activation_format, mode, pdl, gen):
     """fullgraph (the custom op: no graph break) with inductor; "reduce-overhead" replays CUDA graphs, so each new
     input must reach the kernels through the graph's static buffers. The linears are opaque ops (the same kernels
-    as eager); only the GELU between them is inductor's, so the bound is bf16's."""
+    as eager); only the GELU between them is inductor's, so the bound is bf16's. With inductor's programmatic
+    dependent launch (`triton.enable_pdl`) its GELU kernel may start while the linear before it runs (ours launch with
+    PDL at 16 rows and let the next kernel start after their K loop): it must wait for that linear's output, and the
+    linear after it for the GELU's."""
+    import torch._inductor.config as inductor_config
+
     torch._dynamo.reset()
     model = _model(gen, weight_format, activation_format)
-    compiled = torch.compile(model, fullgraph=True, mode=mode)
-    for step in range(4):  # compile, warm-up, record, replay
-        x = (torch.randn(16, K, generator=gen) * (1 + step)).to("cuda", torch.bfloat16)
-        want = model(x)
-        got = compiled(x).clone()
-        assert max_rel_err(got, want.double()) < BF16_BOUND, f"step {step}"
+    with inductor_config.patch({"triton.enable_pdl": pdl}):
+        compiled = torch.compile(model, fullgraph=True, mode=mode)
+        for step in range(4):  # compile, warm-up, record, replay
+            x = (torch.randn(16, K, generator=gen) * (1 + step)).to("cuda", torch.bfloat16)
+            want = model(x)
+            got = compiled(x).clone()
+            assert max_rel_err(got, want.double()) < BF16_BOUND, f"step {step}"
 
 
 @pytest.mark.parametrize("weight_format,activation_format",
