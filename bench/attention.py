@@ -104,12 +104,14 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name()}: B={B} H={H} HKV={HKV} D={D} S={S} kept={kept}, {args.layers} layers a graph")
     from blockscaled.kernels import decode_attention as da
 
-    default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS)
+    default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.DECODE_ATTENTION_PDL)
+    split_keys = variants(B, H, HKV, D, S, scale)["split_keys"]
     runs = [(backend, name, fn, default) for backend in args.compile for name, fn in variants(B, H, HKV, D, S, scale).items()]
-    runs += [("none", f"split_keys{tuple(split)}", variants(B, H, HKV, D, S, scale)["split_keys"], tuple(split))
-             for split in args.split or []]
+    # the kernels launched without programmatic dependent launch (each starts when the one before has ended)
+    runs += [("none", "split_keys_no_pdl" if default[2] else "split_keys_pdl", split_keys, default[:2] + (not default[2],))]
+    runs += [("none", f"split_keys{tuple(split)}", split_keys, tuple(split) + default[2:]) for split in args.split or []]
     for backend, name, fn, split in runs:
-        da.PROGRAMS_PER_SM, da.BLOCK_KEYS = split
+        da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.DECODE_ATTENTION_PDL = split
         f = fn if backend == "none" else torch.compile(fn, backend=backend, dynamic=False)
         try:
             err = ((f(q, ks[0], vs[0], mask).double() - ref).abs().max() / ref.abs().max()).item()
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
             print(f"{backend:9s} {name:20s} {us:8.2f} us a layer  max_rel_err {err:.2e}")
         except Exception as e:  # noqa: BLE001 - one variant's failure is a row, the others still run
             print(f"{backend:9s} {name:20s} failed: {type(e).__name__}: {str(e)[:200]}")
-    da.PROGRAMS_PER_SM, da.BLOCK_KEYS = default
+    da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.DECODE_ATTENTION_PDL = default
     return 0
 
 

@@ -389,12 +389,13 @@ def _compile(kernel, args, cfg, device: torch.device, cluster: int = 1, pdl: boo
     return functools.partial(launch, _launcher=DirectLaunch(cluster, pdl)) if device.type == "cuda" else launch
 
 
-def _launch_cached(cache: dict, key, kernel, args, config, device: torch.device) -> None:
+def _launch_cached(cache: dict, key, kernel, args, config, device: torch.device, pdl: bool = False) -> None:
     """Launch `kernel(*args)` through the launcher `cache` holds for `key`, compiled (`_compile`) with `config()` at
-    its first call: the pre-pass kernels' one path (quantize, dense decode, activation decode)."""
+    its first call: the pre-pass kernels' one path (quantize, dense decode, activation decode, decode attention);
+    `pdl`: as a programmatic dependent launch (the kernel waits for the one before it: `launch.DirectLaunch`)."""
     launch = cache.get(key)
     if launch is None:
-        launch = cache[key] = _compile(kernel, args, config(), device)
+        launch = cache[key] = _compile(kernel, args, config(), device, pdl=pdl)
     launch(*args)
 
 

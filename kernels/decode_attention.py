@@ -40,6 +40,24 @@ BLOCK_KEYS = 64
 PROGRAMS_PER_SM = 4
 # the query rows of an MMA: G query heads padded to 16 (the smallest MMA tile); padded rows are zeros, never stored
 MIN_ROWS = 16
+# Both kernels launched with programmatic dependent launch on sm_90+ (`_grid_wait`, `_dependents_may_launch`): each
+# may start while the kernel before it in the stream ends, and lets the one after it start once its loads are done.
+DECODE_ATTENTION_PDL = True
+
+
+def _grid_wait(PDL):
+    """`griddepcontrol.wait` (Triton's `gdc_wait`, with PDL), before the kernel's first load: the kernel before this
+    one in the stream has completed and its writes are visible after it (inductor's kernels rely on the same order)."""
+    if PDL:
+        hl.inline_triton("tl.extra.cuda.gdc_wait()", args=(), output_like=None)
+
+
+def _dependents_may_launch(PDL):
+    """`griddepcontrol.launch_dependents` (with PDL), after the kernel's loads: the kernel after this one, if launched
+    with PDL, may start its CTAs up to its own wait, which still waits for all of this kernel (so where the compiler
+    places it changes only when that kernel starts)."""
+    if PDL:
+        hl.inline_triton("tl.extra.cuda.gdc_launch_dependents()", args=(), output_like=None)
 
 
 def _exp2(x):
@@ -53,13 +71,14 @@ def _exp2(x):
 @helion.kernel(**KERNEL_SETTINGS, dot_precision="ieee")
 def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, m_out: torch.Tensor,
                      l_out: torch.Tensor, acc_out: torch.Tensor, scale: float, CHUNK: hl.constexpr,
-                     BLOCK: hl.constexpr, ROWS: hl.constexpr) -> torch.Tensor:
+                     BLOCK: hl.constexpr, ROWS: hl.constexpr, PDL: hl.constexpr) -> torch.Tensor:
     """Chunk c of key / value head (b, h): m_out[b, h, c] (the largest kept score, base 2, -inf if none), l_out (sum
     of 2^(score - m)), acc_out (sum of 2^(score - m) v). Scores and sums fp32; the probabilities enter the value MMA
     in the cache's dtype (as flash attention's)."""
     B, HKV, G, D = q.shape
     S = k.size(2)
     for tile_b, tile_h, tile_c, tile_g in hl.tile([B, HKV, S, G], block_size=[1, 1, CHUNK, ROWS]):
+        _grid_wait(PDL)
         b, h = tile_b.begin, tile_h.begin
         qt = q[b, h, tile_g, :]  # [ROWS, D]: rows past G masked to zero
         m_i = hl.full([tile_g], float("-inf"), dtype=torch.float32)
@@ -84,6 +103,7 @@ def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
             acc = hl.dot(p.to(vt.dtype), vt, acc=acc * alpha[:, None])
             m_i = m_new
         c = tile_c.begin // CHUNK
+        _dependents_may_launch(PDL)
         m_out[b, h, c, tile_g] = m_i
         l_out[b, h, c, tile_g] = l_i
         acc_out[b, h, c, tile_g, :] = acc
@@ -92,10 +112,11 @@ def _partials_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
 
 @helion.kernel(**KERNEL_SETTINGS)
 def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, out: torch.Tensor,
-                  SPLITS_P2: hl.constexpr) -> torch.Tensor:
+                  SPLITS_P2: hl.constexpr, PDL: hl.constexpr) -> torch.Tensor:
     """out[b, h, g] = sum_c 2^(m_c - M) acc_c / sum_c 2^(m_c - M) l_c, M the largest m_c: a program per query head."""
     B, HKV, splits, G = m_in.shape
     for tile_b, tile_h, tile_g in hl.tile([B, HKV, G], block_size=[1, 1, 1]):
+        _grid_wait(PDL)
         b, h, g = tile_b.begin, tile_h.begin, tile_g.begin
         for tile_c in hl.tile(splits, block_size=SPLITS_P2):
             real = tile_c.index < splits
@@ -105,6 +126,7 @@ def _merge_kernel(m_in: torch.Tensor, l_in: torch.Tensor, acc_in: torch.Tensor, 
             w = torch.where(real, _exp2(m - top), 0.0)
             l_sum = (w * l_in[b, h, tile_c, g]).sum(0)
             acc = (w[:, None] * acc_in[b, h, tile_c, g, :]).sum(0)
+            _dependents_may_launch(PDL)
             out[b, h, g, :] = (acc / l_sum).to(out.dtype)
     return out
 
@@ -163,10 +185,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     l_ = torch.empty_like(m)
     acc = torch.empty(B, HKV, splits, G, D, dtype=torch.float32, device=q.device)
     out = torch.empty(B, HKV, G, D, dtype=q.dtype, device=q.device)
-    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS)
+    pdl = DECODE_ATTENTION_PDL and plans._has_pdl(q.device)
+    key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS, pdl)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel,
-                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G)), _config, q.device)
-    _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits)), _config, q.device)
+                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G), pdl), _config, q.device, pdl)
+    _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits), pdl), _config, q.device,
+                   pdl)
     return out
 
 

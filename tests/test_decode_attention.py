@@ -110,6 +110,50 @@ def test_compiles_for_sm90_without_spills(tmp_path, capfd):
 
 
 @pytest.mark.gpu
+def test_each_call_reads_the_one_before_gpu(gen):
+    """Both kernels launch with PDL on sm_90+ and may start while the kernel before them ends: a chain where each
+    call's query is the call before's output (and the cache row a copy of it, written by torch in between), eagerly
+    and replayed in a CUDA graph, each output against fp64 on the inputs that call saw."""
+    q, k, v = operands(1, 8, 4, 128, 700, torch.bfloat16, gen)
+    keep = (torch.arange(700) < 650)[None, :].to(DEVICE)
+
+    def chain(q0, steps=6):
+        outs = [q0]
+        for i in range(steps):
+            out = decode_attention(outs[-1], k, v, keep)
+            k[:, :, i] = out[:, :, 0]  # a torch kernel between two calls
+            outs.append(out)
+        return outs
+
+    def check(outs):
+        kk, vv = k.clone(), v.clone()
+        for i in range(len(outs) - 1, 0, -1):  # undo the cache writes, last first
+            kk[:, :, i - 1] = saved[i - 1]
+        for i in range(1, len(outs)):
+            want = decode_attention_reference(outs[i - 1], kk, vv, keep).double()
+            torch.testing.assert_close(outs[i].double(), want, rtol=1e-2, atol=1e-2)
+            kk[:, :, i - 1] = outs[i][:, :, 0]
+
+    saved = [k[:, :, i].clone() for i in range(6)]
+    check(chain(q))
+    for i in range(6):
+        k[:, :, i] = saved[i]
+    graph = torch.cuda.CUDAGraph()
+    static_q = q.clone()
+    with torch.cuda.graph(graph):
+        outs = chain(static_q)
+    for scale in (2.0, 0.5):
+        for i in range(6):
+            k[:, :, i] = saved[i]
+        static_q.copy_(q * scale)
+        for out in outs[1:]:
+            out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(outs)
+
+
+@pytest.mark.gpu
 def test_two_threads_two_streams_and_a_graph_gpu(gen):
     """Concurrent calls share nothing: two threads on their own streams with different caches, and a captured call
     replayed beside them, each equal to its reference."""
