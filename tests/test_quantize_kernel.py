@@ -673,8 +673,8 @@ def test_tuned_quantize_configs_equal_the_reference(gpu, entry, direct_scratch, 
     fmt, k = entry["format"], entry["k"]
     compiled = []
     real = kapi._compile
-    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, *rest: compiled.append(dict(cfg)) or
-                        real(kernel, args, cfg, *rest))
+    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, *rest, **kw: compiled.append(dict(cfg)) or
+                        real(kernel, args, cfg, *rest, **kw))
     monkeypatch.setattr(kq, "QUANTIZE_BLOCKS", kq.QUANTIZE_BLOCKS | {fmt} if entry["kernel"].startswith("quantize_blocks_kernel")
                         else kq.QUANTIZE_BLOCKS - {fmt})
     monkeypatch.setattr(kq, "QUANTIZE_PAIRS", entry["kernel"] == "quantize_blocks_kernel[pairs]")

@@ -367,8 +367,8 @@ def test_quantize_autotune_checks_times_and_writes_beside_the_mma_plans(table_di
 
     real = kapi._compile
 
-    def wrong_when_tuned(kernel, args, cfg, device, *rest):
-        launch = real(kernel, args, cfg, device, *rest)
+    def wrong_when_tuned(kernel, args, cfg, device, *rest, **kw):
+        launch = real(kernel, args, cfg, device, *rest, **kw)
         if cfg is not found:
             return launch
         return lambda *a: (launch(*a), a[5].view(torch.uint8).view(-1)[:1].fill_(0))  # decoded rows: one byte off
@@ -392,8 +392,8 @@ def test_a_tuned_quantize_config_reaches_the_launch(table_dir, monkeypatch):
     monkeypatch.setattr(kq, "_LAUNCHES", {})
     used = []
     real = kapi._compile
-    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, device, *rest: used.append(dict(cfg.config))
-                        or real(kernel, args, cfg, device, *rest))
+    monkeypatch.setattr(kapi, "_compile", lambda kernel, args, cfg, device, *rest, **kw: used.append(dict(cfg.config))
+                        or real(kernel, args, cfg, device, *rest, **kw))
     x = torch.randn(4, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     rows, _ = kq.quantize_decoded(x, bs.get_format("mxfp4"), "floor", None)
     assert used == [entry["config"]]
@@ -426,8 +426,8 @@ def test_a_tuned_quantize_config_that_fails_warns_and_the_default_runs(table_dir
     monkeypatch.setattr(kq, "_LAUNCHES", {})
     real = kapi._compile
 
-    def failing_launch(kernel, args, cfg, *rest):
-        launch = real(kernel, args, cfg, *rest)
+    def failing_launch(kernel, args, cfg, *rest, **kw):
+        launch = real(kernel, args, cfg, *rest, **kw)
         if cfg.config.get("block_sizes") != [2, 4]:
             return launch
         return lambda *a: (_ for _ in ()).throw(RuntimeError("launch failed"))
