@@ -105,8 +105,9 @@ def main(argv=None) -> int:
     from blockscaled.kernels import decode_attention as da
 
     default = (da.PROGRAMS_PER_SM, da.BLOCK_KEYS, da.DECODE_ATTENTION_PDL)
-    split_keys = variants(B, H, HKV, D, S, scale)["split_keys"]
-    runs = [(backend, name, fn, default) for backend in args.compile for name, fn in variants(B, H, HKV, D, S, scale).items()]
+    fns = variants(B, H, HKV, D, S, scale)
+    split_keys = fns["split_keys"]
+    runs = [(backend, name, fn, default) for backend in args.compile for name, fn in fns.items()]
     # the kernels launched without programmatic dependent launch (each starts when the one before has ended)
     runs += [("none", "split_keys_no_pdl" if default[2] else "split_keys_pdl", split_keys, default[:2] + (not default[2],))]
     runs += [("none", f"split_keys{tuple(split)}", split_keys, tuple(split) + default[2:]) for split in args.split or []]

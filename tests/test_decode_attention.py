@@ -125,26 +125,29 @@ def test_each_call_reads_the_one_before_gpu(gen):
             outs.append(out)
         return outs
 
+    def restored():
+        """The cache as it was before any call of a chain."""
+        cache = k.clone()
+        for i, row in enumerate(saved):
+            cache[:, :, i] = row
+        return cache
+
     def check(outs):
-        kk, vv = k.clone(), v.clone()
-        for i in range(len(outs) - 1, 0, -1):  # undo the cache writes, last first
-            kk[:, :, i - 1] = saved[i - 1]
+        kk = restored()
         for i in range(1, len(outs)):
-            want = decode_attention_reference(outs[i - 1], kk, vv, keep).double()
+            want = decode_attention_reference(outs[i - 1], kk, v, keep).double()
             torch.testing.assert_close(outs[i].double(), want, rtol=1e-2, atol=1e-2)
             kk[:, :, i - 1] = outs[i][:, :, 0]
 
     saved = [k[:, :, i].clone() for i in range(6)]
     check(chain(q))
-    for i in range(6):
-        k[:, :, i] = saved[i]
+    k.copy_(restored())
     graph = torch.cuda.CUDAGraph()
     static_q = q.clone()
     with torch.cuda.graph(graph):
         outs = chain(static_q)
     for scale in (2.0, 0.5):
-        for i in range(6):
-            k[:, :, i] = saved[i]
+        k.copy_(restored())
         static_q.copy_(q * scale)
         for out in outs[1:]:
             out.fill_(float("nan"))
