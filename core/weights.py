@@ -51,6 +51,10 @@ def quantize(x: torch.Tensor, fmt: str | BlockFormat, *, scale_rounding: str = "
                                   data_layout=data_layout)
     fmt = check_quantize_args(x, fmt, scale_rounding, global_scale)
     from blockscaled.kernels.api import on_device
+    from blockscaled.kernels.launch import device_error
+
+    if why := device_error("x", x):
+        raise ValueError(why)
     from blockscaled.kernels.quantize import quantize as kernel_quantize
 
     with on_device(x.device):  # the kernel launches on the current device: x's, where x is on another GPU

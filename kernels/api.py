@@ -15,7 +15,7 @@ from blockscaled.qtensor import QTensor
 
 from . import configs, cute_mm, plans, scratch, tuned
 from .decode import operand_codes
-from .launch import DirectLaunch
+from .launch import DirectLaunch, device_error
 from .plans import (MMA_PAIRS, MmaOptions, MmaPlan, Predecode, _aligned, _mma_cluster_size, _mma_pdl,
                    _mma_plan, _options_of, mma_kernel, mma_options_for)
 
@@ -77,6 +77,8 @@ def _check_args(a, b, out_dtype, bias) -> tuple[str, int, int, int]:
         raise ValueError(f"b: K={kb} does not match a's K={k}")
     if a.device != b.device:
         raise ValueError(f"b: on {b.device}, a on {a.device}; expected one device")
+    if why := device_error("b", b.data):
+        raise ValueError(why)
     for name, t in (("a", a), ("b", b)):
         if isinstance(t, QTensor) and not (t.data.is_contiguous() and t.scale.is_contiguous()):
             raise ValueError(f"{name}: data and scale must be contiguous")

@@ -22,7 +22,6 @@ as a scalar), D >= 16. A row with no key kept gives NaN (as SDPA).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -30,6 +29,7 @@ import helion
 import helion.language as hl
 
 from .configs import KERNEL_SETTINGS
+from .launch import device_error, interpreted
 
 _LAUNCHES: dict = {}
 
@@ -146,6 +146,11 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
         return f"G = {G} and D = {D} must be powers of two, G >= 2 (grouped heads), D >= 16 (an MMA's depth)"
     if k.shape[2] < 2:
         return f"S = {k.shape[2]}: at least 2 keys expected (Helion 1.5.0 collapses a size-1 dimension)"
+    if k.device != q.device or v.device != q.device or (keep is not None and keep.device != q.device):
+        return (f"q, k, v, keep on one device expected, got {q.device}, {k.device}, {v.device}, "
+                f"{None if keep is None else keep.device}")
+    if why := device_error("q", q):
+        return why
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         return f"bf16, fp16 or fp32 q, k, v of one dtype expected, got {q.dtype}, {k.dtype}, {v.dtype}"
     S = k.shape[2]
@@ -175,7 +180,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     from . import plans
     from .api import _launch_cached
 
-    if q.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if q.dtype == torch.bfloat16 and interpreted():
         # Triton 3.6's interpreter gets bf16 tl.dot wrong (a 16 x 16 product off by 1e10): bf16 runs as fp32 there
         # (on the GPU the bf16 path is tested at the 8B shape). Remove when the interpreter multiplies bf16.
         return decode_attention(q.float(), k.float(), v.float(), keep, scale).to(q.dtype)

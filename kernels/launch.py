@@ -10,6 +10,7 @@ thread-block clusters (which Triton launches only for kernels compiled for sever
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -18,6 +19,21 @@ from triton.compiler.compiler import CompiledKernel
 from triton.runtime import driver
 
 from helion.runtime import default_launcher
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels through its interpreter (TRITON_INTERPRET=1, read by Triton at each launch): the only
+    way the kernels take CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_error(name: str, t: torch.Tensor) -> str | None:
+    """Why the kernels cannot take argument `name` on its device, or None: a CPU tensor reaching a compiled launch
+    fails inside Triton's launcher ("Pointer argument ... cannot be accessed"), which names no argument."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted()):
+        return None
+    return (f"{name}: on {t.device}; the kernels run on a CUDA GPU, or on the CPU through Triton's interpreter "
+            "(TRITON_INTERPRET=1)")
 
 
 # Kernels with global scratch (Helion's device-side tensor descriptors: 128 bytes a CTA) launched directly too, the

@@ -10,6 +10,21 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from blockscaled.attention import NAME, packed_gqa_attention, use_packed_gqa  # noqa: E402
+from blockscaled.kernels.launch import interpreted  # noqa: E402
+
+# the tiny model runs on the CPU: its decode steps reach the kernel only through Triton's interpreter (set by conftest
+# where there is no GPU); elsewhere they would take SDPA and test nothing of the kernel
+on_the_interpreter = pytest.mark.skipif(not interpreted(), reason="CPU tensors reach the kernel only with TRITON_INTERPRET=1")
+
+
+def kernel_calls(monkeypatch) -> list:
+    """The `keep` of each call of `kernels.decode_attention.decode_attention` (the op's implementation) from now on."""
+    from blockscaled.kernels import decode_attention as da
+
+    calls, run = [], da.decode_attention
+    monkeypatch.setattr(da, "decode_attention", lambda q, k, v, keep=None, scale=None: calls.append(keep) or run(
+        q, k, v, keep, scale))
+    return calls
 
 
 def tiny(seed=0, **over):
@@ -38,17 +53,22 @@ def greedy(model, config, prompt, steps, compile_backend=None):
     return torch.stack(out, 1)
 
 
+@on_the_interpreter
 @pytest.mark.parametrize("batch", [1, 3])
-def test_packed_gqa_gives_sdpa_logits_eager(batch):
+def test_packed_gqa_gives_sdpa_logits_eager(batch, monkeypatch):
+    calls = kernel_calls(monkeypatch)
     config, model = tiny()
     packed = use_packed_gqa(copy.deepcopy(model))
     assert packed.config._attn_implementation == NAME and model.config._attn_implementation == "sdpa"
     prompt = torch.randint(0, 256, (batch, 9), generator=torch.Generator().manual_seed(batch))
     ref = greedy(model, config, prompt, 5)
+    assert not calls
     got = greedy(packed, packed.config, prompt, 5)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 5 * 2  # each decode step's two layers
 
 
+@on_the_interpreter
 def test_packed_gqa_compiled_gives_sdpa_logits_without_repeat_kv():
     """Compiled (fullgraph, aot_eager: no C++ compiler on the CPU machine), the packed decode gives eager sdpa's
     logits; the decode step's graph has no expand of the cache (sdpa's compiled decode does: the reason for this)."""
@@ -119,15 +139,19 @@ def test_a_model_not_on_sdpa_is_refused():
         use_packed_gqa(model)
 
 
-def test_no_mask_runs_the_split_kernel_over_every_key():
+@on_the_interpreter
+def test_no_mask_runs_the_split_kernel_over_every_key(monkeypatch):
+    calls = kernel_calls(monkeypatch)
+
     class M:
         num_key_value_groups = 2
 
     gen = torch.Generator().manual_seed(5)
-    q, k, v = torch.randn(2, 4, 1, 8, generator=gen), torch.randn(2, 2, 40, 8, generator=gen), torch.randn(2, 2, 40, 8, generator=gen)
+    q, k, v = (torch.randn(2, h, s, 16, generator=gen) for h, s in ((4, 1), (2, 40), (2, 40)))
     out, _ = packed_gqa_attention(M(), q, k, v, None)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1))
     torch.testing.assert_close(out, ref.transpose(1, 2), rtol=2e-5, atol=2e-5)
+    assert len(calls) == 1 and calls[0] is None  # the kernel, with no mask
 
 
 @pytest.mark.gpu

@@ -85,6 +85,18 @@ def test_bad_operands_are_refused_by_name(bad, match, gen):
         decode_attention(*bad(q, k, v, keep))
 
 
+def test_cpu_operands_without_the_interpreter_and_mixed_devices_are_refused(gen, monkeypatch):
+    """`supported` names CPU operands where kernels are compiled (Triton's launcher would fail naming none), and
+    operands on different devices; `blockscaled.attention` then leaves the step to SDPA."""
+    q, k, v = (t.cpu() for t in operands(1, 2, 4, 16, 20, torch.float32, gen))
+    keep = torch.ones(1, 20, dtype=torch.bool)
+    with pytest.raises(ValueError, match="q, k, v, keep on one device expected, got cpu, cpu, meta, cpu"):
+        decode_attention(q, k, v.to("meta"), keep)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="q: on cpu; the kernels run on a CUDA GPU"):
+        decode_attention(q, k, v, keep)
+
+
 @pytest.mark.gpu
 def test_llama3_8b_decode_shape_gpu(gen):
     """Llama-3-8B's decode step on the GPU: 8 key / value heads of 4 query heads, a 2124-key static cache of which

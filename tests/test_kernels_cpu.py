@@ -95,6 +95,20 @@ def test_bad_arguments(gen):
         bs.scaled_mm(x.to(torch.bfloat16), meta_w)
 
 
+def test_cpu_tensors_without_the_interpreter_are_refused_by_name(gen, monkeypatch):
+    """On a machine whose kernels are compiled (no TRITON_INTERPRET), CPU operands are refused before a launch: Triton's
+    launcher would fail on them naming no argument."""
+    w = bs.quantize(torch.randn(8, 64, generator=gen), "mxfp4")
+    x = torch.randn(4, 64, generator=gen).to(torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match=r"b: on cpu; the kernels run on a CUDA GPU, or on the CPU through Triton's "
+                                         r"interpreter \(TRITON_INTERPRET=1\)"):
+        bs.scaled_mm(x, w)
+    with pytest.raises(ValueError, match="x: on cpu; the kernels run on a CUDA GPU"):
+        bs.quantize(x, "mxfp4", backend="kernel")
+    assert bs.quantize(x, "mxfp4").shape == (4, 64)  # the default on the CPU: the reference quantizer
+
+
 @pytest.mark.parametrize("pair", [("bf16", "mxfp4"), ("mxfp8", "mxfp4")], ids=lambda p: f"{p[0]}x{p[1]}")
 @pytest.mark.parametrize("m", [1, 4])
 def test_both_k_paths_for_fp4_weights(pair, m, gen):
