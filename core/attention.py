@@ -17,8 +17,9 @@ sequence, compiled or not: the G query heads of a key / value head become its G 
 | anything else    |                              |                                        | transformers' `sdpa`          |
 
 G and D powers of two (G >= 2, D >= 16, at least 2 keys) and no dropout for the first row (else the second). H200,
-Llama-3-8B's decode shape: 8.9 us a layer against 29.9 for compiled sdpa (`python -m bench.attention`); the compiled
-8B model 158.8 -> 183.6 tokens/s in bf16, 292.1 -> 371.5 with nvfp4 weights (`bench.model`, its default).
+Llama-3-8B's decode shape: 7.5 us a layer (9.0 with its two kernels launched without PDL) against 39.4 for compiled
+sdpa (`python -m bench.attention`); the compiled 8B model 158.8 -> 183.6 tokens/s in bf16, 292.1 -> 371.5 with nvfp4
+weights (`bench.model`, its default, before PDL).
 """
 
 from __future__ import annotations
