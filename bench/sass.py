@@ -178,9 +178,12 @@ def recorded_launches(run, module) -> list[tuple]:
     `module`'s launcher cache emptied), recorded instead of compiled or launched."""
     from unittest import mock
 
+    from blockscaled.kernels import launch
+
     seen = []
+    # (CPU tensors pass the kernels' device check, `launch.device_error`, as under the interpreter: nothing launches)
     with mock.patch.object(api, "_compile", lambda kernel, a, cfg, *_, **__: seen.append((kernel, a, cfg)) or (lambda *_: None)), \
-            mock.patch.object(module, "_LAUNCHES", {}):
+            mock.patch.object(module, "_LAUNCHES", {}), mock.patch.object(launch, "interpreted", lambda: True):
         run()
     return seen
 

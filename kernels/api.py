@@ -9,6 +9,8 @@ from typing import NamedTuple
 
 import torch
 
+import helion
+
 from blockscaled.formats import BlockFormat
 from blockscaled.layouts import pad_to, to_layout
 from blockscaled.qtensor import QTensor
@@ -144,7 +146,8 @@ def scaled_mm(
 
     a: QTensor [M, K] (k_order) or a bf16 tensor (W4A16 / W8A16); b: QTensor [N, K]
     (nn.Linear weights), fastest as `blockscaled.quantize_weight` or `QTensor.for_device`
-    prepare it. Any M, N >= 1; K a multiple of the formats' block sizes (checked by QTensor).
+    prepare it. Any M >= 0 (no rows: an empty result, nothing launched), N >= 1; K a multiple of the formats'
+    block sizes (checked by QTensor).
     `out` (optional) receives the result. `config`: for the mma kernels a dict of plan keys
     (`_mma_options` lists them and refuses any other), else a Helion config. `backend` ("mma",
     "dense", "dequant", "dot_scaled", "dot_scaled_cdna4", "cute") overrides the choice by device and layout; "dense"
@@ -178,6 +181,8 @@ def on_device(device: torch.device | None):
 
 def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, scale_rounding,
                activation_global_scale) -> torch.Tensor:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
     a_post = None
     if activation_format is not None:
         a, a_post = _quantized_activation(a, b, activation_format, scale_rounding, activation_global_scale, backend)
@@ -189,6 +194,8 @@ def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, s
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
+    if m == 0:  # a batch of no tokens (nn.Linear takes one): nothing to launch
+        return out
     if backend is None and pair == "nvfp4xnvfp4" and cute_mm.cute_default(device):
         backend = "cute"
     if backend == "cute":
@@ -222,6 +229,9 @@ def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, s
         return _mma_call(pair, a, b, m, n, k, out_dtype, bias, out, config, a_post)
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
+    if config is not None and not isinstance(config, helion.Config):
+        raise TypeError(f"config: backend {backend!r} takes a helion.Config (plan dicts are the 'mma' and 'dense' "
+                        f"backends'), got {type(config).__name__} {config!r}")
     a_parts, b_parts = _parts(a, device), _parts(b, device)
     bias_t = bias if bias is not None else out
     key = (backend, pair, m, n, k, _layout(a), b.layout, b.data_layout, out_dtype, None if bias is None else bias.dtype, device, config)

@@ -599,6 +599,8 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
     if not fmt.global_scale:
         return _Amax(_one(x.device), _one(x.device), _one(x.device))
     if global_scale is None:
+        if x.numel() == 0:  # no rows, nothing launched: 1, as for an all-zero input (`reference.nvfp4_global_scale`)
+            return _Amax(_one(x.device), _one(x.device), _one(x.device))
         out = torch.empty(1, dtype=torch.float32, device=x.device)
         if x.numel() <= QUANTIZE_OWN_AMAX_ELEMENTS:
             return _Amax(_one(x.device), out, out, from_amax=True, own=True)
@@ -789,6 +791,8 @@ def quantize(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, layout: str
     padded = padded_scale_shape(layout, rows, cols) != (rows, cols)
     scale = (torch.zeros if padded else torch.empty)(stored_scale_shape(layout, rows, cols), dtype=fmt.scale_dtype,
                                                     device=x.device)
+    if rows == 0:  # a batch of no tokens: nothing to launch
+        return data, scale, amax.g.reshape(()) if fmt.global_scale else None
     blocks = _blocks_kernel_runs(fmt, amax, cols)
     # (nvfp4 over pairs where the blocks kernel runs: a global scale given or the input's amax reduced first)
     pairs = _pairs(x, fmt, False) and (blocks or not fmt.global_scale)
@@ -812,6 +816,8 @@ def quantize_decoded(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str, glo
     amax = _global_scale(x, fmt, global_scale)
     hw, pdl = _hw_e4m3(x, fmt), _pdl(x)
     decoded = torch.empty((rows, k), dtype=torch.bfloat16, device=x.device)
+    if rows == 0:
+        return decoded, amax.g
     pairs = _pairs(x, fmt, True)
     if pairs or _blocks_kernel_runs(fmt, amax, cols):
         _launch_blocks(x.contiguous(), fmt, amax, scale_rounding, hw, pdl, decoded=decoded, pairs=pairs)

@@ -48,14 +48,14 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """
     if codes.shape[-1] % 2:
         raise ValueError(f"codes: last dimension must be even to pack fp4, got {codes.shape[-1]}")
-    pairs = codes.reshape(*codes.shape[:-1], -1, 2)
+    pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)  # (not -1: no rows is a shape too)
     return (pairs[..., 0] & 0xF) | ((pairs[..., 1] & 0xF) << 4)
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """[..., K // 2] bytes -> [..., K] uint8 codes (inverse of `pack_fp4`)."""
     packed = packed.view(torch.uint8)
-    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], -1)
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def decode_e8m0(codes: torch.Tensor) -> torch.Tensor:

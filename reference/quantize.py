@@ -32,8 +32,8 @@ def _check_input(x: torch.Tensor, fmt: BlockFormat) -> None:
         raise TypeError(f"x: expected float32, bfloat16 or float16, got {x.dtype}")
     if x.dim() != 2:
         raise ValueError(f"x: expected a 2-D [rows, K] tensor, got shape {tuple(x.shape)}")
-    if x.shape[1] % fmt.block_size:
-        raise ValueError(f"x: K={x.shape[1]} must be a multiple of the {fmt.name} block size {fmt.block_size}")
+    if x.shape[1] % fmt.block_size or x.shape[1] == 0:
+        raise ValueError(f"x: K={x.shape[1]} must be a positive multiple of the {fmt.name} block size {fmt.block_size}")
 
 
 def _e4m3_canonical_nan(x: torch.Tensor) -> torch.Tensor:
@@ -88,12 +88,13 @@ def _quantize_mx(x: torch.Tensor, fmt: BlockFormat, scale_rounding: str):
         reciprocal = torch.where(code == E8M0_NAN, torch.nan, reciprocal)
         scaled = blocks * reciprocal
     scaled = scaled.clamp(-fmt.elem_max, fmt.elem_max).reshape(rows, k)
-    return _encode_elements(scaled, fmt), code.reshape(rows, -1).view(torch.float8_e8m0fnu), None
+    return _encode_elements(scaled, fmt), code.reshape(rows, k // fmt.block_size).view(torch.float8_e8m0fnu), None
 
 
 def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """Per-tensor fp32 scale amax / (6 * 448); 1.0 for an all-zero tensor."""
-    amax = x.to(torch.float32).abs().amax()
+    """Per-tensor fp32 scale amax / (6 * 448); 1.0 for an all-zero tensor (and for one with no rows: a batch of no
+    tokens)."""
+    amax = x.to(torch.float32).abs().amax() if x.numel() else torch.zeros((), dtype=torch.float32, device=x.device)
     return torch.where(amax == 0, 1.0, amax / (6.0 * E4M3_MAX)).to(torch.float32)
 
 
@@ -172,7 +173,7 @@ def dequantize(q, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     rows, k = q.shape
     elems = decode_elements(q.data_k_order(), fmt.element).to(torch.float64)
     scales = decode_scales(q.scale_rowmajor(), fmt.scale_encoding).to(torch.float64)
-    values = elems.reshape(rows, -1, fmt.block_size) * scales.unsqueeze(-1)
+    values = elems.reshape(rows, k // fmt.block_size, fmt.block_size) * scales.unsqueeze(-1)
     if fmt.global_scale:
         values = values * q.global_scale.to(torch.float64)
     return values.reshape(rows, k).to(dtype)

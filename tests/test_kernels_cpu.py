@@ -93,6 +93,40 @@ def test_bad_arguments(gen):
     meta_w = bs.QTensor(w.data.to("meta"), w.scale.to("meta"), "mxfp4")
     with pytest.raises(ValueError, match="b: on meta, a on cpu; expected one device"):
         bs.scaled_mm(x.to(torch.bfloat16), meta_w)
+    with pytest.raises(TypeError, match="config: backend 'dequant' takes a helion.Config .* got dict"):
+        bs.scaled_mm(x.to(torch.bfloat16), w, config={"k_warps": 4})
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        bs.scaled_mm(x[:0].to(torch.bfloat16), w, backend="fast")  # checked before the empty batch returns
+    with pytest.raises(ValueError, match="x: K=0 must be a positive multiple of the mxfp4 block size 32"):
+        bs.quantize(torch.randn(4, 0), "mxfp4", backend="kernel")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp8"])
+def test_a_batch_of_no_tokens(fmt, gen):
+    """No rows (nn.Linear takes them: an empty batch, an expert no token chose): empty results, nothing launched; the
+    kernel's quantize and the reference agree on the shapes, and nvfp4's global scale is 1, as for an all-zero input."""
+    from blockscaled.kernels.quantize import quantize_decoded
+    from blockscaled.nn import QuantizedLinear
+
+    x = torch.randn(0, 64, generator=gen)
+    for layout in ("rowmajor", "swizzle_32_4_4", "cdna4_16"):
+        got, want = (bs.quantize(x, fmt, layout=layout, backend=b) for b in ("kernel", "reference"))
+        assert got.data.shape == want.data.shape == (0, 64 if fmt == "mxfp8" else 32)
+        assert got.scale.shape == want.scale.shape
+        assert (got.global_scale is None) == (want.global_scale is None) == (fmt != "nvfp4")
+        if fmt == "nvfp4":
+            assert got.global_scale.item() == want.global_scale.item() == 1.0
+    decoded, g = quantize_decoded(x.to(torch.bfloat16), bs.FORMATS[fmt], "floor", None)  # the mma kernels' rows
+    assert decoded.shape == (0, 64) and g.tolist() == [1.0]
+    linear = torch.nn.Linear(64, 24)
+    weight_format = "mxfp4" if fmt == "mxfp8" else fmt
+    for activation_format in (None, fmt):
+        layer = QuantizedLinear.from_linear(linear, weight_format=weight_format, activation_format=activation_format)
+        for shape in ((0, 64), (3, 0, 64)):
+            assert layer(torch.randn(*shape, generator=gen)).shape == shape[:-1] + (24,)
+    w = bs.quantize(torch.randn(24, 64, generator=gen), weight_format)
+    out = torch.full((0, 24), float("nan"))
+    assert bs.scaled_mm(x.to(torch.bfloat16), w, out_dtype=torch.float32, out=out) is out
 
 
 def test_cpu_tensors_without_the_interpreter_are_refused_by_name(gen, monkeypatch):

@@ -180,7 +180,7 @@ def test_quantize_bad_input():
         bs.quantize(x, "fp4")
     with pytest.raises(TypeError, match="x: expected float32, bfloat16 or float16, got torch.int32"):
         bs.quantize(x.int(), "mxfp4")
-    with pytest.raises(ValueError, match="x: K=48 must be a multiple of the mxfp4 block size 32"):
+    with pytest.raises(ValueError, match="x: K=48 must be a positive multiple of the mxfp4 block size 32"):
         bs.quantize(torch.randn(4, 48), "mxfp4")
     with pytest.raises(ValueError, match=r"x: expected a 2-D \[rows, K\] tensor"):
         bs.quantize(torch.randn(64), "mxfp8")
