@@ -92,6 +92,10 @@ class QuantizedLinear(nn.Module):
         `data_layout` is given), its bias kept."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
+        block = get_format(weight_format).block_size
+        if linear.in_features % block:  # (else the quantizer's message would name its own argument, x)
+            raise ValueError(f"linear: in_features = {linear.in_features} must be a multiple of the {weight_format} "
+                             f"block size {block}")
         return cls.from_weight(linear.weight, weight_format, bias=linear.bias, activation_format=activation_format,
                                scale_rounding=scale_rounding, data_layout=data_layout, **quantize_options)
 
@@ -133,8 +137,8 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS:
             raise TypeError(f"x: expected a bf16, fp16 or fp32 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"x: last dimension {x.shape[-1]} is not in_features = {self.in_features}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"x: expected [..., in_features = {self.in_features}], got shape {tuple(x.shape)}")
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.activation_format is None and x2.dtype != torch.bfloat16:
             x2 = x2.to(torch.bfloat16)
@@ -400,6 +404,8 @@ def quantize_model_(model: nn.Module, weight_format: str, *, activation_format: 
     Mixture-of-experts weights that transformers 5 stores as 3-D parameters (an experts module's `gate_up_proj` /
     `down_proj`: Mixtral, Qwen MoE, gpt-oss) become a `QuantizedExperts` ("quantized experts"; its layout checked, else
     "skipped: ..." with the reason), under the same `filter_fn` (the experts module's name) and block rule."""
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"filter_fn: expected a callable (name, module) -> bool or None, got {type(filter_fn).__name__}")
     blocks = [get_format(weight_format).block_size] + ([get_format(activation_format).block_size] if activation_format else [])
     report = {}
 

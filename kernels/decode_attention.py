@@ -16,7 +16,8 @@ once, not G times), and a second kernel merges the chunks' softmax partials.
 
 fp32 scores, softmax and sums (the products of bf16 values are exact in fp32), the probabilities rounded to the
 cache's dtype for the value MMA (as flash attention's); G and D powers of two, G >= 2 (Helion 1.5.0 stores a size-1 G
-as a scalar), D >= 16. A row with no key kept gives NaN (as SDPA).
+as a scalar), D >= 16. A row with no key kept gives NaN, as the fp64 reference's softmax (torch 2.13's SDPA gives 0
+there on a CPU; a decode step always keeps its own key).
 """
 
 from __future__ import annotations

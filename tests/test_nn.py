@@ -204,8 +204,14 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="linear"):
         QuantizedLinear.from_linear(nn.Conv1d(1, 1, 1), "nvfp4")
     q = QuantizedLinear(bs.quantize(torch.randn(16, 32), "nvfp4"))
-    with pytest.raises(ValueError, match="x: last dimension 31"):
+    with pytest.raises(ValueError, match=r"x: expected \[..., in_features = 32\], got shape \(2, 31\)"):
         q(torch.randn(2, 31))
+    with pytest.raises(ValueError, match=r"x: expected \[..., in_features = 32\], got shape \(\)"):
+        q(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="linear: in_features = 40 must be a multiple of the nvfp4 block size 16"):
+        QuantizedLinear.from_linear(nn.Linear(40, 8), "nvfp4")
+    with pytest.raises(TypeError, match="filter_fn: expected a callable"):
+        quantize_model_(nn.Sequential(nn.Linear(32, 32)), "nvfp4", filter_fn="0")
     with pytest.raises(TypeError, match="x:"):
         q(torch.ones(2, 32, dtype=torch.int32))
     with pytest.raises(ValueError, match="activation_format"):
