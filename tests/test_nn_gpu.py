@@ -45,6 +45,23 @@ def test_layer_default_is_the_fast_layout_and_correct(weight_format, activation_
     assert max_rel_err(y, _want(q, x)) < BF16_BOUND
 
 
+@pytest.mark.parametrize("weight_format,activation_format", [("nvfp4", None), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp8")])
+def test_a_batch_of_no_tokens_gpu(weight_format, activation_format, gen):
+    """An empty batch through the mma-layout layer (eager, then captured in a CUDA graph beside a 1-row call): an
+    empty result, and the 1-row call against fp64 in both."""
+    q = QuantizedLinear.from_linear(_linear(gen), weight_format, activation_format=activation_format)
+    empty, one = torch.randn(0, K, device="cuda"), torch.randn(1, K, generator=gen).to("cuda", torch.bfloat16)
+    assert q(empty).shape == (0, N) and q(empty.reshape(2, 0, K)).shape == (2, 0, N)
+    want = q(one)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got_empty, got = q(empty), q(one)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert got_empty.shape == (0, N)
+    assert max_rel_err(got, _want(q, one)) < BF16_BOUND and max_rel_err(want, _want(q, one)) < BF16_BOUND
+
+
 def _model(gen, weight_format, activation_format):
     model = nn.Sequential(_linear(gen), nn.GELU(), _linear(gen, n=512, k=N, bias=False))
     report = quantize_model_(model, weight_format, activation_format=activation_format)
