@@ -95,6 +95,28 @@ def _check_args(a, b, out_dtype, bias) -> tuple[str, int, int, int]:
 
 
 @functools.lru_cache(maxsize=None)
+def _bytes_spanned(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte addresses `t`'s elements lie in (strides as given; nothing for an empty tensor)."""
+    if t.numel() == 0:
+        return 0, 0
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlap(out: torch.Tensor, a, b: QTensor, bias) -> str | None:
+    """Why `out` cannot receive the result: it shares memory with an operand, which the kernels read while they write
+    (a wrong result, not an error, if let through)."""
+    lo, hi = _bytes_spanned(out)
+    operands = [("b", b.data), ("b", b.scale), ("bias", bias)]
+    operands += [("a", a.data), ("a", a.scale)] if isinstance(a, QTensor) else [("a", a)]
+    for name, t in operands:
+        if t is not None and t.device == out.device:
+            t_lo, t_hi = _bytes_spanned(t)
+            if t_lo < hi and lo < t_hi:
+                return f"out: shares memory with {name}, which the kernels read while writing out; pass a separate tensor"
+    return None
+
+
 def _one(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 
@@ -194,6 +216,8 @@ def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, s
         out = torch.empty((m, n), dtype=out_dtype, device=device)
     elif out.shape != (m, n) or out.dtype != out_dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"out: expected a contiguous {out_dtype} tensor of shape ({m}, {n}) on {device}")
+    elif why := _overlap(out, a, b, bias):
+        raise ValueError(why)
     if m == 0:  # a batch of no tokens (nn.Linear takes one): nothing to launch
         return out
     if backend is None and pair == "nvfp4xnvfp4" and cute_mm.cute_default(device):

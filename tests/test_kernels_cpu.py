@@ -93,6 +93,18 @@ def test_bad_arguments(gen):
     meta_w = bs.QTensor(w.data.to("meta"), w.scale.to("meta"), "mxfp4")
     with pytest.raises(ValueError, match="b: on meta, a on cpu; expected one device"):
         bs.scaled_mm(x.to(torch.bfloat16), meta_w)
+    xb = x.to(torch.bfloat16)
+    square = bs.quantize(torch.randn(64, 64, generator=gen), "mxfp4")
+    for out, name in ((xb, "a"), (torch.zeros(8, 64).to(torch.bfloat16)[:4], None)):  # a itself; a tensor of its own
+        if name:
+            with pytest.raises(ValueError, match="out: shares memory with a, which the kernels read while writing"):
+                bs.scaled_mm(xb, square, out=out)
+        else:
+            torch.testing.assert_close(bs.scaled_mm(xb, square, out=out), ref_scaled_mm(xb, square).to(torch.bfloat16),
+                                       rtol=1e-2, atol=1e-2)
+    bias = torch.zeros(4 * 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out: shares memory with bias"):
+        bs.scaled_mm(xb, square, bias=bias[:64], out=bias.view(4, 64))
     with pytest.raises(TypeError, match="config: backend 'dequant' takes a helion.Config .* got dict"):
         bs.scaled_mm(x.to(torch.bfloat16), w, config={"k_warps": 4})
     with pytest.raises(ValueError, match="backend: expected one of"):
