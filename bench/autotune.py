@@ -16,7 +16,7 @@ config per (pair, M, N, K) goes to `kernels/tuned/<gpu>.json`, which `scaled_mm`
   2026-11-29 were timed on L2-warm weights (no "cold"): a run tunes their cells again and replaces them.
 - Resumable: cells already in the table (timed cold) are skipped (`--retune`: not) and the table is written after
   every cell, so a run cut at the device's time limit keeps what it finished; `--deadline` stops starting new cells
-  after that many seconds.
+  (and compiles: `--jobs`) that many seconds after the command starts.
 
 The quantize kernels' Helion configs, by Helion's own autotuner (block sizes, warps, stages, indexing, ...):
 
@@ -380,13 +380,14 @@ def main(argv=None) -> int:
                                lambda fn: time_ms(fn, True), args.budget, args.deadline)
         print(f"{len(entries)} quantize entries in {path}")
         return 0
+    start = time.time()  # --deadline counts from here: the precompile's time is the run's too
     if args.jobs > 1:
         _, done = finished(path, args.retune)
         work = [(FORMAT_PAIRS[f], m, n, k, "cuda") for f in args.pairs for n, k in shapes for m in args.M
                 if (api.SUPPORTED_PAIRS[FORMAT_PAIRS[f]], m, n, k) not in done]
-        precompile(compile_cell, work, args.jobs)
+        precompile(compile_cell, work, args.jobs, deadline=start + args.deadline)
     entries = run([FORMAT_PAIRS[f] for f in args.pairs], shapes, args.M, path, lambda fn: time_ms(fn, True),
-                  args.deadline, retune=args.retune)
+                  args.deadline - (time.time() - start), retune=args.retune)
     print(f"{len(entries)} entries in {path}")
     return 0
 

@@ -3,6 +3,7 @@ TritonBench glue against a stand-in of TritonBench's operator API."""
 
 import json
 import sys
+import time
 import types
 
 import pytest
@@ -629,26 +630,7 @@ def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
     import concurrent.futures
 
     started = {}
-
-    class InlineExecutor:
-        def __init__(self, max_workers, mp_context):
-            started["workers"] = max_workers
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def submit(self, fn, *args):
-            fut = concurrent.futures.Future()
-            try:
-                fut.set_result(fn(*args))
-            except Exception as e:  # noqa: BLE001 - as a worker process would hand it back
-                fut.set_exception(e)
-            return fut
-
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", InlineExecutor)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _inline_executor(started))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 10**9, 80 * 10**9))
     ran = []
@@ -665,6 +647,63 @@ def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
     assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
     cli.precompile(compile_fn, work[:1], 15)
     assert started["workers"] == 15  # 8192^2 alone: all of them
+
+
+def test_precompile_drops_what_the_deadline_leaves(monkeypatch, capsys):
+    """Past the deadline the items not started are dropped (a bounded autotune then times the cells it can); with no
+    deadline, or an infinite one, everything compiles."""
+    import concurrent.futures
+
+    class NeverDone:  # futures that stay pending, as compiles queued behind busy processes
+        def __init__(self, max_workers, mp_context):
+            self.futures = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            self.futures.append(concurrent.futures.Future())
+            return self.futures[-1]
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", NeverDone)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    work = [(("bf16", "nvfp4"), m, 8192, 8192) for m in (1, 2, 4)]
+    cli.precompile(lambda *item: None, work, 3, deadline=time.time() - 1)
+    out = capsys.readouterr().out
+    assert "deadline reached, 3 items not started" in out and "precompiled 0 cells" in out
+    ran = []
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _inline_executor())
+    for deadline in (None, float("inf")):
+        cli.precompile(lambda *item: ran.append(item), work, 3, deadline=deadline)
+    assert len(ran) == 6 and "precompiled 3 cells" in capsys.readouterr().out
+
+
+def _inline_executor(started: dict | None = None):
+    """A ProcessPoolExecutor stand-in running each item at submit (its processes' count into `started`)."""
+    import concurrent.futures
+
+    class Inline:
+        def __init__(self, max_workers, mp_context):
+            (started if started is not None else {})["workers"] = max_workers
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *args):
+            fut = concurrent.futures.Future()
+            try:
+                fut.set_result(fn(*args))
+            except Exception as e:  # noqa: BLE001 - as a worker process would hand it back
+                fut.set_exception(e)
+            return fut
+
+    return Inline
 
 
 def test_host_needs_a_gpu():
