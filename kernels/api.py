@@ -94,7 +94,6 @@ def _check_args(a, b, out_dtype, bias) -> tuple[str, int, int, int]:
     return SUPPORTED_PAIRS[key], m, n, k
 
 
-@functools.lru_cache(maxsize=None)
 def _bytes_spanned(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) byte addresses `t`'s elements lie in (strides as given; nothing for an empty tensor)."""
     if t.numel() == 0:
@@ -117,6 +116,7 @@ def _overlap(out: torch.Tensor, a, b: QTensor, bias) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def _one(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.float32, device=device)
 

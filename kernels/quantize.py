@@ -599,8 +599,9 @@ def _global_scale(x: torch.Tensor, fmt: BlockFormat, global_scale) -> _Amax:
     if not fmt.global_scale:
         return _Amax(_one(x.device), _one(x.device), _one(x.device))
     if global_scale is None:
-        if x.numel() == 0:  # no rows, nothing launched: 1, as for an all-zero input (`reference.nvfp4_global_scale`)
-            return _Amax(_one(x.device), _one(x.device), _one(x.device))
+        if x.numel() == 0:  # no rows, nothing launched: 1, as for an all-zero input (`reference.nvfp4_global_scale`);
+            g = torch.ones(1, dtype=torch.float32, device=x.device)  # its own tensor: the result holds it, not `_one`'s
+            return _Amax(g, g, g)
         out = torch.empty(1, dtype=torch.float32, device=x.device)
         if x.numel() <= QUANTIZE_OWN_AMAX_ELEMENTS:
             return _Amax(_one(x.device), out, out, from_amax=True, own=True)
