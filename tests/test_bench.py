@@ -706,6 +706,25 @@ def _inline_executor(started: dict | None = None):
     return Inline
 
 
+def test_layer_chain_orders_a_step_and_needs_a_gpu(monkeypatch):
+    """bench.layer_chain: a step's calls layer by layer in the model's order; without a GPU it says so."""
+    from bench import layer_chain
+
+    shapes = LLAMA_8B
+    order = layer_chain.step_order(shapes, 3)
+    assert len(order) == 12 and order[:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
+    assert [shapes[s] for _, s in order[:4]] == [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        layer_chain.main(["--layers", "2"])
+    # the flow on the CPU (interpreter) with each "graph" run once: every call made, PDL switched back
+    ran = []
+    monkeypatch.setattr(layer_chain, "graph_us", lambda calls: ran.append(len(calls)) or [c() for c in calls] and 1.0)
+    assert layer_chain.main(["--device", "cpu", "--shapes", "32x64", "16x32", "--layers", "2", "--format",
+                             "w4a16-mxfp4"]) == 0
+    assert ran == [4, 2, 2] + [4, 2, 2] * 2 and plans.MMA_PDL
+
+
 def test_host_needs_a_gpu():
     """bench.host times host work around CUDA launches: without a GPU it says so instead of timing anything."""
     from bench import host
