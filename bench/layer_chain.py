@@ -51,6 +51,16 @@ def graph_us(calls, reps: int = 20) -> float:
     return start.elapsed_time(end) * 1e3 / reps
 
 
+def set_mma_pdl(on: bool) -> None:
+    """`plans.MMA_PDL`, with the option caches it feeds emptied: the default and the tuned options are cached per
+    shape, so a flag flipped after a first call would change nothing."""
+    from blockscaled.kernels import api
+
+    plans.MMA_PDL = on
+    plans._default_mma_options.cache_clear()
+    api._tuned_options_of.cache_clear()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.layer_chain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,16 +100,17 @@ def main(argv=None) -> int:
                     raise SystemExit(f"{fmt} {n}x{k}: max_rel_err {err:.2e} against fp64, bound {BOUND}")
         pdl = plans.MMA_PDL
         try:
-            for plans.MMA_PDL in (True, False):
+            for on in (True, False):
+                set_mma_pdl(on)
                 calls = [lambda w=weights[layer][s]: bs.scaled_mm(acts[w.shape[1]], w) for layer, s in order]
                 step = graph_us(calls)
                 each = [graph_us([lambda w=weights[layer][s]: bs.scaled_mm(acts[w.shape[1]], w)
                                   for layer in range(args.layers)]) / args.layers for s in range(len(shapes))]
-                label = f"{fmt}{'' if plans.MMA_PDL else ' no_pdl'}"
+                label = f"{fmt}{'' if on else ' no_pdl'}"
                 print(f"{label:20s} step {step:9.1f} us  " + "  ".join(
                     f"{n}x{k} {us:6.2f}" for (n, k), us in zip(shapes, each)) + f"  x bf16 {cublas / step:.2f}")
         finally:
-            plans.MMA_PDL = pdl
+            set_mma_pdl(pdl)
     return 0
 
 

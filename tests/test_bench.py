@@ -723,6 +723,14 @@ def test_layer_chain_orders_a_step_and_needs_a_gpu(monkeypatch):
     assert layer_chain.main(["--device", "cpu", "--shapes", "32x64", "16x32", "--layers", "2", "--format",
                              "w4a16-mxfp4"]) == 0
     assert ran == [4, 2, 2] + [4, 2, 2] * 2 and plans.MMA_PDL
+    # the PDL switch reaches plans made before it (their options are cached per shape)
+    assert plans._default_mma_options(1, 4096, False, False).pdl is None  # on: the plan decides
+    layer_chain.set_mma_pdl(False)
+    try:
+        assert plans._default_mma_options(1, 4096, False, False).pdl is False
+    finally:
+        layer_chain.set_mma_pdl(True)
+    assert plans._default_mma_options(1, 4096, False, False).pdl is None
 
 
 def test_host_needs_a_gpu():
