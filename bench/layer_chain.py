@@ -21,6 +21,7 @@ import blockscaled as bs
 from blockscaled.kernels import plans
 from blockscaled.reference import max_rel_err, scaled_mm as ref_scaled_mm
 
+from .__main__ import time_ms
 from .providers import FORMAT_PAIRS, LLAMA_SHAPES, make_operands, ours_weights
 
 BOUND = 1e-2  # bf16 out of an fp32 accumulation (tests/pairs.py)
@@ -31,24 +32,22 @@ def step_order(shapes: list[tuple[int, int]], layers: int) -> list[tuple[int, in
     return [(layer, s) for layer in range(layers) for s in range(len(shapes))]
 
 
-def graph_us(calls, reps: int = 20) -> float:
-    """Microseconds of one pass over `calls` (no-argument callables), captured in one CUDA graph and replayed."""
-    for call in calls:  # compiles, and the plans' scratch, before the capture
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
+def graph_us(calls) -> float:
+    """Microseconds of one pass over `calls` (no-argument callables) by CUDA-graph replay (`bench.__main__.time_ms`)."""
+    return time_ms(lambda: [call() for call in calls], True) * 1e3
+
+
+def chain_us(call, weights, order, layers: int) -> tuple[float, list[float]]:
+    """(microseconds a step, and a call of each shape inside a chain of that shape alone) of `call(w)` (a no-argument
+    callable multiplying by weights `w`) over `weights[layer][shape]` in `order`."""
+    step = graph_us([call(weights[layer][s]) for layer, s in order])
+    each = [graph_us([call(row[s]) for row in weights]) / layers for s in range(len(weights[0]))]
+    return step, each
+
+
+def row(label: str, shapes, step: float, each: list[float], extra: str = "") -> str:
+    return f"{label:20s} step {step:9.1f} us  " + "  ".join(
+        f"{n}x{k} {us:6.2f}" for (n, k), us in zip(shapes, each)) + extra
 
 
 def set_mma_pdl(on: bool) -> None:
@@ -80,12 +79,9 @@ def main(argv=None) -> int:
     print(f"{name}: shapes {shapes}, M = {args.M}, {args.layers} layers")
     xs = {k: torch.randn(args.M, k, device=dev).to(torch.bfloat16) for _, k in shapes}
     dense = [[torch.randn(n, k, device=dev, dtype=torch.bfloat16) for n, k in shapes] for _ in range(args.layers)]
-    cublas = graph_us([lambda w=dense[layer][s]: torch.mm(xs[w.shape[1]], w.t()) for layer, s in order])
-    cublas_each = [graph_us([lambda w=dense[layer][s]: torch.mm(xs[w.shape[1]], w.t()) for layer in range(args.layers)])
-                   / args.layers for s in range(len(shapes))]
+    cublas, cublas_each = chain_us(lambda w: lambda: torch.mm(xs[w.shape[1]], w.t()), dense, order, args.layers)
     del dense
-    print(f"cublas_bf16          step {cublas:9.1f} us  " + "  ".join(
-        f"{n}x{k} {us:6.2f}" for (n, k), us in zip(shapes, cublas_each)))
+    print(row("cublas_bf16", shapes, cublas, cublas_each))
     for fmt in args.format:
         pair = FORMAT_PAIRS[fmt]
         acts, weights = {}, [[None] * len(shapes) for _ in range(args.layers)]
@@ -102,13 +98,8 @@ def main(argv=None) -> int:
         try:
             for on in (True, False):
                 set_mma_pdl(on)
-                calls = [lambda w=weights[layer][s]: bs.scaled_mm(acts[w.shape[1]], w) for layer, s in order]
-                step = graph_us(calls)
-                each = [graph_us([lambda w=weights[layer][s]: bs.scaled_mm(acts[w.shape[1]], w)
-                                  for layer in range(args.layers)]) / args.layers for s in range(len(shapes))]
-                label = f"{fmt}{'' if on else ' no_pdl'}"
-                print(f"{label:20s} step {step:9.1f} us  " + "  ".join(
-                    f"{n}x{k} {us:6.2f}" for (n, k), us in zip(shapes, each)) + f"  x bf16 {cublas / step:.2f}")
+                step, each = chain_us(lambda w: lambda: bs.scaled_mm(acts[w.shape[1]], w), weights, order, args.layers)
+                print(row(f"{fmt}{'' if on else ' no_pdl'}", shapes, step, each, f"  x bf16 {cublas / step:.2f}"))
         finally:
             set_mma_pdl(pdl)
     return 0

@@ -52,10 +52,10 @@ def quantize(x: torch.Tensor, fmt: str | BlockFormat, *, scale_rounding: str = "
     fmt = check_quantize_args(x, fmt, scale_rounding, global_scale)
     from blockscaled.kernels.api import on_device
     from blockscaled.kernels.launch import device_error
+    from blockscaled.kernels.quantize import quantize as kernel_quantize
 
     if why := device_error("x", x):
         raise ValueError(why)
-    from blockscaled.kernels.quantize import quantize as kernel_quantize
 
     with on_device(x.device):  # the kernel launches on the current device: x's, where x is on another GPU
         data, scale, g = kernel_quantize(x, fmt, scale_rounding, layout, global_scale)

@@ -251,8 +251,6 @@ def _scaled_mm(a, b, out_dtype, bias, out, config, backend, activation_format, s
             backend = "dequant"
     if backend == "mma":
         return _mma_call(pair, a, b, m, n, k, out_dtype, bias, out, config, a_post)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
     if config is not None and not isinstance(config, helion.Config):
         raise TypeError(f"config: backend {backend!r} takes a helion.Config (plan dicts are the 'mma' and 'dense' "
                         f"backends'), got {type(config).__name__} {config!r}")
