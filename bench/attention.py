@@ -82,13 +82,14 @@ def main(argv=None) -> int:
     p.add_argument("--compile", nargs="+", default=["none", "inductor"])
     p.add_argument("--split", nargs=2, type=int, action="append", metavar=("PROGRAMS_PER_SM", "BLOCK_KEYS"),
                    help="time split_keys with these settings of kernels.decode_attention too (repeatable)")
-    p.add_argument("--compile-sm90", type=Path, metavar="FOLDER", help="only compile decode_attention's kernels for sm_90 (no GPU)")
+    p.add_argument("--compile-sm90", type=Path, metavar="FOLDER",
+                   help="only compile decode_attention's kernels at --shape for sm_90 (no GPU)")
     args = p.parse_args(argv)
     if args.compile_sm90:
         from .sass import compile_sm90_command
 
         return compile_sm90_command("bench.attention", argv, os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
-                                    args.compile_sm90, compile_sm90)
+                                    args.compile_sm90, lambda folder: compile_sm90(folder, tuple(args.shape)))
     import blockscaled  # noqa: F401 - registers blockscaled::decode_attention
 
     B, H, HKV, D, S, kept = args.shape

@@ -15,8 +15,8 @@ once, not G times), and a second kernel merges the chunks' softmax partials.
 | out           | [B, Hkv, G, D]         | q's            | softmax(q k^T x scale, keys kept) v                |
 
 fp32 scores, softmax and sums (the products of bf16 values are exact in fp32), the probabilities rounded to the
-cache's dtype for the value MMA (as flash attention's); G and D powers of two, G >= 2 (Helion 1.5.0 stores a size-1 G
-as a scalar), D >= 16. A row with no key kept gives NaN, as the fp64 reference's softmax (torch 2.13's SDPA gives 0
+cache's dtype for the value MMA (as flash attention's); any G >= 2 (Helion 1.5.0 stores a size-1 G as a scalar; G is
+padded to a power of two >= 16 query rows: Qwen2.5-7B's 7, Mistral-Large's 12), D a power of two >= 16. A row with no key kept gives NaN, as the fp64 reference's softmax (torch 2.13's SDPA gives 0
 there on a CPU; a decode step always keeps its own key).
 """
 
@@ -39,7 +39,8 @@ _LAUNCHES: dict = {}
 BLOCK_KEYS = 64
 # programs per SM the split aims for (H200, 8B decode shape: 8.7-9.7 us a layer over 2-16, so not critical)
 PROGRAMS_PER_SM = 4
-# the query rows of an MMA: G query heads padded to 16 (the smallest MMA tile); padded rows are zeros, never stored
+# the query rows of an MMA: G query heads padded to a power of two >= 16 (the smallest MMA tile); padded rows are zeros,
+# never stored
 MIN_ROWS = 16
 # Both kernels launched with programmatic dependent launch on sm_90+ (`_grid_wait`, `_dependents_may_launch`): each
 # may start while the kernel before it in the stream ends, and lets the one after it start once its loads are done.
@@ -143,8 +144,8 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
     B, HKV, G, D = q.shape
     if k.shape[0] != B or k.shape[1] != HKV or k.shape[3] != D:
         return f"k {tuple(k.shape)} does not match q {tuple(q.shape)}"
-    if G & (G - 1) or D & (D - 1) or D < 16 or G < 2:
-        return f"G = {G} and D = {D} must be powers of two, G >= 2 (grouped heads), D >= 16 (an MMA's depth)"
+    if D & (D - 1) or D < 16 or G < 2:
+        return f"G = {G} and D = {D}: G >= 2 (grouped heads) and D a power of two >= 16 (an MMA's depth) expected"
     if k.shape[2] < 2:
         return f"S = {k.shape[2]}: at least 2 keys expected (Helion 1.5.0 collapses a size-1 dimension)"
     if k.device != q.device or v.device != q.device or (keep is not None and keep.device != q.device):
@@ -194,7 +195,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     pdl = DECODE_ATTENTION_PDL and plans._has_pdl(q.device)
     key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS, pdl)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel,
-                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, G), pdl), _config, q.device, pdl)
+                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, _pow2(G)), pdl), _config, q.device, pdl)
     _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits), pdl), _config, q.device,
                    pdl)
     return out

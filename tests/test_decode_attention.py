@@ -21,7 +21,11 @@ def operands(B, HKV, G, D, S, dtype, gen, cache=None):
 
 @pytest.mark.parametrize("B,HKV,G,D,S,dtype", [(1, 2, 4, 16, 70, torch.float32), (2, 2, 2, 32, 33, torch.bfloat16),
                                                (3, 1, 8, 16, 129, torch.float16), (1, 1, 2, 16, 5, torch.float32),
-                                               (1, 1, 32, 64, 300, torch.float32)])
+                                               (1, 1, 32, 64, 300, torch.float32),
+                                               # G not a power of two (Qwen2.5-7B's 7, Qwen2.5-32B's 5, Mistral-Large's
+                                               # 12, 24): the padded query rows are masked, never stored
+                                               (1, 2, 7, 16, 70, torch.float32), (2, 1, 5, 32, 33, torch.bfloat16),
+                                               (1, 1, 12, 16, 40, torch.float16), (1, 1, 24, 16, 30, torch.float32)])
 def test_equals_the_reference(B, HKV, G, D, S, dtype, gen):
     """Against fp64, called twice with different queries as a model's layers call it (a second call's output must
     not be the first's, left in memory the allocator hands out again)."""
@@ -69,9 +73,9 @@ def test_a_4d_mask_as_transformers_passes_it(gen):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (lambda q, k, v, m: (q[..., :3, :], k, v, m), "G = 3 and D = 16 must be powers of two"),
-    (lambda q, k, v, m: (q[..., :8], k[..., :8], v[..., :8], m), "D = 8 must be powers of two"),
-    (lambda q, k, v, m: (q[..., :1, :], k, v, m), "G = 1 and D = 16 must be powers of two, G >= 2"),
+    (lambda q, k, v, m: (q[..., :8], k[..., :8], v[..., :8], m), r"G = 4 and D = 8: G >= 2 .* D a power of two >= 16"),
+    (lambda q, k, v, m: (q[..., :2, :12], k[..., :12], v[..., :12], m), "G = 2 and D = 12: G >= 2 .* D a power of two"),
+    (lambda q, k, v, m: (q[..., :1, :], k, v, m), r"G = 1 and D = 16: G >= 2 \(grouped heads\)"),
     (lambda q, k, v, m: (q, k[:, :1], v[:, :1], m), "does not match q"),
     (lambda q, k, v, m: (q, k, v.double(), m), "one dtype expected"),
     (lambda q, k, v, m: (q, k, v, m.float()), "keep: a bool"),
@@ -105,6 +109,17 @@ def test_llama3_8b_decode_shape_gpu(gen):
     keep = (torch.arange(2124) < 2100)[None, :].to(DEVICE)
     torch.testing.assert_close(decode_attention(q, k, v, keep).double(),
                                decode_attention_reference(q, k, v, keep).double(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.gpu
+def test_qwen2_5_7b_decode_shape_gpu(gen):
+    """Qwen2.5-7B's decode step: 4 key / value heads of 7 query heads (padded to 16 rows), a 2124-key cache of which
+    2100 are filled, bf16, batch 1 and 3."""
+    for batch in (1, 3):
+        q, k, v = operands(batch, 4, 7, 128, 2124, torch.bfloat16, gen)
+        keep = (torch.arange(2124) < 2100)[None, :].expand(batch, 2124).to(DEVICE)
+        torch.testing.assert_close(decode_attention(q, k, v, keep).double(),
+                                   decode_attention_reference(q, k, v, keep).double(), rtol=1e-2, atol=1e-2)
 
 
 def test_compiles_for_sm90_without_spills(tmp_path, capfd):
