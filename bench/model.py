@@ -285,6 +285,17 @@ def run(args, on_row=lambda row: None) -> list[dict]:
         return _run(args, on_row)
 
 
+def decode_attention_refuses(config, device) -> str | None:
+    """Why `kernels.decode_attention` refuses a decode step of `config`'s heads on `device` (None: it runs it)."""
+    from blockscaled.kernels.decode_attention import supported
+
+    heads, kv = config.num_attention_heads, getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    q = torch.empty(1, kv, heads // kv, dim, dtype=torch.bfloat16, device=device)
+    k = torch.empty(1, kv, 2, dim, dtype=torch.bfloat16, device=device)
+    return supported(q, k, k, None)
+
+
 def _run(args, on_row) -> list[dict]:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     config, base = build(args.model, args.layers, device, attention=args.attention)
@@ -294,8 +305,12 @@ def _run(args, on_row) -> list[dict]:
 
     from blockscaled.attention import NAME as PACKED_GQA
 
-    # the attention the model runs (a family not on sdpa keeps its own under --attention packed_gqa)
+    # the attention the model runs (a family not on sdpa keeps its own under --attention packed_gqa); "->sdpa" where
+    # the decode kernel refuses the model's heads and the packed attention falls back to SDPA (as Qwen2.5-7B's 7 query
+    # heads a key / value head did before d14e78b)
     attention = "packed_gqa" if config._attn_implementation == PACKED_GQA else config._attn_implementation
+    if attention == "packed_gqa" and decode_attention_refuses(config, device):
+        attention = "packed_gqa->sdpa"
     stamp = dict(date=datetime.date.today().isoformat(), commit=git_commit(), gpu=gpu, model=args.model,
                  layers=config.num_hidden_layers, attention=attention)
     rows = []

@@ -266,6 +266,20 @@ def test_packed_gqa_attention_in_the_model_run(tmp_path):
     assert float(rows[1]["kernel_sqnr_db"]) > 40 and float(rows[1]["logits_sqnr_db"]) > 10, rows[1]
 
 
+def test_the_attention_column_says_where_the_decode_kernel_refuses_the_heads():
+    """A model whose heads the decode kernel takes records "packed_gqa"; one it refuses (a head dim that is not a power
+    of two) "packed_gqa->sdpa", where the packed attention falls back to SDPA. Every model of `bench.model` runs the
+    kernel (Qwen2.5-7B's 7 query heads a key / value head included)."""
+    import torch
+    from types import SimpleNamespace
+
+    for name, (_, cfg) in bench_model.CONFIGS.items():
+        config = SimpleNamespace(**cfg)
+        assert bench_model.decode_attention_refuses(config, torch.device("cpu")) is None, name
+    odd = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, hidden_size=96)  # head dim 24
+    assert "D = 24" in bench_model.decode_attention_refuses(odd, torch.device("cpu"))
+
+
 def test_inductor_pdl_is_a_compile_option(monkeypatch):
     """`--compile inductor+pdl` compiles with inductor's programmatic dependent launch on (and only then); another
     suffix is refused by name."""
