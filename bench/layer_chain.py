@@ -51,13 +51,10 @@ def row(label: str, shapes, step: float, each: list[float], extra: str = "") -> 
 
 
 def set_mma_pdl(on: bool) -> None:
-    """`plans.MMA_PDL`, with the option caches it feeds emptied: the default and the tuned options are cached per
-    shape, so a flag flipped after a first call would change nothing."""
-    from blockscaled.kernels import api
-
+    """`plans.MMA_PDL`, with the option caches it feeds emptied (`plans.clear_option_caches`): the default and the
+    tuned options are cached per shape, so a flag flipped after a first call would change nothing."""
     plans.MMA_PDL = on
-    plans._default_mma_options.cache_clear()
-    api._tuned_options_of.cache_clear()
+    plans.clear_option_caches()
 
 
 def main(argv=None) -> int:

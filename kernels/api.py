@@ -405,6 +405,9 @@ def _tuned_options_of(gpu: str, pair: str, m: int, n: int, k: int, narrow: bool,
     return options if options.split <= k // 64 else None
 
 
+plans.OPTION_CACHES.append(_tuned_options_of)
+
+
 def _pad_k(a, k: int):
     """Activation `a` [M, K0] with zero elements appended up to K (scales of the new blocks: code 0, any value would do)."""
     if not isinstance(a, QTensor):

@@ -434,6 +434,18 @@ def _default_mma_options(m: int, n: int, narrow: bool, fp8_weights: bool, aligne
     return _mma_options({}, m, n, narrow, fp8_weights, aligned)
 
 
+# Per-shape caches of options made from this module's flags (MMA_PDL, MMA_PDL_PREFETCH, ...): a flag set after a first
+# call changes nothing until they are emptied (`clear_option_caches`); `api` adds its tuned-options cache.
+OPTION_CACHES = [_default_mma_options]
+
+
+def clear_option_caches() -> None:
+    """Empty the caches of OPTION_CACHES, so that the next calls plan from the module flags as they are now (an A / B
+    of a flag in one process: `bench.layer_chain`'s PDL on / off)."""
+    for cache in OPTION_CACHES:
+        cache.cache_clear()
+
+
 def _split_starved(windows: int) -> bool:
     """Whether no split-K of MMA_SPLIT_UNEVEN_BELOW divides the K / 64 windows (where uneven parts and warps pay)."""
     return windows % MMA_SPLIT_UNEVEN_BELOW != 0

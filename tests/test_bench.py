@@ -731,6 +731,9 @@ def test_layer_chain_orders_a_step_and_needs_a_gpu(monkeypatch):
     finally:
         layer_chain.set_mma_pdl(True)
     assert plans._default_mma_options(1, 4096, False, False).pdl is None
+    from blockscaled.kernels import api
+
+    assert set(plans.OPTION_CACHES) == {plans._default_mma_options, api._tuned_options_of}  # what the switch empties
 
 
 def test_host_needs_a_gpu():
@@ -850,3 +853,44 @@ def test_model_shapes_from_configs():
                                                                    (8192, 28672)]
     with pytest.raises(SystemExit, match="unknown \\['llama4'\\]; known: llama3-8b"):
         providers.model_shapes(["llama4"])
+
+
+def test_targets_summarize_the_latest_row_of_each_cell(tmp_path, capsys):
+    """`bench.targets` on a hand-made record of two shapes: the later row of a cell replaces the earlier, other
+    layouts and plain-launch rows are ignored, the geometric mean and the floor are #62's, a shape without a row is
+    named as missing."""
+    import csv
+
+    from bench import targets
+
+    fields = ["date", "commit", "gpu", "pair", "M", "N", "K", "out_dtype", "provider", "median_ms", "speedup_vs_bf16",
+              "timing", "weights_layout"]
+
+    def row(commit, n, provider, ms, speedup, timing="cudagraph", layout="mma_m16k16"):
+        return dict(date="2026-12-01", commit=commit, gpu="H", pair="bf16xnvfp4", M=1, N=n, K=4096, out_dtype="bfloat16",
+                    provider=provider, median_ms=ms, speedup_vs_bf16=speedup, timing=timing,
+                    weights_layout=layout if provider == "blockscaled" else "")
+
+    rows = [row("old", 1024, "blockscaled", 0.004, 1.0), row("new", 1024, "blockscaled", 0.004, 2.0),
+            row("new", 1024, "cublas_bf16", 0.008, 1.0), row("new", 1024, "blockscaled", 0.001, 9.0, layout="k_order"),
+            row("new", 1024, "blockscaled", 0.001, 9.0, timing="plain"),
+            row("new", 2048, "blockscaled", 0.010, 4.5), row("new", 2048, "cublas_bf16", 0.045, 1.0)]
+    with (tmp_path / "x.csv").open("w") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    read = list(csv.DictReader((tmp_path / "x.csv").open()))
+    (s,) = targets.summarize(read, [(1024, 4096), (2048, 4096), (512, 4096)], ["bf16xnvfp4", "bf16xmxfp8"], [1, 16])
+    assert (s["pair"], s["m"], s["n"]) == ("bf16xnvfp4", 1, 2)
+    assert abs(s["geomean"] - 3.0) < 1e-12  # sqrt(2 x 4.5)
+    assert s["lo"] == ((1024, 4096), 2.0) and s["hi"] == ((2048, 4096), 4.5)
+    assert s["under"] == []  # 2.0 < 2.2, but cuBLAS took 8 us there (< 20)
+    assert s["missing"] == [(512, 4096)] and s["commits"] == ["new"] and not s["met"]
+    rows[2]["median_ms"] = 0.02  # cuBLAS 20 us: the 2.0x cell is now under the floor
+    (s,) = targets.summarize(rows, [(1024, 4096), (2048, 4096)], ["bf16xnvfp4"], [1])
+    assert s["under"] == [((1024, 4096), 2.0)] and not s["met"]
+    assert targets.weight_element("bf16xmxfp8") == "fp8" and targets.weight_element("mxfp8xmxfp4") == "fp4"
+    assert targets.main(["--results", str(tmp_path), "--gpu", "x", "--models", "llama3-8b"]) == 0
+    assert "bench/results" not in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--models: unknown"):
+        targets.main(["--results", str(tmp_path), "--gpu", "x", "--models", "llama9"])
