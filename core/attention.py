@@ -16,10 +16,11 @@ sequence, compiled or not: the G query heads of a key / value head become its G 
 | [B, H, 1, D]     | [B, H / G, S, D], G > 1      | float [B or 1, 1, 1, S]                | SDPA on the packed heads      |
 | anything else    |                              |                                        | transformers' `sdpa`          |
 
-G >= 2 query heads a key / value head (any count: Qwen2.5-7B's 7 too), D a power of two >= 16, at least 2 keys, and no dropout for the first row (else the second). H200,
-Llama-3-8B's decode shape: 7.5 us a layer (9.0 with its two kernels launched without PDL) against 39.4 for compiled
-sdpa (`python -m bench.attention`); the compiled 8B model 158.8 -> 183.6 tokens/s in bf16, 292.1 -> 371.5 with nvfp4
-weights (`bench.model`, its default, before PDL).
+G >= 2 query heads a key / value head (any count: Qwen2.5-7B's 7 too), D a power of two >= 16, at least 2 keys, and
+no dropout for the first row (else the second). H200, Llama-3-8B's decode shape: 7.5 us a layer (9.0 with its two
+kernels launched without PDL) against 39.4 for compiled sdpa (`python -m bench.attention`; Qwen2.5-7B's: 6.3); the
+compiled 8B model 158.8 -> 183.6 tokens/s in bf16, 292.1 -> 371.5 with nvfp4 weights (`bench.model`, its default,
+before PDL).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ once, not G times), and a second kernel merges the chunks' softmax partials.
 
 fp32 scores, softmax and sums (the products of bf16 values are exact in fp32), the probabilities rounded to the
 cache's dtype for the value MMA (as flash attention's); any G >= 2 (Helion 1.5.0 stores a size-1 G as a scalar; G is
-padded to a power of two >= 16 query rows: Qwen2.5-7B's 7, Mistral-Large's 12), D a power of two >= 16. A row with no key kept gives NaN, as the fp64 reference's softmax (torch 2.13's SDPA gives 0
-there on a CPU; a decode step always keeps its own key).
+padded to a power of two >= 16 query rows: Qwen2.5-7B's 7, Mistral-Large's 12), D a power of two >= 16. A row with no
+key kept gives NaN, as the fp64 reference's softmax (torch 2.13's SDPA gives 0 there on a CPU; a decode step always
+keeps its own key).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: to
     pdl = DECODE_ATTENTION_PDL and plans._has_pdl(q.device)
     key = (tuple(q.shape), S, q.dtype, q.device, k.stride(), v.stride(), keep.stride(), scale, chunk, BLOCK_KEYS, pdl)
     _launch_cached(_LAUNCHES, ("partials", key), _partials_kernel,
-                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, _pow2(G)), pdl), _config, q.device, pdl)
+                   (q, k, v, keep, m, l_, acc, scale, chunk, BLOCK_KEYS, max(MIN_ROWS, _pow2(G)), pdl), _config, q.device,
+                   pdl)
     _launch_cached(_LAUNCHES, ("merge", key), _merge_kernel, (m, l_, acc, out, _pow2(splits), pdl), _config, q.device,
                    pdl)
     return out
