@@ -223,8 +223,9 @@ def precompile(compile_fn, work, jobs, deadline: float | None = None):
     8192^2 on the H100 machine, 2026-11-22). The timing process still generates Helion's code
     but loads the binaries. A cell that fails to compile here fails its validation next.
     Fewer processes where the GPU's free memory cannot hold `jobs` of the largest shape's
-    operands (~24 bytes per weight element at the peak of a cell's quantize and dense plan: 4
-    processes of 106496 x 16384 at 16 a element ran out of an H200's 140 GB, 2026-12-01). `deadline` (a `time.time()`): the items not started by then are dropped
+    operands (28 bytes per weight element: a cell's quantize and dense plan peaked at ~24, and 4
+    processes of 106496 x 16384 capped at 16 a element ran out of an H200's 140 GB, 2026-12-01).
+    `deadline` (a `time.time()`): the items not started by then are dropped
     (those running finish), so that a bounded run spends its time on cells it times (a fresh H200 machine compiled 3
     cells' candidates in 12 processes for over 150 s, 2026-12-01)."""
     if torch.cuda.is_available():
