@@ -126,7 +126,10 @@ class QTensor:
         2^shift * global scale), see `blockscaled.layouts.mma`. Computed once per weight."""
         if self.data_layout != "mma_m16k16":
             raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
-        return self._mma_factors(element_codes(self.data_k_order(), self.fmt.element))
+        # the stored codes, padding included: a copy made by `dataclasses.replace` (a clone, `.to(device)`) has no
+        # cached factors, and the logical codes of a padded weight are fewer than `_mma_factors` reshapes
+        stored = unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
+        return self._mma_factors(element_codes(stored, self.fmt.element))
 
     @property
     def kernel_mma_shift(self) -> int:

@@ -221,6 +221,25 @@ def test_values_kept(fmt, gen):
     assert torch.equal(m.k_order_copy.data, q.data) and m.k_order_copy.data_layout == "k_order"
 
 
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
+def test_factors_of_a_padded_copy(fmt, gen):
+    """A copy of padded "mma_m16k16" weights made without the arranging call's cached factors (`.to(device)`,
+    `dataclasses.replace`) computes the same factors from its stored codes (576 x 7168 at M = 16 failed so: the
+    logical codes reshaped as the padded rows)."""
+    import dataclasses
+
+    x = torch.randn(72, 224, generator=gen)
+    x[3, :16] = 0  # a zero block: its factor comes from the codes
+    m = bs.quantize(x, fmt).with_data_layout("mma_m16k16")
+    assert m.padded and m.stored_shape == (128, 256)
+    factors, post = m.kernel_mma_factors
+    for copy in (dataclasses.replace(m, data=m.data.clone(), scale=m.scale.clone()), m.to("cpu")):
+        assert "kernel_mma_factors" not in copy.__dict__ or copy is m
+        f, p = copy.kernel_mma_factors
+        assert torch.equal(f, factors) and torch.equal(p, post)
+        assert copy.kernel_mma_shift == m.kernel_mma_shift
+
+
 def test_bad_shapes_and_formats():
     """QTensor pads any [N, K] (tests/test_weights.py); the arrangement itself takes whole groups and windows."""
     with pytest.raises(ValueError, match="rows % 16"):
