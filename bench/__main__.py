@@ -222,33 +222,49 @@ def precompile(compile_fn, work, jobs, deadline: float | None = None):
     cell's time in one process (58 s cold, 30 s with Triton's cache warm, mxfp8 x mxfp4 at
     8192^2 on the H100 machine, 2026-11-22). The timing process still generates Helion's code
     but loads the binaries. A cell that fails to compile here fails its validation next.
-    Fewer processes where the GPU's free memory cannot hold `jobs` of the largest shape's
-    operands (28 bytes per weight element: a cell's quantize and dense plan peaked at ~24, and 4
-    processes of 106496 x 16384 capped at 16 a element ran out of an H200's 140 GB, 2026-12-01).
-    `deadline` (a `time.time()`): the items not started by then are dropped
-    (those running finish), so that a bounded run spends its time on cells it times (a fresh H200 machine compiled 3
-    cells' candidates in 12 processes for over 150 s, 2026-12-01)."""
-    if torch.cuda.is_available():
-        largest = max(28 * n * k + 2**29 for _, _, n, k, *_ in work)
-        jobs = max(1, min(jobs, int(0.9 * torch.cuda.mem_get_info()[0]) // largest))
+    On a GPU the items running at once hold at most 0.9 of its free memory, each counted at 28 bytes a weight
+    element and 512 MB (a cell's quantize and dense plan peaked at ~24; 4 processes of 106496 x 16384 at 16 ran out
+    of an H200's 140 GB, 2026-12-01): items start in order, each as soon as it fits beside the running ones (one
+    alone always does), so one large cell no longer holds every small one to its count of processes (12 cells with
+    16384 x 53248 among them: 5 processes, 248 s, 2026-12-01). `deadline` (a `time.time()`): the items not started
+    by then are dropped (those running finish), so that a bounded run spends its time on cells it times (a fresh
+    H200 machine compiled 3 cells' candidates in 12 processes for over 150 s, 2026-12-01)."""
+    on_gpu = torch.cuda.is_available()
+    need = [28 * n * k + 2**29 if on_gpu else 0 for _, _, n, k, *_ in work]
+    budget = int(0.9 * torch.cuda.mem_get_info()[0]) if on_gpu else 0
+    if on_gpu and work:
+        jobs = max(1, min(jobs, budget // min(need)))
     start = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # CUDA cannot be initialized again in a forked child
+    pending, running, in_use, dropped = list(range(len(work))), {}, 0, 0
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(compile_fn, *item): item for item in work}
-        dropped = 0
-        try:
-            for fut in concurrent.futures.as_completed(
-                    futures, timeout=None if deadline in (None, float("inf")) else max(0.0, deadline - time.time())):
-                pair, m, n, k, *rest = futures[fut]
+        while pending or running:
+            if pending and deadline not in (None, float("inf")) and time.time() >= deadline:
+                dropped, pending = len(pending), []
+                print(f"precompile: deadline reached, {dropped} items not started (they compile when timed, if "
+                      "reached)")
+            for i in list(pending):  # never more than `jobs`, so a submitted item starts at once
+                if len(running) == jobs:
+                    break
+                if running and on_gpu and in_use + need[i] > budget:
+                    continue
+                pending.remove(i)
+                running[pool.submit(compile_fn, *work[i])] = i
+                in_use += need[i]
+            if not running:
+                break
+            wait = None if not pending or deadline in (None, float("inf")) else max(0.0, deadline - time.time())
+            done, _ = concurrent.futures.wait(running, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED)
+            for fut in done:
+                i = running.pop(fut)
+                in_use -= need[i]
+                pair, m, n, k, *rest = work[i]
                 try:
                     fut.result()
                 except Exception as e:  # noqa: BLE001 - shown here, the cell's validation reports it
                     label = "".join(f" {json.dumps(r)}" for r in rest if isinstance(r, dict))  # a variant's fields
                     print(f"precompile {bs.SUPPORTED_PAIRS[pair]} M={m} N={n} K={k}{label}: {type(e).__name__}: "
                           f"{str(e)[:200]}")
-        except concurrent.futures.TimeoutError:
-            dropped = sum(fut.cancel() for fut in futures)
-            print(f"precompile: deadline reached, {dropped} items not started (they compile when timed, if reached)")
     print(f"precompiled {len(work) - dropped} cells in {time.perf_counter() - start:.0f} s with {jobs} processes",
           flush=True)
 

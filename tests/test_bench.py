@@ -623,30 +623,62 @@ def test_operator_baseline_keeps_nvfp4_accuracy(fake_tritonbench):
     torch.testing.assert_close(op.blockscaled_dynamic(*inputs)().float(), op.blockscaled(*inputs)().float(), rtol=0, atol=0)
 
 
-def test_precompile_caps_processes_by_free_gpu_memory(monkeypatch, capsys):
+def test_precompile_holds_what_fits_in_free_gpu_memory(monkeypatch, capsys):
     """15 processes of 57344 x 8192 operands ran out of an 80 GB H100 (4 of 106496 x 16384 out of an H200's 140 GB at
-    16 bytes a weight element): precompile starts only as many as the free memory holds (28 bytes per weight element
-    and 512 MB each), and reports a failing item without stopping the others."""
+    16 bytes a weight element): the items running at once hold at most 0.9 of the free memory (28 bytes a weight
+    element and 512 MB each), a larger one runs alone, small ones run beside a large one, each item runs once, and
+    a failing item is reported without stopping the others."""
     import concurrent.futures
 
-    started = {}
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _inline_executor(started))
+    budget = int(0.9 * 80 * 10**9)
+    need = {n * k: 28 * n * k + 2**29 for n, k in ((8192, 8192), (57344, 8192), (106496, 16384), (262144, 16384))}
+    running, ran, peaks = [], [], []
+
+    class Held:  # futures that finish one at a time, the oldest first, when precompile waits
+        def __init__(self, max_workers, mp_context):
+            self.workers = max_workers
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, *item):
+            assert len(running) < self.workers  # nothing queues behind busy processes
+            fut = concurrent.futures.Future()
+            running.append((fut, fn, item))
+            peaks.append((len(running), sum(need[it[2] * it[3]] for _, _, it in running)))
+            return fut
+
+    def wait(futures, timeout, return_when):
+        fut, fn, item = running.pop(0)
+        try:
+            fn(*item)
+            fut.set_result(None)
+        except Exception as e:  # noqa: BLE001 - the future carries it, as a process's would
+            fut.set_exception(e)
+        return {fut}, set(futures) - {fut}
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Held)
+    monkeypatch.setattr(concurrent.futures, "wait", wait)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (80 * 10**9, 80 * 10**9))
-    ran = []
 
     def compile_fn(pair, m, n, k, variant):
-        ran.append((m, n))
+        ran.append((m, n, k))
         if m == 16:
             raise RuntimeError("no kernel")
 
-    work = [(("bf16", "mxfp4"), m, n, 8192, {"backend": "mma"}) for m in (1, 16) for n in (8192, 57344)]
+    shapes = [(106496, 16384)] + [(8192, 8192)] * 6 + [(57344, 8192)] * 3 + [(262144, 16384)] + [(8192, 8192)] * 2
+    work = [(("bf16", "mxfp4"), 16 if i == 3 else 1, n, k, {"backend": "mma"}) for i, (n, k) in enumerate(shapes)]
     cli.precompile(compile_fn, work, 15)
-    assert started["workers"] == 5 and len(ran) == 4  # 0.9 * 80 GB // (28 * 57344 * 8192 + 2^29)
+    assert sorted(ran) == sorted((m, n, k) for _, m, n, k, _ in work)
+    assert all(total <= budget for count, total in peaks if count > 1)  # 262144 x 16384 (118 GB) ran alone
+    assert max(count for count, _ in peaks) >= 7  # 106496 x 16384 (49 GB) beside the six small ones
     out = capsys.readouterr().out
-    assert out.count("RuntimeError: no kernel") == 2 and 'M=16 N=57344 K=8192 {"backend": "mma"}' in out
-    cli.precompile(compile_fn, work[:1], 15)
-    assert started["workers"] == 15  # 8192^2 alone: all of them
+    assert out.count("RuntimeError: no kernel") == 1 and 'M=16 N=8192 K=8192 {"backend": "mma"}' in out
+    assert "precompiled 13 cells" in out and "with 15 processes" in out  # 0.9 * 80 GB holds 29 of the smallest
 
 
 def test_precompile_drops_what_the_deadline_leaves(monkeypatch, capsys):
