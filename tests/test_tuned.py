@@ -144,7 +144,8 @@ def test_an_entry_serves_only_the_rows_it_names(table_dir):
 def test_the_h200_predecode_rule_serves_large_untuned_layers_at_m16():
     """On an H200 nvfp4 x nvfp4 at 9 .. 16 rows predecodes its activation on a layer of >= 2e8 weights of a K that no
     entry holds (Llama-3-405B's 16384 x 16384, 2.7e8), not on a smaller one, nor at 8 rows or fewer."""
-    assert not [e for e in tuned.table("nvidia_h200") if e["k"] in (16384, 6144)]  # what makes them untuned
+    assert not [e for e in tuned.table("nvidia_h200")
+                if e["pair"] == "nvfp4xnvfp4" and e["k"] in (16384, 6144)]  # what makes them untuned
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 16, 16384, 16384) == {"predecode": True}
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 9, 16384, 16384) == {"predecode": True}
     assert tuned.config_for("nvidia_h200", "nvfp4xnvfp4", 8, 16384, 16384) == {"max_split": 16}  # 2 .. 8 rows' rule
