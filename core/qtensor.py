@@ -128,8 +128,7 @@ class QTensor:
             raise ValueError(f"data_layout: the mma factors belong to 'mma_m16k16' data, this is {self.data_layout!r}")
         # the stored codes, padding included: a copy made by `dataclasses.replace` (a clone, `.to(device)`) has no
         # cached factors, and the logical codes of a padded weight are fewer than `_mma_factors` reshapes
-        stored = unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
-        return self._mma_factors(element_codes(stored, self.fmt.element))
+        return self._mma_factors(element_codes(self._stored_k_order(), self.fmt.element))
 
     @property
     def kernel_mma_shift(self) -> int:
@@ -184,11 +183,15 @@ class QTensor:
         padded_scale_shape(layout, 1, 1)
         return replace(self, scale=to_layout(self.scale_rowmajor(), layout), layout=layout)
 
+    def _stored_k_order(self) -> torch.Tensor:
+        """"mma_m16k16" data un-arranged to K order, padding kept (`stored_shape`)."""
+        return unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
+
     def data_k_order(self) -> torch.Tensor:
         """The element data [rows, K] in "k_order" regardless of the stored data layout (padding dropped)."""
         if self.data_layout == "k_order":
             return self.data
-        data = unarrange_mma_m16k16(self.data, self.fmt.element).view(self.fmt.storage_dtype)
+        data = self._stored_k_order()
         rows, k = self.shape
         return data[:rows, : self.fmt.data_cols(k)].contiguous() if self.padded else data
 
